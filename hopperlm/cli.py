@@ -1,0 +1,239 @@
+"""`hopperlm VERB ...`: one verb per job. User errors print one line and exit 2 (a traceback only with --debug)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from hopperlm import __version__
+from hopperlm.errors import ConfigError, HopperError
+
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEMO_RECIPE = "shakespeare-char"
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+def resolve_recipe(name_or_path: str) -> Path:
+    """A YAML path, or the name of a recipe in configs/ (e.g. `shakespeare-char`)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    named = CONFIGS_DIR / f"{name_or_path}.yaml"
+    if named.is_file():
+        return named
+    known = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
+    raise ConfigError(f"config {name_or_path} not found; pass a YAML file or one of: {', '.join(known)}")
+
+
+# ---- verbs -------------------------------------------------------------------------------------------------
+def cmd_prepare(args: argparse.Namespace) -> None:
+    from hopperlm.data.prepare import prepare
+
+    prepare(
+        [Path(p) for p in args.inputs],
+        Path(args.out),
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        val_fraction=args.val_fraction,
+        split=args.split,
+        text_field=args.text_field,
+        shard_tokens=args.shard_tokens,
+        overwrite=args.overwrite,
+    )
+
+
+def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
+    from hopperlm.config import load_config
+    from hopperlm.train.loop import train
+
+    cfg = load_config(resolve_recipe(args.config), overrides)
+    train(cfg, resume=args.resume, log=log)
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from hopperlm.train.checkpoint import load_pretrained
+
+    model, tokenizer = load_pretrained(args.run, device=args.device)
+    for i, text in enumerate(
+        model_samples(
+            model,
+            tokenizer,
+            args.prompt,
+            args.num_samples,
+            args.max_new_tokens,
+            args.temperature,
+            args.top_k,
+            args.seed,
+        )
+    ):
+        if args.num_samples > 1:
+            log(f"--- sample {i + 1} ---")
+        log(text)
+
+
+def model_samples(model, tokenizer, prompt, n, max_new_tokens, temperature, top_k, seed):
+    from hopperlm.model.generate import generate
+
+    ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
+    for i in range(n):
+        out = generate(model, ids, max_new_tokens, temperature, top_k, tokenizer.eos_id, seed=seed + i)
+        yield prompt + tokenizer.decode(out)
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from hopperlm.train.checkpoint import export_model
+
+    out = export_model(Path(args.run), Path(args.out), overwrite=args.overwrite)
+    log(f"exported {out} (model.safetensors + config.json + tokenizer/)")
+
+
+def cmd_presets(args: argparse.Namespace) -> None:
+    from hopperlm.model.transformer import count_params, flops_per_token
+    from hopperlm.presets import PRESETS
+
+    log(
+        f"{'preset':<18}{'layers':>7}{'dim':>6}{'heads':>7}{'kv':>4}{'ffn':>7}{'vocab':>8}{'ctx':>6}"
+        f"{'parameters':>16}{'GFLOP/token':>13}"
+    )
+    for name, cfg in PRESETS.items():
+        vocab = cfg.vocab_size or "data"
+        if cfg.vocab_size is None:
+            params, gflops = "(vocab from data)", "-"
+        else:
+            params = f"{count_params(cfg)['total']:,}"
+            gflops = f"{flops_per_token(cfg, cfg.max_seq_len) / 1e9:.3f}"
+        log(
+            f"{name:<18}{cfg.n_layers:>7}{cfg.dim:>6}{cfg.n_heads:>7}{cfg.kv_heads:>4}{cfg.hidden_dim:>7}"
+            f"{vocab!s:>8}{cfg.max_seq_len:>6}{params:>16}{gflops:>13}"
+        )
+
+
+def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Tiny Shakespeare end to end: find the text, prepare it, train the demo recipe, print samples."""
+    from hopperlm.config import load_config
+    from hopperlm.data.demo_text import resolve_demo_text
+    from hopperlm.data.prepare import prepare
+    from hopperlm.train.checkpoint import load_pretrained
+    from hopperlm.train.loop import train
+
+    start = time.perf_counter()
+    text = resolve_demo_text(args.data, log=log)
+    run_dir = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"--out {run_dir} already exists and is not empty; choose a new directory")
+    prepare([text], run_dir / "data", tokenizer="byte", val_fraction=0.1, split="tail")
+    cfg = load_config(
+        resolve_recipe(DEMO_RECIPE),
+        ["--data.path", str(run_dir / "data"), "--run.out_dir", str(run_dir), *overrides],
+    )
+    result = train(cfg, log=log)
+    model, tokenizer = load_pretrained(run_dir, device=cfg.train.device)
+    log("\n--- samples ---")
+    for sample in model_samples(model, tokenizer, "\n", args.samples, 300, 0.8, 200, seed=0):
+        log(sample.strip() + "\n")
+    val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
+    log(
+        f"demo: val loss {val} nats/token after {result.step} steps; {time.perf_counter() - start:.0f} s in all; "
+        f"run dir {run_dir}"
+    )
+
+
+# ---- parser ------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show full tracebacks")
+    parser = argparse.ArgumentParser(prog="hopperlm", description=__doc__, parents=[common])
+    parser.add_argument("--version", action="version", version=f"hopperlm {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    p = verbs.add_parser(
+        "demo",
+        parents=[common],
+        help="train the shakespeare-char recipe and print samples",
+        description="Extra --section.key value overrides apply to the demo recipe.",
+    )
+    p.add_argument("--data", help="a text file to train on instead of Tiny Shakespeare")
+    p.add_argument("--out", help="run directory (default runs/demo-DATE-TIME)")
+    p.add_argument("--samples", type=int, default=3, help="samples to print at the end")
+
+    p = verbs.add_parser("prepare", parents=[common], help="text/JSONL -> token shards + manifest.json")
+    p.add_argument("inputs", nargs="+", help=".txt files, folders of them, or .jsonl files")
+    p.add_argument("--out", required=True, help="output directory for shards and manifest.json")
+    p.add_argument(
+        "--tokenizer", default="byte", help="byte | bpe | path to tokenizer.json / tokenizer.model"
+    )
+    p.add_argument("--vocab-size", type=int, help="vocabulary size when training a BPE tokenizer")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="share of tokens held out for validation")
+    p.add_argument(
+        "--split",
+        choices=["tail", "docs"],
+        default="tail",
+        help="tail: last tokens are validation; docs: whole documents by hash",
+    )
+    p.add_argument("--text-field", default="text", help="JSONL field holding the document text")
+    p.add_argument("--shard-tokens", type=int, default=100_000_000, help="most tokens per shard file")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
+
+    p = verbs.add_parser(
+        "train",
+        parents=[common],
+        help="train from a YAML recipe",
+        description="Extra --section.key value pairs override the recipe, e.g. --train.max_steps 100",
+    )
+    p.add_argument("config", help="YAML recipe, or a name from configs/ (e.g. shakespeare-char)")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="PATH",
+        help="continue from the run's latest checkpoint, or from PATH",
+    )
+
+    p = verbs.add_parser("generate", parents=[common], help="sample text from a trained run")
+    p.add_argument("run", help="run dir (latest checkpoint), checkpoint dir or exported model dir")
+    p.add_argument("--prompt", default="\n", help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=200)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+
+    p = verbs.add_parser("export", parents=[common], help="write model.safetensors + config.json + tokenizer")
+    p.add_argument("run", help="run dir (latest checkpoint) or checkpoint dir")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--overwrite", action="store_true")
+
+    verbs.add_parser("presets", parents=[common], help="list model presets with exact sizes")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    try:
+        if extra and args.verb not in ("train", "demo"):
+            raise ConfigError(f"unrecognised arguments: {' '.join(extra)}; see hopperlm {args.verb} --help")
+        if args.verb == "train":
+            cmd_train(args, extra)
+        elif args.verb == "demo":
+            cmd_demo(args, extra)
+        else:
+            {"prepare": cmd_prepare, "generate": cmd_generate, "export": cmd_export, "presets": cmd_presets}[
+                args.verb
+            ](args)
+    except HopperError as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

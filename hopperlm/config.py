@@ -1,0 +1,394 @@
+"""Typed run configuration: dataclasses with one docstring per field, YAML loading and strict CLI overrides.
+
+A config file has up to five sections (model, data, optim, train, run). `model.preset` starts the model section
+from a preset in presets.py; keys beside it override the preset. Every key is checked against the dataclass:
+an unknown key, a wrong type or an impossible shape raises ConfigError naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from hopperlm.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    preset: str | None = None
+    """Name of the preset this model section started from (see `hopperlm presets`)."""
+    dim: int = 256
+    """Width of the residual stream."""
+    n_layers: int = 4
+    """Number of transformer blocks."""
+    n_heads: int = 4
+    """Query heads; head_dim = dim / n_heads."""
+    n_kv_heads: int | None = None
+    """Key/value heads for grouped-query attention; null = n_heads (multi-head attention)."""
+    ffn_dim: int | None = None
+    """SwiGLU hidden width; null = 8/3 * dim rounded up to multiple_of."""
+    multiple_of: int = 64
+    """Rounding for the default ffn_dim (and for vocab_size taken from data)."""
+    vocab_size: int | None = None
+    """Embedding rows; null = the data's vocabulary rounded up to a multiple of 64."""
+    max_seq_len: int = 1024
+    """Longest context the model supports (RoPE table size)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    tie_embeddings: bool = False
+    """Share the input embedding with the LM head."""
+    dropout: float = 0.0
+    """Dropout on attention weights and residual branches (0 for pretraining at scale)."""
+    init_std: float = 0.02
+    """Std of the normal initialisation; output projections are further scaled by 1/sqrt(2*n_layers)."""
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "max_seq_len", "multiple_of"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model.{name}={getattr(self, name)} must be positive")
+        if self.dim % self.n_heads:
+            raise ConfigError(
+                f"model.n_heads={self.n_heads} does not divide model.dim={self.dim}; "
+                f"pick n_heads among {[h for h in range(1, 129) if self.dim % h == 0][-6:]}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim = model.dim/model.n_heads = {self.head_dim} must be even for RoPE")
+        kv = self.kv_heads
+        if kv <= 0 or self.n_heads % kv:
+            raise ConfigError(
+                f"model.n_kv_heads={kv} must divide model.n_heads={self.n_heads} (grouped-query attention)"
+            )
+        if self.ffn_dim is not None and self.ffn_dim <= 0:
+            raise ConfigError(f"model.ffn_dim={self.ffn_dim} must be positive")
+        if self.vocab_size is not None and self.vocab_size <= 0:
+            raise ConfigError(f"model.vocab_size={self.vocab_size} must be positive")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.ffn_dim is not None:
+            return self.ffn_dim
+        hidden = int(8 * self.dim / 3)
+        return self.multiple_of * -(-hidden // self.multiple_of)
+
+
+@dataclass
+class DataConfig:
+    path: str = ""
+    """Prepared data directory (the output of `hopperlm prepare`, holding manifest.json)."""
+    tokenizer: str | None = None
+    """Optional tokenizer ('byte', a tokenizer.json/.model path or dir); must match the data manifest."""
+    verify: bool = False
+    """Check every shard's sha256 against the manifest at start-up (slow for big corpora)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    """Peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of lr (cosine, linear and WSD decay to it)."""
+    schedule: Literal["cosine", "linear", "wsd", "constant"] = "cosine"
+    """Shape after warm-up, over the run's budget (steps, tokens or wall-clock hours)."""
+    warmup_steps: int = 100
+    """Linear LR warm-up, in optimizer steps."""
+    decay_fraction: float = 0.2
+    """WSD only: the last fraction of the budget spent decaying linearly to min_lr."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay on matrices (never on norms, biases or embeddings)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    fused: bool | None = None
+    """Fused AdamW kernel; null = on for CUDA, off elsewhere."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr={self.lr} must be positive")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ConfigError(f"optim.decay_fraction={self.decay_fraction} must be in (0, 1]")
+        if self.grad_clip < 0:
+            raise ConfigError(f"optim.grad_clip={self.grad_clip} must be >= 0 (0 disables clipping)")
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = 1024
+    """Tokens per training sequence (must not exceed model.max_seq_len)."""
+    micro_batch: int = 8
+    """Sequences per forward/backward pass."""
+    batch_tokens: int | None = None
+    """Global batch in tokens per optimizer step; a multiple of micro_batch*seq_len. null = one micro-batch."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps."""
+    max_tokens: int | None = None
+    """Stop after this many training tokens."""
+    max_hours: float | None = None
+    """Stop at this wall-clock budget; the LR schedule is laid over it so the decay lands at the deadline."""
+    target_loss: float | None = None
+    """Stop as soon as a validation loss at or below this is measured."""
+    eval_every: int = 250
+    """Validation every this many steps (and at the end); 0 = only at the end."""
+    eval_windows: int = 200
+    """Most validation windows of seq_len tokens per evaluation (evenly spaced over the val split)."""
+    log_every: int = 10
+    """Print and record metrics every this many steps (the only steps that sync with the device)."""
+    ckpt_every: int = 1000
+    """Checkpoint every this many steps (and at the end); 0 = only at the end."""
+    keep_last: int = 3
+    """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Compute precision; auto = bf16 on GPUs that have it, fp16 with loss scaling on older GPUs, fp32 on CPU."""
+    compile: bool | None = None
+    """torch.compile the model; null = on for CUDA, off on CPU."""
+    device: str = "auto"
+    """'auto', 'cpu', 'cuda' or 'cuda:N'."""
+    seed: int = 1337
+    """Seed for initialisation, data order and dropout."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "micro_batch", "log_every", "keep_last", "eval_windows"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"train.{name}={getattr(self, name)} must be positive")
+        for name in ("max_steps", "max_tokens", "max_hours", "batch_tokens"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"train.{name}={value} must be positive (or null)")
+        for name in ("eval_every", "ckpt_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}={getattr(self, name)} must be >= 0")
+        if self.max_steps is None and self.max_tokens is None and self.max_hours is None:
+            raise ConfigError(
+                "no stopping rule: set train.max_steps, train.max_tokens or train.max_hours "
+                "(e.g. --train.max_steps 1000)"
+            )
+        per_micro = self.micro_batch * self.seq_len
+        if self.batch_tokens is not None and self.batch_tokens % per_micro:
+            raise ConfigError(
+                f"train.batch_tokens={self.batch_tokens} is not a multiple of micro_batch*seq_len={per_micro}; "
+                f"use e.g. {max(1, round(self.batch_tokens / per_micro)) * per_micro}"
+            )
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per optimizer step."""
+        if self.batch_tokens is None:
+            return 1
+        return self.batch_tokens // (self.micro_batch * self.seq_len)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.micro_batch * self.seq_len * self.grad_accum
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = "runs/default"
+    """Run directory: config.yaml, metrics.jsonl, tokenizer and checkpoints/ go here."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        if self.train.seq_len > self.model.max_seq_len:
+            raise ConfigError(
+                f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; "
+                "lower train.seq_len or raise model.max_seq_len"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "train": TrainConfig,
+    "run": RunConfig,
+}
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, where)
+            except ConfigError as e:
+                errors.append(e)
+        raise errors[0]
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where}={value!r} is not one of {', '.join(map(str, choices))}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}={value!r} must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)  # 1e6 in YAML is a float; accept it where it is a whole number
+            raise ConfigError(f"{where}={value!r} must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string; users write it anyway
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}={value!r} must be a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{where}={value!r} must be a string")
+        return str(value)
+    raise TypeError(f"unsupported config annotation {tp!r} for {where}")
+
+
+def _unknown(key: str, known: list[str], where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+    return ConfigError(f"unknown config key '{where}{key}'; {hint}")
+
+
+def _build_section(name: str, values: dict[str, Any]) -> Any:
+    cls = SECTIONS[name]
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    if name == "model" and values.get("preset") is not None:
+        from hopperlm.presets import get_preset
+
+        values = {**dataclasses.asdict(get_preset(values["preset"])), **values}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            raise _unknown(key, known, f"{name}.")
+        kwargs[key] = _coerce(value, hints[key], f"{name}.{key}")
+    return cls(**kwargs)
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Build and validate a Config from nested plain data (as read from YAML)."""
+    if not isinstance(raw, dict):
+        raise ConfigError("a config must be a mapping of sections (model, data, optim, train, run)")
+    sections = {}
+    for name, values in raw.items():
+        if name not in SECTIONS:
+            raise _unknown(str(name), list(SECTIONS), "")
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"config section '{name}' must be a mapping of keys, got {values!r}")
+        sections[name] = _build_section(name, values)
+    if "train" not in sections:
+        sections["train"] = _build_section("train", {})  # raises "no stopping rule" with the fix
+    return Config(**sections)
+
+
+def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
+    """`--section.key value` or `--section.key=value` pairs -> nested dict; values are parsed as YAML scalars."""
+    out: dict[str, dict[str, Any]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ConfigError(f"unexpected argument '{arg}'; overrides look like --train.max_steps 100")
+        if "=" in arg:
+            key, text = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"override '{arg}' has no value; write {arg} VALUE")
+            key, text = arg[2:], args[i + 1]
+            i += 2
+        section, _, name = key.partition(".")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        out.setdefault(section, {})[name] = value
+    return out
+
+
+def merge(base: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    merged = {k: dict(v or {}) for k, v in base.items()}
+    for section, values in overrides.items():
+        if section not in SECTIONS:
+            raise _unknown(section, list(SECTIONS), "")
+        if section == "model" and "preset" in values:
+            # a new preset replaces the file's model section; other overrides still apply on top
+            merged["model"] = {}
+        merged.setdefault(section, {}).update(values)
+    return merged
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found; pass a YAML recipe such as configs/debug.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        where = f" line {line + 1}" if line is not None else ""
+        raise ConfigError(
+            f"config file {path}{where} is not valid YAML: {getattr(e, 'problem', e)}"
+        ) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"config file {path} must hold a mapping of sections (model, data, optim, train, run)"
+        )
+    return raw
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a YAML recipe, apply `--section.key value` overrides, validate everything."""
+    return config_from_dict(merge(read_yaml(path), parse_overrides(overrides or [])))
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -1,0 +1,317 @@
+"""One small interface over the three kinds of tokenizer hopperlm trains with.
+
+- ``byte``: raw UTF-8 bytes (ids 0..255) plus an EOS id 256; needs no file, good for char-level demos.
+- ``hf``: a Hugging Face ``tokenizer.json`` run by the Rust ``tokenizers`` library (what `train_bpe` makes).
+- ``sentencepiece``: a ``*.model`` file (Llama-2 style).
+
+Each tokenizer knows its own identity (kind, vocabulary, special ids and the sha256 of its file bytes), so a
+prepared data directory and a training run can check that they were made with the very same tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from hopperlm.errors import DataError
+
+BYTE_IDENTITY = "hopperlm-byte-v1"
+BYTE_MARKER = "hopperlm-byte.json"
+HF_FILE = "tokenizer.json"
+SP_FILE = "tokenizer.model"
+# Files beside a tokenizer.json that name its special tokens; copied on save so EOS resolves the same way.
+HF_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")
+BOS_CANDIDATES = ("<s>", "<|begin_of_text|>")
+BPE_EOS = "<|endoftext|>"
+MAX_VOCAB = 1_000_000
+
+
+def cpu_count() -> int:
+    """Cores this process may use (respects taskset/cgroup affinity where the OS tells us)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Tokenizer:
+    """Common interface. Subclasses set the attributes below in __init__."""
+
+    kind: str
+    name: str
+    vocab_size: int  # ids the model must embed, special tokens included
+    eos_id: int
+    bos_id: int | None
+    file: str | None  # the file name save() writes
+    sha256: str
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text, with no BOS/EOS added (prepare adds EOS between documents itself)."""
+        raise NotImplementedError
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        raise NotImplementedError
+
+    def save(self, directory: Path) -> None:
+        raise NotImplementedError
+
+    def identity(self) -> dict:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "vocab_size": self.vocab_size,
+            "eos_id": self.eos_id,
+            "bos_id": self.bos_id,
+            "sha256": self.sha256,
+            "file": self.file,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+        )
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as tokens: ids 0..255 are bytes, 256 is EOS. Lossless on any text, no file needed."""
+
+    def __init__(self) -> None:
+        self.kind = "byte"
+        self.name = "byte"
+        self.vocab_size = 257
+        self.eos_id = 256
+        self.bos_id = None
+        self.file = BYTE_MARKER
+        self.sha256 = _sha256(BYTE_IDENTITY.encode())
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_to_array(self, text: str) -> np.ndarray:
+        """The fast path prepare uses: the bytes themselves as a uint8 array, no Python list in between."""
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+    def decode(self, ids: list[int]) -> str:
+        # EOS and any out-of-range id are dropped; a window cut mid-character decodes with U+FFFD.
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def save(self, directory: Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        marker = {
+            "format": BYTE_IDENTITY,
+            "kind": "byte",
+            "vocab_size": self.vocab_size,
+            "eos_id": self.eos_id,
+        }
+        (directory / BYTE_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def _special_from_configs(configs: dict[str, bytes], key: str) -> tuple[str, str] | None:
+    """(token text, config file name) for bos_token/eos_token from HF config files, if one names it."""
+    for fname in HF_CONFIG_FILES:
+        if fname not in configs:
+            continue
+        try:
+            value = json.loads(configs[fname]).get(key)
+        except (ValueError, AttributeError) as e:
+            raise DataError(f"{fname} beside the tokenizer is not valid JSON ({e}); fix or remove it") from e
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str) and value:
+            return value, fname
+    return None
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face tokenizer.json, kept as its raw bytes so save() reproduces the same sha256."""
+
+    def __init__(
+        self, raw: bytes, name: str, configs: dict[str, bytes] | None = None, where: str = ""
+    ) -> None:
+        from tokenizers import Tokenizer as RustTokenizer
+
+        where = where or name
+        try:
+            self._tok = RustTokenizer.from_str(raw.decode("utf-8"))
+        except Exception as e:  # the Rust side raises plain Exception subclasses with its parse message
+            raise DataError(f"{where} is not a valid tokenizer.json ({e}); point at a working one") from e
+        self._raw = raw
+        self._configs = dict(configs or {})
+        self.kind = "hf"
+        self.name = name
+        self.file = HF_FILE
+        self.sha256 = _sha256(raw)
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        eos = self._resolve("eos_token", EOS_CANDIDATES, where)
+        if eos is None:
+            raise DataError(
+                f"{where} has no end-of-text token (none of {', '.join(EOS_CANDIDATES)} and no eos_token in "
+                "tokenizer_config.json/special_tokens_map.json); add an eos_token to tokenizer_config.json"
+            )
+        self.eos_id = eos
+        self.bos_id = self._resolve("bos_token", BOS_CANDIDATES, where)
+
+    def _resolve(self, key: str, candidates: tuple[str, ...], where: str) -> int | None:
+        named = _special_from_configs(self._configs, key)
+        if named is not None:
+            token, fname = named
+            tid = self._tok.token_to_id(token)
+            if tid is None:
+                raise DataError(
+                    f"{fname} beside {where} names {key}={token!r}, which is not in the vocabulary"
+                )
+            return tid
+        for token in candidates:
+            tid = self._tok.token_to_id(token)
+            if tid is not None:
+                return tid
+        return None
+
+    @classmethod
+    def from_file(cls, path: Path) -> HFTokenizer:
+        path = Path(path)
+        configs = {f: (path.parent / f).read_bytes() for f in HF_CONFIG_FILES if (path.parent / f).is_file()}
+        name = path.parent.name if path.name == HF_FILE else path.stem
+        return cls(path.read_bytes(), name or path.stem, configs, where=str(path))
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # Parallel over all cores in Rust; the "fast" variant skips computing character offsets we never use.
+        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
+
+    def save(self, directory: Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / HF_FILE).write_bytes(self._raw)
+        for fname, data in self._configs.items():
+            (directory / fname).write_bytes(data)
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model file (Llama-2 style), kept as raw bytes for identity and save()."""
+
+    def __init__(self, raw: bytes, name: str, where: str = "") -> None:
+        import sentencepiece
+
+        where = where or name
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_proto=raw)
+        except Exception as e:  # sentencepiece raises RuntimeError/OSError with a terse parse message
+            raise DataError(
+                f"{where} is not a valid SentencePiece model ({e}); point at a working .model"
+            ) from e
+        self._raw = raw
+        self.kind = "sentencepiece"
+        self.name = name
+        self.file = SP_FILE
+        self.sha256 = _sha256(raw)
+        self.vocab_size = self._sp.get_piece_size()
+        eos, bos = self._sp.eos_id(), self._sp.bos_id()  # -1 means the model has none
+        if eos < 0:
+            raise DataError(
+                f"{where} defines no EOS piece; use a SentencePiece model trained with eos_id >= 0"
+            )
+        self.eos_id = eos
+        self.bos_id = bos if bos >= 0 else None
+
+    @classmethod
+    def from_file(cls, path: Path) -> SentencePieceTokenizer:
+        path = Path(path)
+        name = path.parent.name if path.name == SP_FILE else path.stem
+        return cls(path.read_bytes(), name or path.stem, where=str(path))
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self._sp.encode(texts, num_threads=cpu_count())
+
+    def decode(self, ids: list[int]) -> str:
+        # sentencepiece raises on out-of-range ids; control pieces (BOS/EOS) already decode to nothing.
+        return self._sp.decode([i for i in ids if 0 <= i < self.vocab_size])
+
+    def save(self, directory: Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / SP_FILE).write_bytes(self._raw)
+
+
+def _load_byte_marker(path: Path) -> ByteTokenizer:
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is unreadable ({e}); delete it and save the tokenizer again") from e
+    if not isinstance(marker, dict) or marker.get("kind") != "byte":
+        raise DataError(
+            f"{path} is not a hopperlm byte-tokenizer marker; delete it and save the tokenizer again"
+        )
+    return ByteTokenizer()
+
+
+def load_tokenizer(spec: str | Path) -> Tokenizer:
+    """'byte', a tokenizer.json, a SentencePiece *.model, or a directory holding one (or the byte marker)."""
+    if isinstance(spec, str) and spec == "byte":
+        return ByteTokenizer()
+    path = Path(spec)
+    expected = "pass 'byte', a tokenizer.json, a SentencePiece .model file, or a directory holding one"
+    if path.is_dir():
+        for fname in (HF_FILE, SP_FILE, BYTE_MARKER):
+            if (path / fname).is_file():
+                return load_tokenizer(path / fname)
+        raise DataError(
+            f"tokenizer directory {path} has no {HF_FILE}, {SP_FILE} or {BYTE_MARKER}; {expected}"
+        )
+    if not path.is_file():
+        raise DataError(f"tokenizer {spec} not found; {expected}")
+    if path.name == BYTE_MARKER:
+        return _load_byte_marker(path)
+    if path.suffix == ".json":
+        return HFTokenizer.from_file(path)
+    if path.suffix == ".model":
+        return SentencePieceTokenizer.from_file(path)
+    raise DataError(f"tokenizer {path} is neither a .json nor a .model file; {expected}")
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Train a byte-level BPE (GPT-2 style) from an iterator, so the corpus is streamed, never held in memory.
+
+    The vocabulary starts from all 256 byte symbols, so any text encodes losslessly; "<|endoftext|>" is EOS.
+    """
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if not 258 <= vocab_size <= MAX_VOCAB:
+        raise DataError(
+            f"--vocab-size {vocab_size} is out of range; byte-level BPE needs 258..{MAX_VOCAB:,} "
+            "(256 bytes + EOS + at least one merge)"
+        )
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BPE_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return HFTokenizer(tok.to_str().encode("utf-8"), name=f"bpe-{vocab_size}")

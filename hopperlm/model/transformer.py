@@ -1,0 +1,209 @@
+"""LLaMA-style decoder: RMSNorm, RoPE, grouped-query attention through SDPA, SwiGLU, tied or untied head.
+
+Module names follow the Hugging Face Llama layout (q_proj ... down_proj) so conversion and LoRA targets read
+the same. RoPE uses the "rotate half" convention of HF Llama checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from hopperlm.config import ModelConfig
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | None = None):
+    """cos/sin tables, each (seq_len, head_dim), in fp32: frequency i repeats in both halves (rotate-half)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, T, hd); cos/sin: (T, hd). Rotates pairs (i, i + hd/2) by position-dependent angles."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).type_as(x)
+
+
+class KVCache(nn.Module):
+    """Keys and values of the positions generated so far, for one batch of sequences."""
+
+    def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (batch, kv_heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = pos + k.shape[2]
+        self.k[:, :, pos:end] = k
+        self.v[:, :, pos:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.dropout = cfg.dropout
+        self.cache: KVCache | None = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int = 0) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        mask, causal = None, True
+        if self.cache is not None:
+            k, v = self.cache.update(pos, k, v)  # (B, nkv, pos+T, hd)
+            if pos > 0:
+                # queries at pos..pos+T-1 see every cached key up to their own position
+                causal = False
+                mask = torch.ones(T, pos + T, dtype=torch.bool, device=x.device).tril(diagonal=pos)
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=self.kv_heads != self.n_heads,
+        )  # (B, nh, T, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
+        self.down_proj = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int = 0) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, pos))
+        return x + self.drop(self.mlp(self.mlp_norm(x)))
+
+
+class Transformer(nn.Module):
+    """Build on the meta device and call `init_weights()` after `to_empty()`; `build_model` does both."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.vocab_size is None:
+            raise ValueError(
+                "ModelConfig.vocab_size must be resolved (from the data) before building a model"
+            )
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Normal(0, init_std) for every matrix; residual output projections scaled by 1/sqrt(2*n_layers)
+        (GPT-2) so the residual stream's variance does not grow with depth; norms to one."""
+        cfg = self.cfg
+        if cfg.tie_embeddings:  # to_empty() gives each module its own tensor; tie again
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, device=self.rope_cos.device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                std = residual_std if name.endswith(("o_proj", "down_proj")) else cfg.init_std
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
+            elif isinstance(module, nn.RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, pos: int = 0
+    ) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T, V), or the mean cross-entropy when targets (B, T) are given.
+        `pos` is the position of tokens[:, 0]; nonzero only when decoding with a KV cache."""
+        T = tokens.shape[1]
+        cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]
+        x = self.drop(self.embed(tokens))  # (B, T, d)
+        for layer in self.layers:
+            x = layer(x, cos, sin, pos)
+        logits = self.lm_head(self.norm(x))  # (B, T, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+    def setup_cache(self, batch: int, max_len: int | None = None) -> None:
+        """Give every attention layer a KV cache for generation (`clear_cache` removes them)."""
+        ref = self.embed.weight
+        max_len = max_len or self.cfg.max_seq_len
+        for layer in self.layers:
+            attn = layer.attn
+            attn.cache = KVCache(batch, attn.kv_heads, max_len, attn.head_dim, ref.dtype, ref.device)
+
+    def clear_cache(self) -> None:
+        for layer in self.layers:
+            layer.attn.cache = None
+
+
+def build_model(cfg: ModelConfig, device: torch.device | str = "cpu", seed: int | None = None) -> Transformer:
+    """Construct on the meta device (instant, no memory even for 8B), then allocate on `device` and initialise."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.to_empty(device=device)
+    if seed is not None:
+        torch.manual_seed(seed)
+    model.init_weights()
+    return model
+
+
+def count_params(cfg: ModelConfig) -> dict[str, int]:
+    """Exact parameter counts from the config alone (no model needed; matches the built module)."""
+    d, hd, L, V = cfg.dim, cfg.head_dim, cfg.n_layers, cfg.vocab_size or 0
+    attn = d * cfg.n_heads * hd * 2 + d * cfg.kv_heads * hd * 2
+    mlp = 3 * d * cfg.hidden_dim
+    per_block = attn + mlp + 2 * d
+    embedding = V * d
+    head = 0 if cfg.tie_embeddings else V * d
+    blocks = L * per_block
+    total = embedding + blocks + d + head
+    return {"total": total, "embedding": embedding, "non_embedding": total - embedding, "blocks": blocks}
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+    """Training FLOPs per token (forward + backward), PaLM appendix B as in nanoGPT's estimate_mfu:
+    6*N + 12*L*d*T, with N = parameters excluding the input embedding but including the LM head matrix
+    (counted even when tied: its matmul runs either way), L layers, d width, T context."""
+    counts = count_params(cfg)
+    n = counts["non_embedding"] + (counts["embedding"] if cfg.tie_embeddings else 0)
+    return 6 * n + 12 * cfg.n_layers * cfg.dim * seq_len

@@ -1,0 +1,241 @@
+"""Checkpoints that are either complete or absent, and load without unpickling code.
+
+Layout of RUN_DIR/checkpoints/step_000100/:
+  model.safetensors  weights (tied tensors stored once)      config.json  model config
+  optimizer.pt       optimizer + loss-scaler state (tensors and plain data: loads with weights_only=True)
+  rng.pt             torch CPU/CUDA RNG states                 state.json   step, tokens, clock, run config, RNGs
+  tokenizer/         the tokenizer, so a checkpoint alone can generate and export
+A checkpoint is written under a temporary name, fsynced, then renamed: a kill during saving leaves the previous
+checkpoint as the latest. The model part (model.safetensors + config.json + tokenizer/) is also the export format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+
+from hopperlm.config import ModelConfig
+from hopperlm.errors import CheckpointError
+
+PREFIX = "step_"
+MODEL_FILE, CONFIG_FILE, STATE_FILE = "model.safetensors", "config.json", "state.json"
+OPTIM_FILE, RNG_FILE, TOKENIZER_DIR = "optimizer.pt", "rng.pt", "tokenizer"
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"{PREFIX}{step:06d}"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temporary directories of interrupted saves are ignored)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit()
+    ]
+    return sorted((p for p in found if (p / STATE_FILE).is_file()), key=lambda p: int(p.name[len(PREFIX) :]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(JSON-able Python/NumPy states, tensor states for rng.pt)."""
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    plain = {
+        "python": [version, list(internal), gauss],
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+    }
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.cuda.get_rng_state_all()
+    return plain, tensors
+
+
+def set_rng_state(plain: dict[str, Any], tensors: dict[str, Any]) -> None:
+    version, internal, gauss = plain["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, *rest = plain["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda"])
+
+
+def write_model(
+    directory: Path, model: torch.nn.Module, cfg: ModelConfig, tokenizer_dir: Path | None
+) -> None:
+    """The model part of a checkpoint (also the export format)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    safetensors.torch.save_model(model, str(directory / MODEL_FILE))
+    cfg_dict = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
+    (directory / CONFIG_FILE).write_text(
+        json.dumps({"format": "hopperlm-model-v1", "model": cfg_dict}, indent=2)
+    )
+    if tokenizer_dir is not None:
+        shutil.copytree(tokenizer_dir, directory / TOKENIZER_DIR, dirs_exist_ok=True)
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    model_cfg: ModelConfig,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    state: dict[str, Any],
+    tokenizer_dir: Path | None,
+    keep_last: int,
+) -> Path:
+    final = checkpoint_dir(run_dir, step)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f"{PREFIX}*.tmp-*"):  # left by a save that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = final.parent / f"{final.name}.tmp-{os.getpid()}"
+    write_model(tmp, model, model_cfg, tokenizer_dir)
+    torch.save(
+        {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict() if scaler else None},
+        tmp / OPTIM_FILE,
+    )
+    plain_rng, tensor_rng = rng_state()
+    torch.save(tensor_rng, tmp / RNG_FILE)
+    (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step, "rng": plain_rng}, indent=1))
+    _fsync_tree(tmp)
+    if (
+        final.exists()
+    ):  # the same step saved by an earlier attempt: swap it out only once the new one is whole
+        old = final.parent / f"{final.name}.old-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    _fsync_dir(final.parent)
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """A run dir (its latest checkpoint), a checkpoint dir, or an exported model dir -> the dir with the weights."""
+    path = Path(path)
+    if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file():
+        return path
+    if path.is_dir():
+        latest = latest_checkpoint(path)
+        if latest is not None:
+            return latest
+    if not path.exists():
+        raise CheckpointError(
+            f"{path} does not exist; pass a run dir, a checkpoint dir or an exported model dir"
+        )
+    raise CheckpointError(
+        f"{path} holds no checkpoint (no {MODEL_FILE} + {CONFIG_FILE}, no checkpoints/step_*); train first"
+    )
+
+
+def read_model_config(model_dir: Path) -> ModelConfig:
+    try:
+        raw = json.loads((model_dir / CONFIG_FILE).read_text())
+        return ModelConfig(**raw["model"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{model_dir / CONFIG_FILE} is not a hopperlm model config ({e})") from None
+
+
+def load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
+    try:
+        missing, unexpected = safetensors.torch.load_model(model, str(model_dir / MODEL_FILE), strict=False)
+    except (OSError, RuntimeError, safetensors.SafetensorError) as e:
+        raise CheckpointError(f"cannot load {model_dir / MODEL_FILE}: {str(e).splitlines()[0]}") from None
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{model_dir / MODEL_FILE} does not match the model (missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}); the config's model section must equal the checkpoint's"
+        )
+
+
+def load_training_state(
+    ckpt: Path, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
+) -> dict[str, Any]:
+    """Restore optimizer, scaler and RNG states; return state.json (step, tokens, clock, ...)."""
+    try:
+        state = json.loads((ckpt / STATE_FILE).read_text())
+        opt = torch.load(ckpt / OPTIM_FILE, map_location="cpu", weights_only=True)
+        rng = torch.load(ckpt / RNG_FILE, map_location="cpu", weights_only=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt} is unreadable ({str(e).splitlines()[0]})") from None
+    try:
+        optimizer.load_state_dict(opt["optimizer"])
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(
+            f"optimizer state in {ckpt} does not match this model/optimizer ({e})"
+        ) from None
+    if scaler is not None and opt.get("scaler"):
+        scaler.load_state_dict(opt["scaler"])
+    set_rng_state(state["rng"], rng)
+    return state
+
+
+def load_pretrained(path: str | Path, device: str = "auto"):
+    """(model in eval mode, tokenizer) from a run dir, checkpoint dir or exported model dir."""
+    from hopperlm.data.tokenizer import load_tokenizer
+    from hopperlm.hardware import pick_device
+    from hopperlm.model.transformer import build_model
+
+    model_dir = resolve_model_dir(path)
+    if not (model_dir / TOKENIZER_DIR).is_dir():
+        raise CheckpointError(f"{model_dir} has no {TOKENIZER_DIR}/ folder; it was not written by hopperlm")
+    model = build_model(read_model_config(model_dir), pick_device(device).device)
+    load_model_weights(model_dir, model)
+    return model.eval(), load_tokenizer(model_dir / TOKENIZER_DIR)
+
+
+def export_model(path: str | Path, out_dir: Path, overwrite: bool = False) -> Path:
+    """Copy the model part of a checkpoint (weights, config, tokenizer) to out_dir, atomically."""
+    model_dir = resolve_model_dir(path)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise CheckpointError(
+            f"{out_dir} exists and is not empty; pass --overwrite or choose another directory"
+        )
+    tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
+    tmp.mkdir(parents=True)
+    for name in (MODEL_FILE, CONFIG_FILE):
+        shutil.copy2(model_dir / name, tmp / name)
+    if (model_dir / TOKENIZER_DIR).is_dir():
+        shutil.copytree(model_dir / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
+    _fsync_tree(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    return out_dir

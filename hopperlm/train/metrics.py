@@ -1,0 +1,96 @@
+"""Throughput, MFU and memory, measured between log steps, written to metrics.jsonl and printed as one line.
+
+metrics.jsonl schema (one JSON object per line; a key is absent when it was not measured at that step):
+  step          optimizer steps completed             tokens        training tokens seen so far
+  loss          mean training loss since the last log val_loss      validation loss (evaluation steps only)
+  lr            learning rate of the last step        grad_norm     global gradient norm before clipping
+  tokens_per_s  training tokens / wall second since the last log (includes evaluation time on eval steps)
+  mfu           tokens_per_s * FLOPs per token / the device's dense bf16 peak; null where the peak is unknown (CPU)
+  step_time_s   mean wall seconds per step since the last log
+  peak_mem_gb   CUDA: max allocated by tensors; CPU: peak resident memory of the process
+  elapsed_s     wall seconds of training so far (across resumes; what max_hours counts)
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # Linux reports KiB
+
+
+def mfu(tokens_per_s: float, flops_per_token: int, peak_flops: float | None) -> float | None:
+    if peak_flops is None:
+        return None
+    return tokens_per_s * flops_per_token / peak_flops
+
+
+class Interval:
+    """Wall time and work between two log steps. Timing is read only on log steps, after the loss `.item()`
+    has synchronised with the device, so the hot path never waits on the host."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.start = time.perf_counter()
+        self.steps = 0
+        self.tokens = 0
+
+    def add(self, tokens: int) -> None:
+        self.steps += 1
+        self.tokens += tokens
+
+    def rates(self) -> tuple[float, float]:
+        """(tokens per second, seconds per step)."""
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        return self.tokens / seconds, seconds / max(self.steps, 1)
+
+
+class MetricsFile:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def format_record(r: dict[str, Any], max_steps: int | None) -> str:
+    """One console line per log step."""
+    step = f"step {r['step']}" + (f"/{max_steps}" if max_steps else "")
+    parts = [step, f"loss {r['loss']:.4f}"]
+    if "val_loss" in r:
+        parts.append(f"val {r['val_loss']:.4f}")
+    parts += [f"lr {r['lr']:.2e}", f"gnorm {r['grad_norm']:.2f}", f"{_si(r['tokens_per_s'])} tok/s"]
+    parts.append("MFU n/a" if r["mfu"] is None else f"MFU {100 * r['mfu']:.1f}%")
+    parts += [f"{1000 * r['step_time_s']:.0f} ms/step", f"mem {r['peak_mem_gb']:.2f} GB"]
+    return " | ".join(parts)
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"

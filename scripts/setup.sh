@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install hopperlm (editable) and what it needs into the current Python. `--dev` adds the test tools.
+# torch is installed first and on purpose: without a GPU we take the CPU build (torch==2.13.0), so pip never
+# pulls the multi-GB CUDA build onto a machine that cannot use it. An installed torch >= 2.11 is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+extras=""
+[ "${1:-}" = "--dev" ] && extras="[dev]"
+
+if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 11))" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    echo "setup: NVIDIA GPU found; installing torch with CUDA from the package index"
+    "$PY" -m pip install -q "torch>=2.11"
+  else
+    echo "setup: no NVIDIA GPU found; installing the CPU build of torch 2.13.0"
+    "$PY" -m pip install -q "torch==2.13.0"
+  fi
+fi
+"$PY" -m pip install -q -e ".${extras}" 2>&1 | grep -v "Running pip as the 'root' user" || true
+"$PY" -c "import hopperlm, torch; print(f'setup: hopperlm {hopperlm.__version__} with torch {torch.__version__}')"

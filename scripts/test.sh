@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Install with the test tools, then lint and run the test suite on real data from ../shared/data.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+bash scripts/setup.sh --dev
+export HOPPERLM_DATA_DIR=${HOPPERLM_DATA_DIR:-$(cd .. && pwd)/shared/data}
+"$PY" -m ruff check hopperlm tests bench
+"$PY" -m ruff format --check hopperlm tests bench
+"$PY" -m pytest -q "$@"

@@ -1,0 +1,296 @@
+"""`prepare` on real corpora: exact token streams, splits, sharding, manifests and every user error."""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hopperlm.data.prepare as prep
+from hopperlm.data.prepare import prepare, read_manifest, shard_dtype
+from hopperlm.data.tokenizer import ByteTokenizer, load_tokenizer
+from hopperlm.errors import DataError
+
+DATA_DIR = Path(os.environ.get("HOPPERLM_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHAKESPEARE = DATA_DIR / "tinyshakespeare" / "input.txt"
+GPT2 = DATA_DIR / "tokenizers" / "gpt2" / "tokenizer.json"
+EOS = 256  # byte tokenizer
+
+
+def split_tokens(out: Path, split: str) -> np.ndarray:
+    """All tokens of a split, straight from the shard files named in the manifest."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    dtype = np.dtype(manifest["dtype"])
+    parts = [np.fromfile(out / s["file"], dtype=dtype) for s in manifest["shards"][split]]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def byte_doc(data: bytes) -> np.ndarray:
+    return np.append(np.frombuffer(data, dtype=np.uint8).astype(np.int64), EOS)
+
+
+def leftovers(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_shakespeare_byte_tail_split(tmp_path):
+    out = tmp_path / "ts"
+    manifest = prepare([SHAKESPEARE], out, progress=False)
+    assert manifest["format"] == "hopperlm-shards-v1"
+    assert manifest["tokens"] == {"train": 1003855, "val": 111540}  # nanoGPT's split: last 10% is val
+    assert manifest["dtype"] == "uint16" and manifest["vocab_size"] == 257 and manifest["eos_id"] == 256
+    assert manifest["documents"] == 1
+    assert manifest["split"] == {"method": "tail", "val_fraction": 0.1}
+    assert manifest["tokenizer"] == ByteTokenizer().identity()
+    assert manifest["sources"] == [str(SHAKESPEARE.resolve())]
+    stream = np.concatenate([split_tokens(out, "train"), split_tokens(out, "val")])
+    assert np.array_equal(stream, byte_doc(SHAKESPEARE.read_bytes()))
+    for split in ("train", "val"):
+        for shard in manifest["shards"][split]:
+            assert hashlib.sha256((out / shard["file"]).read_bytes()).hexdigest() == shard["sha256"]
+    assert read_manifest(out) == manifest
+    assert load_tokenizer(out).identity() == manifest["tokenizer"]
+    assert leftovers(tmp_path) == []
+
+
+def test_gutenberg_folder_docs_split_many_shards(tmp_path):
+    books = sorted((DATA_DIR / "gutenberg").glob("*.txt"), key=lambda p: p.stat().st_size)[:8]
+    folder = tmp_path / "books"
+    (folder / "more").mkdir(parents=True)
+    # Names fix the reading order: a_* files, then the subfolder (recursion), then z_* files.
+    names = [f"a_{i}.txt" for i in range(3)] + [f"more/b_{i}.txt" for i in range(3)] + ["z_0.txt", "z_1.txt"]
+    for name, book in zip(names, books, strict=True):
+        (folder / name).symlink_to(book)
+    (folder / "README.md").write_text("not a corpus file")  # ignored: only *.txt / *.jsonl are read
+
+    manifest = prepare(
+        [folder], tmp_path / "out", split="docs", val_fraction=0.3, shard_tokens=50_000, progress=False
+    )
+    expected = {"train": [], "val": []}
+    for name in names:
+        data = (folder / name).read_bytes()
+        to_val = int(hashlib.sha256(data).hexdigest()[:8], 16) / 2**32 < 0.3
+        expected["val" if to_val else "train"].append(byte_doc(data))
+    assert expected["train"] and expected["val"]  # this book choice really exercises both sides
+    assert manifest["documents"] == 8
+    for split in ("train", "val"):
+        want = np.concatenate(expected[split])
+        assert manifest["tokens"][split] == len(want)
+        assert np.array_equal(split_tokens(tmp_path / "out", split), want)
+        sizes = [s["tokens"] for s in manifest["shards"][split]]
+        assert all(n == 50_000 for n in sizes[:-1]) and 0 < sizes[-1] <= 50_000
+        assert [s["file"] for s in manifest["shards"][split]] == [
+            f"{split}_{i:06d}.bin" for i in range(len(sizes))
+        ]
+    assert len(manifest["shards"]["train"]) > 2
+
+
+def test_tail_split_across_many_shards(tmp_path):
+    manifest = prepare([SHAKESPEARE], tmp_path / "out", shard_tokens=300_000, progress=False)
+    assert [s["tokens"] for s in manifest["shards"]["train"]] == [300_000, 300_000, 300_000, 103_855]
+    assert [s["tokens"] for s in manifest["shards"]["val"]] == [111_540]
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.bin")) == [
+        "train_000000.bin",
+        "train_000001.bin",
+        "train_000002.bin",
+        "train_000003.bin",
+        "val_000000.bin",
+    ]
+    stream = np.concatenate([split_tokens(tmp_path / "out", "train"), split_tokens(tmp_path / "out", "val")])
+    assert np.array_equal(stream, byte_doc(SHAKESPEARE.read_bytes()))
+
+
+def test_small_chunks_keep_multibyte_text_exact(tmp_path, monkeypatch):
+    """Chunk and piece boundaries (forced tiny here) must never change the bytes, even mid-character."""
+    monkeypatch.setattr(prep, "READ_BYTES", 1000)
+    monkeypatch.setattr(prep, "PIECE_CHARS", 300)
+    monkeypatch.setattr(prep, "BATCH_CHARS", 5000)
+    tir = (DATA_DIR / "hornmt" / "tir.txt").read_bytes()[:200_000]
+    tir = tir[: tir.rindex(b"\n") + 1]
+    one_line = tir.replace(b"\n", b" ")  # no newline at all: chunks are cut inside characters
+    (tmp_path / "lines.txt").write_bytes(tir)
+    (tmp_path / "one_line.txt").write_bytes(one_line)
+    inputs = [tmp_path / "lines.txt", tmp_path / "one_line.txt"]
+    prepare(inputs, tmp_path / "out", val_fraction=0.0, progress=False)
+    assert np.array_equal(
+        split_tokens(tmp_path / "out", "train"), np.concatenate([byte_doc(tir), byte_doc(one_line)])
+    )
+    assert read_manifest(tmp_path / "out")["shards"]["val"] == []
+
+
+def test_text_is_cut_at_newlines(monkeypatch):
+    """Chunks and batch pieces end at a newline when a line is shorter than the chunk, so tokenizers see
+    whole lines (a cut inside a word would change its tokens)."""
+    monkeypatch.setattr(prep, "READ_BYTES", 2000)
+    monkeypatch.setattr(prep, "PIECE_CHARS", 700)
+    eng = DATA_DIR / "hornmt" / "eng.txt"  # lines of at most 466 characters
+    seen = []
+    pieces = list(prep.iter_pieces([eng], "text", need_digest=True, advance=seen.append))
+    assert "".join(p.text for p in pieces) == eng.read_text(encoding="utf-8")
+    assert all(p.text.endswith("\n") for p in pieces[:-1]) and len(pieces) > 400
+    assert [p.doc_end for p in pieces].count(True) == 1 and pieces[-1].doc_end
+    assert {p.digest for p in pieces} == {hashlib.sha256(eng.read_bytes()).hexdigest()}
+    assert sum(seen) == eng.stat().st_size  # progress advanced by exactly the file's bytes
+
+
+def write_gsm8k(path: Path, n: int = 200) -> list[str]:
+    lines = (DATA_DIR / "gsm8k" / "test.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+    path.write_text("\n".join(lines) + "\n\n", encoding="utf-8")  # trailing blank line is skipped
+    return [json.loads(line)["question"] for line in lines]
+
+
+def test_jsonl_with_text_field_and_hf_tokenizer(tmp_path):
+    questions = write_gsm8k(tmp_path / "gsm8k.jsonl")
+    tok = load_tokenizer(GPT2)
+    manifest = prepare(
+        [tmp_path / "gsm8k.jsonl"],
+        tmp_path / "out",
+        tokenizer=str(GPT2),
+        text_field="question",
+        progress=False,
+    )
+    want = np.concatenate([np.array([*tok.encode(q), tok.eos_id]) for q in questions])
+    assert manifest["documents"] == 200
+    assert manifest["tokens"]["train"] + manifest["tokens"]["val"] == len(want)
+    assert manifest["tokens"]["train"] == int(len(want) * 0.9)
+    got = np.concatenate([split_tokens(tmp_path / "out", "train"), split_tokens(tmp_path / "out", "val")])
+    assert np.array_equal(got, want)
+    assert manifest["tokenizer"]["sha256"] == hashlib.sha256(GPT2.read_bytes()).hexdigest()
+    assert manifest["eos_id"] == 50256 and manifest["vocab_size"] == 50257
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == GPT2.read_bytes()
+
+
+def test_jsonl_errors_name_the_line_and_leave_nothing(tmp_path):
+    write_gsm8k(tmp_path / "gsm8k.jsonl", n=5)
+    with pytest.raises(DataError, match=r'gsm8k.jsonl:1 has no "text" field .*question.*--text-field'):
+        prepare([tmp_path / "gsm8k.jsonl"], tmp_path / "out", progress=False)
+    with open(tmp_path / "gsm8k.jsonl", "a") as f:
+        f.write('{"question": "fine"}\n{"question": oops}\n')
+    with pytest.raises(DataError, match=r"gsm8k.jsonl:8 is not valid JSON"):
+        prepare(
+            [SHAKESPEARE, tmp_path / "gsm8k.jsonl"], tmp_path / "out", text_field="question", progress=False
+        )
+    assert not (tmp_path / "out").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_existing_output_is_protected(tmp_path):
+    out = tmp_path / "out"
+    prepare([SHAKESPEARE], out, progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(DataError, match="already holds prepared data; pass --overwrite"):
+        prepare([SHAKESPEARE], out, val_fraction=0.2, progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+    manifest = prepare([SHAKESPEARE], out, val_fraction=0.2, progress=False, overwrite=True)
+    assert read_manifest(out)["tokens"] == manifest["tokens"] == {"train": 892316, "val": 223079}
+    assert leftovers(tmp_path) == []
+
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me")
+    with pytest.raises(DataError, match="not empty and holds no prepared data"):
+        prepare([SHAKESPEARE], user, progress=False, overwrite=True)
+    assert [p.name for p in user.iterdir()] == ["notes.txt"]
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert prepare([SHAKESPEARE], empty, progress=False)["documents"] == 1
+
+
+def test_shard_dtype_boundary():
+    assert shard_dtype(257) == np.uint16
+    assert shard_dtype(65536) == np.uint16
+    assert shard_dtype(65537) == np.uint32
+
+
+def test_uint32_shards_for_a_large_vocabulary(tmp_path):
+    """GPT-2 grown past 65,536 ids: ids above 65,535 must survive the trip through the shards."""
+    from tokenizers import Tokenizer
+
+    rust = Tokenizer.from_file(str(GPT2))
+    rust.add_tokens([f"<extra_{i}>" for i in range(15_300)])
+    (tmp_path / "big").mkdir()
+    rust.save(str(tmp_path / "big" / "tokenizer.json"))
+    text = (
+        SHAKESPEARE.read_text()[:20_000]
+        .replace("MENENIUS", "<extra_15299>")
+        .replace("Citizen", "<extra_9000>")
+    )
+    (tmp_path / "in.txt").write_text(text)
+    tok = load_tokenizer(tmp_path / "big")
+    assert tok.vocab_size == 50257 + 15_300
+    manifest = prepare(
+        [tmp_path / "in.txt"], tmp_path / "out", tokenizer=str(tmp_path / "big"), progress=False
+    )
+    assert manifest["dtype"] == "uint32"
+    got = np.concatenate([split_tokens(tmp_path / "out", "train"), split_tokens(tmp_path / "out", "val")])
+    assert np.array_equal(got, [*tok.encode(text), tok.eos_id])
+    assert got.max() == 50257 + 15_299
+
+
+def test_bpe_tokenizer_trained_on_the_inputs(tmp_path):
+    eng = DATA_DIR / "hornmt" / "eng.txt"
+    with pytest.raises(DataError, match="--vocab-size is required with --tokenizer bpe"):
+        prepare([eng], tmp_path / "out", tokenizer="bpe", progress=False)
+    manifest = prepare([eng], tmp_path / "out", tokenizer="bpe", vocab_size=400, progress=False)
+    tok = load_tokenizer(tmp_path / "out")
+    assert manifest["tokenizer"]["sha256"] == tok.identity()["sha256"]
+    assert tok.vocab_size == manifest["vocab_size"] <= 400
+    train = split_tokens(tmp_path / "out", "train").tolist()
+    text = eng.read_text(encoding="utf-8")
+    assert text.startswith(
+        tok.decode(train)[:-2]
+    )  # the train split is the head of the text (last char may split)
+    assert len(train) + manifest["tokens"]["val"] < len(text.encode()) * 0.8  # real merges, not bytes
+
+
+def test_option_and_input_errors(tmp_path):
+    out = tmp_path / "out"
+    cases = [
+        (dict(inputs=[SHAKESPEARE], val_fraction=0.6), "--val-fraction 0.6"),
+        (dict(inputs=[SHAKESPEARE], split="random"), "--split 'random'"),
+        (dict(inputs=[SHAKESPEARE], shard_tokens=0), "--shard-tokens"),
+        (dict(inputs=[SHAKESPEARE], vocab_size=300), "--vocab-size only applies"),
+        (dict(inputs=[tmp_path / "nope.txt"]), "nope.txt does not exist"),
+        (dict(inputs=[SHAKESPEARE], split="docs"), "--split docs put all 1 documents on one side"),
+        (
+            dict(inputs=[SHAKESPEARE], tokenizer=str(tmp_path / "nope.json")),
+            "tokenizer .*nope.json not found",
+        ),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(DataError, match=message):
+            prepare(out_dir=out, progress=False, **kwargs)
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match="hold no text"):
+        prepare([tmp_path / "empty.txt"], out, progress=False)
+    (tmp_path / "data.json").write_text("[]")
+    with pytest.raises(DataError, match="is a .json file"):
+        prepare([tmp_path / "data.json"], out, progress=False)
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(DataError, match="latin1.txt is not UTF-8"):
+        prepare([tmp_path / "latin1.txt"], out, progress=False)
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+def test_progress_prints_one_summary_line(tmp_path, capsys):
+    prepare([DATA_DIR / "hornmt" / "tir.txt"], tmp_path / "out", progress=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("prepared ")]
+    assert len(lines) == 1
+    assert "1 documents" in lines[0] and "uint16" in lines[0] and "MB/s" in lines[0]
+
+
+def test_read_manifest_errors(tmp_path):
+    with pytest.raises(DataError, match="does not exist; run `hopperlm prepare"):
+        read_manifest(tmp_path / "missing")
+    with pytest.raises(DataError, match="has no manifest.json; run `hopperlm prepare` first"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text("{broken")
+    with pytest.raises(DataError, match="unreadable"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(DataError, match="not a hopperlm-shards-v1 manifest"):
+        read_manifest(tmp_path)

@@ -1,0 +1,197 @@
+"""The training loop on real data: loss falls, budgets stop it, checkpoints resume it exactly, CLI verbs work."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hopperlm.config import load_config
+from hopperlm.errors import CheckpointError, DataError
+from hopperlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_pretrained
+from hopperlm.train.loop import train
+from hopperlm.train.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+DEBUG = REPO / "configs" / "debug.yaml"
+QUIET = lambda line: None  # noqa: E731
+
+
+def debug_config(data_dir, run_dir, *overrides):
+    return load_config(DEBUG, ["--data.path", str(data_dir), "--run.out_dir", str(run_dir), *overrides])
+
+
+def test_debug_preset_trains_and_val_loss_falls(shakespeare_bytes, tmp_path):
+    lines = []
+    cfg = debug_config(
+        shakespeare_bytes, tmp_path / "run", "--train.max_steps", "120", "--train.eval_every", "20"
+    )
+    result = train(cfg, log=lines.append)
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    vals = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(vals) == 6
+    assert vals[-1] < vals[0] - 0.3, vals
+    assert vals[-1] < 2.7  # byte-level Tiny Shakespeare: uniform would be ln(257) = 5.55
+    assert result.stopped_by == "max_steps" and result.step == 120
+    banner = "\n".join(lines[:9])
+    for word in ("device: CPU", "parameters", "FLOPs/token", "tokens/step", "plan: 120 steps"):
+        assert word in banner
+    expected = {
+        "step",
+        "tokens",
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "mfu",
+        "step_time_s",
+        "peak_mem_gb",
+    }
+    assert all(expected <= set(r) for r in records)
+    assert all(r["mfu"] is None for r in records)  # CPU: n/a, never invented
+    assert any("MFU n/a" in line for line in lines)
+    assert records[-1]["tokens"] == 120 * 16 * 64
+
+
+def test_resume_gives_the_same_losses_as_an_uninterrupted_run(shakespeare_bytes, tmp_path):
+    overrides = [
+        "--train.max_steps",
+        "12",
+        "--train.ckpt_every",
+        "6",
+        "--train.log_every",
+        "1",
+        "--train.eval_every",
+        "6",
+        "--model.dropout",
+        "0.1",
+        "--train.batch_tokens",
+        "2048",
+    ]
+    full = tmp_path / "full"
+    train(debug_config(shakespeare_bytes, full, *overrides), log=QUIET)
+    assert [p.name for p in list_checkpoints(full)] == ["step_000006", "step_000012"]
+
+    # the same run "killed" after its step-6 checkpoint: only what was on disk then survives
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_000012")
+    kept = [
+        line for line in (cut / "metrics.jsonl").read_text().splitlines() if json.loads(line)["step"] <= 6
+    ]
+    (cut / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    (cut / "checkpoints" / "step_000012.tmp-4242").mkdir()  # a save that was killed half-way
+    assert latest_checkpoint(cut).name == "step_000006"
+
+    train(debug_config(shakespeare_bytes, cut, *overrides), resume=True, log=QUIET)
+    a, b = read_metrics(full / "metrics.jsonl"), read_metrics(cut / "metrics.jsonl")
+    assert [r["step"] for r in b] == list(range(1, 13))
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["loss"] == rb["loss"] and ra["lr"] == rb["lr"] and ra["grad_norm"] == rb["grad_norm"]
+        assert ra.get("val_loss") == rb.get("val_loss")
+    assert not (cut / "checkpoints" / "step_000012.tmp-4242").exists()  # cleaned by the next save
+
+
+def test_run_dir_protection_and_mismatched_resume(shakespeare_bytes, tmp_path):
+    run = tmp_path / "run"
+    train(debug_config(shakespeare_bytes, run, "--train.max_steps", "2"), log=QUIET)
+    with pytest.raises(CheckpointError, match="already holds checkpoints"):
+        train(debug_config(shakespeare_bytes, run, "--train.max_steps", "2"), log=QUIET)
+    with pytest.raises(CheckpointError, match="different model section"):
+        train(
+            debug_config(shakespeare_bytes, run, "--train.max_steps", "4", "--model.dim", "128"),
+            resume=True,
+            log=QUIET,
+        )
+    with pytest.raises(CheckpointError, match="has no checkpoint yet"):
+        train(
+            debug_config(shakespeare_bytes, tmp_path / "new", "--train.max_steps", "2"),
+            resume=True,
+            log=QUIET,
+        )
+    assert latest_checkpoint(run).name == "step_000002"  # nothing on disk was lost
+
+
+def test_token_time_and_target_budgets(shakespeare_bytes, tmp_path):
+    by_tokens = train(
+        debug_config(
+            shakespeare_bytes, tmp_path / "t", "--train.max_steps", "null", "--train.max_tokens", "5000"
+        ),
+        log=QUIET,
+    )
+    assert by_tokens.stopped_by == "max_tokens" and by_tokens.step == 5  # ceil(5000 / 1024)
+    by_time = train(
+        debug_config(
+            shakespeare_bytes,
+            tmp_path / "h",
+            "--train.max_steps",
+            "null",
+            "--train.max_hours",
+            "0.0005",
+            "--train.log_every",
+            "1",
+        ),
+        log=QUIET,
+    )
+    assert by_time.stopped_by == "max_hours" and by_time.step > 3
+    assert 1.8 <= by_time.elapsed_s < 5.0
+    records = read_metrics(tmp_path / "h" / "metrics.jsonl")
+    assert records[-1]["lr"] < 0.2 * records[len(records) // 3]["lr"]  # the decay landed at the deadline
+    by_target = train(
+        debug_config(
+            shakespeare_bytes,
+            tmp_path / "g",
+            "--train.max_steps",
+            "500",
+            "--train.eval_every",
+            "10",
+            "--train.target_loss",
+            "3.2",
+        ),
+        log=QUIET,
+    )
+    assert by_target.stopped_by == "target_loss" and by_target.step < 500 and by_target.val_loss <= 3.2
+
+
+def test_tokenizer_must_match_manifest(shakespeare_bytes, tmp_path, data_dir):
+    gpt2 = data_dir / "tokenizers" / "gpt2" / "tokenizer.json"
+    cfg = debug_config(shakespeare_bytes, tmp_path / "x", "--data.tokenizer", str(gpt2))
+    with pytest.raises(DataError, match="does not match the tokenizer"):
+        train(cfg, log=QUIET)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "hopperlm", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def test_cli_train_generate_export(shakespeare_bytes, tmp_path):
+    run = tmp_path / "run"
+    result = run_cli(
+        "train",
+        str(DEBUG),
+        "--data.path",
+        str(shakespeare_bytes),
+        "--run.out_dir",
+        str(run),
+        "--train.max_steps",
+        "30",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "done: max_steps after 30 steps" in result.stdout
+    gen = run_cli("generate", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "40", "--seed", "1")
+    assert gen.returncode == 0, gen.stderr
+    assert gen.stdout.startswith("ROMEO:") and len(gen.stdout) > 30
+    out = tmp_path / "export"
+    exp = run_cli("export", str(run), str(out))
+    assert exp.returncode == 0, exp.stderr
+    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "tokenizer"}
+    again = run_cli("export", str(run), str(out))
+    assert again.returncode == 2 and "pass --overwrite" in again.stderr
+    model, tokenizer = load_pretrained(out)
+    assert model.cfg.n_layers == 2 and tokenizer.decode(tokenizer.encode("Hi")) == "Hi"
+    gen2 = run_cli("generate", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "40", "--seed", "1")
+    assert gen2.stdout == gen.stdout  # the exported model is the checkpoint's model
+    missing = run_cli("generate", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ")
