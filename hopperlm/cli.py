@@ -134,8 +134,8 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     result = train(cfg, log=log)
     model, tokenizer = load_pretrained(run_dir, device=cfg.train.device)
     log("\n--- samples ---")
-    for sample in model_samples(model, tokenizer, "\n", args.samples, 300, 0.8, 200, seed=0):
-        log(sample.strip() + "\n")
+    for i, sample in enumerate(model_samples(model, tokenizer, "\n", args.samples, 300, 0.8, 200, seed=0)):
+        log(f"[sample {i + 1}]\n{sample.strip()}\n")
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
     log(
         f"demo: val loss {val} nats/token after {result.step} steps; {time.perf_counter() - start:.0f} s in all; "

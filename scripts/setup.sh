@@ -18,4 +18,5 @@ if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.spli
   fi
 fi
 "$PY" -m pip install -q -e ".${extras}" 2>&1 | grep -v "Running pip as the 'root' user" || true
+command -v pyenv >/dev/null 2>&1 && pyenv rehash 2>/dev/null || true  # make the `hopperlm` command visible
 "$PY" -c "import hopperlm, torch; print(f'setup: hopperlm {hopperlm.__version__} with torch {torch.__version__}')"

@@ -1,0 +1,59 @@
+"""The CLI as a user runs it: demo end to end, presets, prepare, and one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "hopperlm", *args], capture_output=True, text=True, cwd=REPO, env=env
+    )
+
+
+def test_demo_end_to_end_short(tmp_path, data_dir):
+    """The demo recipe with a 6-second budget: finds the text via HOPPERLM_DATA_DIR, prepares, trains, samples."""
+    env = {**os.environ, "HOPPERLM_DATA_DIR": str(data_dir), "HOPPERLM_CACHE_DIR": str(tmp_path / "cache")}
+    out = tmp_path / "demo"
+    result = run_cli("demo", "--out", str(out), "--samples", "2", "--train.max_hours", "0.0017", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "tinyshakespeare/input.txt" in result.stdout.splitlines()[0]
+    assert "--- samples ---" in result.stdout and "demo: val loss" in result.stdout
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["val_loss"] < 3.5 and 0 < records[-1]["elapsed_s"] < 15
+    manifest = json.loads((out / "data" / "manifest.json").read_text())
+    assert manifest["tokens"] == {"train": 1003855, "val": 111540}
+    again = run_cli("demo", "--out", str(out), env=env)  # never trains over an existing run
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_presets_lists_exact_sizes():
+    result = run_cli("presets")
+    assert result.returncode == 0
+    assert "373,867,520" in result.stdout and "1,100,048,384" in result.stdout
+
+
+def test_prepare_cli_and_its_errors(tmp_path, data_dir):
+    out = tmp_path / "wiki"
+    ok = run_cli("prepare", str(data_dir / "wikitext-2" / "wiki.valid.tokens"), "--out", str(out))
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((out / "manifest.json").read_text())["dtype"] == "uint16"
+    again = run_cli("prepare", str(data_dir / "wikitext-2" / "wiki.valid.tokens"), "--out", str(out))
+    assert again.returncode == 2 and again.stderr.startswith("error: ") and "--overwrite" in again.stderr
+    missing = run_cli("prepare", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "x"))
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+    bpe = run_cli(
+        "prepare",
+        str(data_dir / "tinyshakespeare" / "input.txt"),
+        "--out",
+        str(tmp_path / "b"),
+        "--tokenizer",
+        "bpe",
+    )
+    assert bpe.returncode == 2 and "--vocab-size is required" in bpe.stderr
+    stray = run_cli("generate", str(tmp_path), "--bogus", "1")
+    assert stray.returncode == 2 and "unrecognised arguments: --bogus 1" in stray.stderr
