@@ -1,11 +1,9 @@
 """Shared fixtures: real data from ../shared/data (or $HOPPERLM_DATA_DIR), prepared once per session."""
 
-import os
 from pathlib import Path
 
 import pytest
-
-DATA_DIR = Path(os.environ.get("HOPPERLM_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from shared_data import DATA_DIR
 
 
 @pytest.fixture(scope="session")

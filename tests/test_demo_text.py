@@ -2,18 +2,17 @@
 
 import hashlib
 import io
-import os
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from shared_data import DATA_DIR
 
 from hopperlm.data import demo_text
 from hopperlm.data.demo_text import TINY_SHAKESPEARE_SHA256, TINY_SHAKESPEARE_URL, resolve_demo_text
 from hopperlm.errors import DataError
 
-DATA_DIR = Path(os.environ.get("HOPPERLM_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 SHAKESPEARE = DATA_DIR / "tinyshakespeare" / "input.txt"
 
 

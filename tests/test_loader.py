@@ -1,18 +1,17 @@
 """Memory-mapped shards and reproducible batches, on Tiny Shakespeare prepared into several shards."""
 
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from shared_data import DATA_DIR
 
 from hopperlm.data.loader import RandomWindows, TokenShards, eval_windows
 from hopperlm.data.prepare import prepare
 from hopperlm.errors import DataError
 
-DATA_DIR = Path(os.environ.get("HOPPERLM_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 SHAKESPEARE = DATA_DIR / "tinyshakespeare" / "input.txt"
 SHARD = 300_000
 

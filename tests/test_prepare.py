@@ -2,18 +2,17 @@
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import DATA_DIR
 
 import hopperlm.data.prepare as prep
 from hopperlm.data.prepare import prepare, read_manifest, shard_dtype
 from hopperlm.data.tokenizer import ByteTokenizer, load_tokenizer
 from hopperlm.errors import DataError
 
-DATA_DIR = Path(os.environ.get("HOPPERLM_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 SHAKESPEARE = DATA_DIR / "tinyshakespeare" / "input.txt"
 GPT2 = DATA_DIR / "tokenizers" / "gpt2" / "tokenizer.json"
 EOS = 256  # byte tokenizer

@@ -2,12 +2,12 @@
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import DATA_DIR
 
 from hopperlm.data.tokenizer import (
     ByteTokenizer,
@@ -18,7 +18,6 @@ from hopperlm.data.tokenizer import (
 )
 from hopperlm.errors import DataError
 
-DATA_DIR = Path(os.environ.get("HOPPERLM_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 TOK_DIR = DATA_DIR / "tokenizers"
 SHAKESPEARE = DATA_DIR / "tinyshakespeare" / "input.txt"
 

@@ -108,6 +108,11 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
     tc = cfg.train
     train_data = TokenShards(data_dir, "train", verify=cfg.data.verify)
     val_data = TokenShards(data_dir, "val", verify=cfg.data.verify) if manifest["tokens"]["val"] > 0 else None
+    if tc.target_loss is not None and val_data is None:
+        raise ConfigError(
+            f"train.target_loss is set but {data_dir} has no validation split; "
+            "re-prepare with --val-fraction above 0 or drop train.target_loss"
+        )
     batches = RandomWindows(train_data, tc.seq_len, tc.micro_batch, tc.seed)
     val_starts = eval_windows(val_data, tc.seq_len, tc.eval_windows) if val_data is not None else []
 
