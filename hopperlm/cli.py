@@ -92,6 +92,51 @@ def cmd_export(args: argparse.Namespace) -> None:
     log(f"exported {out} (model.safetensors + config.json + tokenizer/)")
 
 
+def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Hardware report, the plan for a config with its reasons, and a short self-test of the device."""
+    import dataclasses
+    import json
+
+    from hopperlm.hardware import detect, simulated
+
+    hw = simulated(args.simulate) if args.simulate else detect()
+    report: dict = {"hardware": hw.to_dict()}
+    lines = ["== hardware" + (f" (simulated: {args.simulate})" if args.simulate else ""), *hw.summary()]
+    if args.config:
+        from hopperlm.config import load_config
+        from hopperlm.data.prepare import read_manifest
+        from hopperlm.errors import DataError
+        from hopperlm.plan import make_plan
+        from hopperlm.train.batch_finder import make_gpu_finder
+        from hopperlm.train.loop import resolve_model_config
+
+        cfg = load_config(resolve_recipe(args.config), overrides)
+        model_cfg, vocab_note = cfg.model, ""
+        try:
+            model_cfg = resolve_model_config(cfg.model, read_manifest(Path(cfg.data.path))["vocab_size"])
+        except DataError:
+            if model_cfg.vocab_size is None:
+                model_cfg = dataclasses.replace(model_cfg, vocab_size=32000)
+                vocab_note = " (data not prepared: vocabulary taken as 32000)"
+        finder = None
+        if hw.device_type == "cuda" and not args.simulate and cfg.train.micro_batch is None:
+            finder = make_gpu_finder(Path(cfg.run.out_dir), cfg.train.memory_target * hw.free_memory, log)
+        plan = make_plan(cfg, model_cfg, hw, finder)
+        lines += [f"== plan for {args.config}{vocab_note}", *plan.lines()]
+        report["plan"] = {**dataclasses.asdict(plan), "memory_bytes": plan.memory.total(plan.micro_batch)}
+    if not args.simulate and not args.no_selftest:
+        from hopperlm.selftest import format_selftest, run_selftest
+
+        results = run_selftest(hw.device, hw.peak_16bit)
+        lines += ["== self-test", *format_selftest(results)]
+        report["selftest"] = results
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        for line in lines:
+            log(line)
+
+
 def cmd_presets(args: argparse.Namespace) -> None:
     from hopperlm.model.transformer import count_params, flops_per_token
     from hopperlm.presets import PRESETS
@@ -210,6 +255,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="output directory")
     p.add_argument("--overwrite", action="store_true")
 
+    p = verbs.add_parser(
+        "diagnose",
+        parents=[common],
+        help="hardware report, the plan for a config with reasons, and a device self-test",
+        description="Extra --section.key value overrides apply to CONFIG.",
+    )
+    p.add_argument("config", nargs="?", help="YAML recipe or name from configs/ to plan for")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--simulate",
+        metavar="GPU",
+        help="plan for a GPU that is not here: "
+        + ", ".join(["'H100 80GB'", "H200", "'A100 40GB'", "'RTX 4050 6GB'", "T4", "CPU"]),
+    )
+    p.add_argument("--no-selftest", action="store_true", help="skip the matmul/copy/attention/compile checks")
+
     verbs.add_parser("presets", parents=[common], help="list model presets with exact sizes")
     return parser
 
@@ -219,12 +280,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     try:
-        if extra and args.verb not in ("train", "demo"):
+        if extra and args.verb not in ("train", "demo", "diagnose"):
             raise ConfigError(f"unrecognised arguments: {' '.join(extra)}; see hopperlm {args.verb} --help")
         if args.verb == "train":
             cmd_train(args, extra)
         elif args.verb == "demo":
             cmd_demo(args, extra)
+        elif args.verb == "diagnose":
+            cmd_diagnose(args, extra)
         else:
             {"prepare": cmd_prepare, "generate": cmd_generate, "export": cmd_export, "presets": cmd_presets}[
                 args.verb

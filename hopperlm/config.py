@@ -142,10 +142,10 @@ class OptimConfig:
 class TrainConfig:
     seq_len: int = 1024
     """Tokens per training sequence (must not exceed model.max_seq_len)."""
-    micro_batch: int = 8
-    """Sequences per forward/backward pass."""
+    micro_batch: int | None = None
+    """Sequences per forward/backward pass; null = the largest that fits train.memory_target (see the plan)."""
     batch_tokens: int | None = None
-    """Global batch in tokens per optimizer step; a multiple of micro_batch*seq_len. null = one micro-batch."""
+    """Global batch in tokens per optimizer step, a multiple of seq_len; null = one micro-batch."""
     max_steps: int | None = None
     """Stop after this many optimizer steps."""
     max_tokens: int | None = None
@@ -165,19 +165,33 @@ class TrainConfig:
     keep_last: int = 3
     """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    """Compute precision; auto = bf16 on GPUs that have it, fp16 with loss scaling on older GPUs, fp32 on CPU."""
+    """Compute precision; auto = bf16 on GPUs that have it, fp16 + loss scaling on older GPUs, fp32 on CPU."""
+    tf32: bool | None = None
+    """TF32 tensor cores for fp32 matmuls; null = on where the GPU has them (Ampere+)."""
+    attention: Literal["auto", "flash", "cudnn", "efficient", "math"] = "auto"
+    """SDPA kernel; auto = the fastest this GPU, dtype and head size support, with safe fallbacks."""
     compile: bool | None = None
     """torch.compile the model; null = on for CUDA, off on CPU."""
+    compile_mode: Literal[
+        "auto", "default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"
+    ] = "auto"
+    """torch.compile mode; auto = max-autotune-no-cudagraphs for runs of an hour or more, else default."""
+    activation_checkpointing: Literal["auto", "none", "full"] = "auto"
+    """Recompute block activations in the backward; auto = only when one sequence would not fit otherwise."""
+    memory_target: float = 0.9
+    """Fraction of free GPU memory (of RAM on CPU: half of it) the automatic micro-batch may fill."""
+    pin_memory: bool | None = None
+    """Page-locked host batches for asynchronous copies; null = on for CUDA."""
     device: str = "auto"
     """'auto', 'cpu', 'cuda' or 'cuda:N'."""
     seed: int = 1337
     """Seed for initialisation, data order and dropout."""
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "micro_batch", "log_every", "keep_last", "eval_windows"):
+        for name in ("seq_len", "log_every", "keep_last", "eval_windows"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train.{name}={getattr(self, name)} must be positive")
-        for name in ("max_steps", "max_tokens", "max_hours", "batch_tokens"):
+        for name in ("max_steps", "max_tokens", "max_hours", "batch_tokens", "micro_batch"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"train.{name}={value} must be positive (or null)")
@@ -189,23 +203,20 @@ class TrainConfig:
                 "no stopping rule: set train.max_steps, train.max_tokens or train.max_hours "
                 "(e.g. --train.max_steps 1000)"
             )
-        per_micro = self.micro_batch * self.seq_len
-        if self.batch_tokens is not None and self.batch_tokens % per_micro:
-            raise ConfigError(
-                f"train.batch_tokens={self.batch_tokens} is not a multiple of micro_batch*seq_len={per_micro}; "
-                f"use e.g. {max(1, round(self.batch_tokens / per_micro)) * per_micro}"
-            )
+        if not 0.05 <= self.memory_target <= 1.0:
+            raise ConfigError(f"train.memory_target={self.memory_target} must be in [0.05, 1.0]")
+        if self.batch_tokens is not None:
+            per_micro = (self.micro_batch or 1) * self.seq_len
+            if self.batch_tokens % per_micro:
+                raise ConfigError(
+                    f"train.batch_tokens={self.batch_tokens} is not a multiple of micro_batch*seq_len="
+                    f"{per_micro}; use e.g. {max(1, round(self.batch_tokens / per_micro)) * per_micro}"
+                )
 
     @property
-    def grad_accum(self) -> int:
-        """Micro-batches per optimizer step."""
-        if self.batch_tokens is None:
-            return 1
-        return self.batch_tokens // (self.micro_batch * self.seq_len)
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.micro_batch * self.seq_len * self.grad_accum
+    def batch_seqs(self) -> int | None:
+        """Sequences per optimizer step, when the global batch is fixed."""
+        return None if self.batch_tokens is None else self.batch_tokens // self.seq_len
 
 
 @dataclass

@@ -35,9 +35,20 @@ def test_debug_preset_trains_and_val_loss_falls(shakespeare_bytes, tmp_path):
     assert vals[-1] < vals[0] - 0.3, vals
     assert vals[-1] < 2.7  # byte-level Tiny Shakespeare: uniform would be ln(257) = 5.55
     assert result.stopped_by == "max_steps" and result.step == 120
-    banner = "\n".join(lines[:9])
-    for word in ("device: CPU", "parameters", "FLOPs/token", "tokens/step", "plan: 120 steps"):
-        assert word in banner
+    banner = "\n".join(lines[: next(i for i, line in enumerate(lines) if line.startswith("step "))])
+    for word in (
+        "device: CPU",
+        "precision: fp32",
+        "compile: off",
+        "micro_batch: 16 (set by train.micro_batch)",
+        "parameters",
+        "FLOPs/token",
+        "tokens/step",
+        "preflight: speed at most",
+        "plan: 120 steps",
+    ):
+        assert word in banner, word
+    assert any(line.startswith("preflight check: speed") for line in lines)
     expected = {
         "step",
         "tokens",
@@ -195,3 +206,40 @@ def test_cli_train_generate_export(shakespeare_bytes, tmp_path):
     assert gen2.stdout == gen.stdout  # the exported model is the checkpoint's model
     missing = run_cli("generate", str(tmp_path / "nope"))
     assert missing.returncode == 2 and missing.stderr.startswith("error: ")
+
+
+def test_out_of_memory_halves_micro_batch_and_keeps_global_batch(shakespeare_bytes, tmp_path, monkeypatch):
+    """An OOM in a step (simulated: forward refuses micro-batches above 4) is caught and the step redone."""
+    import torch
+
+    from hopperlm.model.transformer import Transformer
+    from hopperlm.train.loop import OutOfMemory
+
+    real_forward = Transformer.forward
+
+    def tight_forward(self, tokens, targets=None, pos=0):
+        if torch.is_grad_enabled() and tokens.shape[0] > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_forward(self, tokens, targets, pos)
+
+    monkeypatch.setattr(Transformer, "forward", tight_forward)
+    lines = []
+    cfg = debug_config(
+        shakespeare_bytes, tmp_path / "oom", "--train.max_steps", "6", "--train.log_every", "1"
+    )
+    result = train(cfg, log=lines.append)
+    halvings = [line for line in lines if line.startswith("out of memory at step 1")]
+    assert len(halvings) == 2  # 16 -> 8 -> 4
+    assert "accumulation doubled to 4 (global batch unchanged)" in halvings[-1]
+    assert result.step == 6 and result.tokens == 6 * 16 * 64
+
+    monkeypatch.setattr(
+        Transformer, "forward", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError())
+    )
+    with pytest.raises(OutOfMemory, match="activation_checkpointing full"):
+        train(
+            debug_config(
+                shakespeare_bytes, tmp_path / "oom2", "--train.max_steps", "2", "--train.micro_batch", "1"
+            ),
+            log=QUIET,
+        )

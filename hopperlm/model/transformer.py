@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from hopperlm.config import ModelConfig
 
@@ -117,6 +118,7 @@ class Transformer(nn.Module):
                 "ModelConfig.vocab_size must be resolved (from the data) before building a model"
             )
         self.cfg = cfg
+        self.checkpoint_blocks = False  # full activation checkpointing, set from the plan
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -157,7 +159,11 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]
         x = self.drop(self.embed(tokens))  # (B, T, d)
         for layer in self.layers:
-            x = layer(x, cos, sin, pos)
+            if self.checkpoint_blocks and torch.is_grad_enabled():
+                # recompute the block in the backward instead of keeping its activations (plan.py decides)
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, pos, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, pos)
         logits = self.lm_head(self.norm(x))  # (B, T, V)
         if targets is None:
             return logits

@@ -184,16 +184,24 @@ def load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
         )
 
 
+def read_state(ckpt: Path) -> dict[str, Any]:
+    """state.json of a checkpoint: step, tokens, clock, micro-batch, run config."""
+    try:
+        return json.loads((Path(ckpt) / STATE_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {ckpt} has no readable {STATE_FILE} ({e}); pick another") from None
+
+
 def load_training_state(
     ckpt: Path, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
 ) -> dict[str, Any]:
     """Restore optimizer, scaler and RNG states; return state.json (step, tokens, clock, ...)."""
     try:
-        state = json.loads((ckpt / STATE_FILE).read_text())
         opt = torch.load(ckpt / OPTIM_FILE, map_location="cpu", weights_only=True)
         rng = torch.load(ckpt / RNG_FILE, map_location="cpu", weights_only=True)
     except (OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"checkpoint {ckpt} is unreadable ({str(e).splitlines()[0]})") from None
+    state = read_state(ckpt)
     try:
         optimizer.load_state_dict(opt["optimizer"])
     except (ValueError, KeyError) as e:
@@ -209,13 +217,13 @@ def load_training_state(
 def load_pretrained(path: str | Path, device: str = "auto"):
     """(model in eval mode, tokenizer) from a run dir, checkpoint dir or exported model dir."""
     from hopperlm.data.tokenizer import load_tokenizer
-    from hopperlm.hardware import pick_device
+    from hopperlm.hardware import detect_for
     from hopperlm.model.transformer import build_model
 
     model_dir = resolve_model_dir(path)
     if not (model_dir / TOKENIZER_DIR).is_dir():
         raise CheckpointError(f"{model_dir} has no {TOKENIZER_DIR}/ folder; it was not written by hopperlm")
-    model = build_model(read_model_config(model_dir), pick_device(device).device)
+    model = build_model(read_model_config(model_dir), detect_for(device).device)
     load_model_weights(model_dir, model)
     return model.eval(), load_tokenizer(model_dir / TOKENIZER_DIR)
 

@@ -10,7 +10,6 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +19,12 @@ from hopperlm.config import Config, ModelConfig, save_config
 from hopperlm.data.loader import RandomWindows, TokenShards, eval_windows
 from hopperlm.data.prepare import read_manifest
 from hopperlm.data.tokenizer import load_tokenizer
-from hopperlm.errors import CheckpointError, ConfigError, DataError
-from hopperlm.hardware import pick_device, pick_precision
+from hopperlm.errors import CheckpointError, ConfigError, DataError, HopperError
+from hopperlm.hardware import detect_for
 from hopperlm.model.transformer import build_model, count_params, flops_per_token
+from hopperlm.plan import Plan, make_plan
 from hopperlm.train import checkpoint as ckpt_io
+from hopperlm.train.batch_finder import make_gpu_finder
 from hopperlm.train.metrics import Interval, MetricsFile, format_record, human_count, mfu, peak_memory_gb
 from hopperlm.train.optim import budget_progress, build_optimizer, lr_at
 
@@ -64,19 +65,88 @@ def check_tokenizer(spec: str | None, manifest: dict, data_dir: Path) -> None:
 
 
 @torch.no_grad()
-def evaluate(model, data: TokenShards, starts: list[int], cfg: Config, device, autocast) -> float:
+def evaluate(model, data: TokenShards, starts: list[int], plan: Plan) -> float:
     """Mean loss over fixed validation windows (the same windows every time, in every run)."""
     was_training = model.training
     model.eval()
-    T, B = cfg.train.seq_len, cfg.train.micro_batch
-    total = torch.zeros((), device=device)
+    T, B = plan.seq_len, plan.micro_batch
+    total = torch.zeros((), device=plan.device)
     for i in range(0, len(starts), B):
         chunk = torch.stack([torch.from_numpy(data.read(s, T + 1)) for s in starts[i : i + B]])
-        chunk = chunk.to(device, non_blocking=True)
-        with autocast():
+        chunk = chunk.to(plan.device, non_blocking=True)
+        with plan.autocast(), plan.sdpa_backends():
             total += model(chunk[:, :-1], chunk[:, 1:]) * chunk.shape[0]
     model.train(was_training)
     return total.item() / len(starts)
+
+
+def predicted_tokens_per_s(plan: Plan, flops_per_token: int) -> tuple[float, float]:
+    """(tokens/s if every FLOP ran at the matmul rate measured here and now, that rate in FLOP/s): an upper
+    bound from this machine rather than from a datasheet."""
+    from hopperlm.selftest import matmul_check
+
+    n = 4096 if plan.device.type == "cuda" else 512
+    with torch.random.fork_rng(devices=[plan.device] if plan.device.type == "cuda" else []):
+        # random inputs must not move the training RNG: a resumed run has to draw the same dropout masks
+        rate = matmul_check(plan.device, plan.autocast_dtype or torch.float32, n=n)["tflops"] * 1e12
+    return rate / flops_per_token, rate
+
+
+def _banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted) -> None:
+    counts = count_params(model_cfg)
+    planned = []
+    if tc.max_steps:
+        planned.append(f"{tc.max_steps:,} steps = {human_count(tc.max_steps * plan.tokens_per_step)} tokens")
+    if tc.max_tokens:
+        steps = math.ceil(tc.max_tokens / plan.tokens_per_step)
+        planned.append(f"{human_count(tc.max_tokens)} tokens = {steps:,} steps")
+    if tc.max_hours:
+        planned.append(f"{tc.max_hours:g} h wall clock (LR decay lands at the deadline)")
+    peak = (
+        f"{hw.peak_16bit / 1e12:.0f} TFLOP/s dense 16-bit peak" if hw.peak_16bit else "peak unknown: MFU n/a"
+    )
+    log(
+        f"hopperlm | run {run_dir}" + (f" | resuming from {resume_from} (step {step})" if resume_from else "")
+    )
+    for line in plan.lines():
+        log(line)
+    log(
+        f"model: {model_cfg.preset or 'custom'} | {counts['total']:,} parameters "
+        f"({counts['non_embedding']:,} non-embedding) | {model_cfg.n_layers} layers, d={model_cfg.dim}, "
+        f"{model_cfg.n_heads} heads ({model_cfg.kv_heads} kv) x {model_cfg.head_dim}, "
+        f"ffn {model_cfg.hidden_dim}, vocab {model_cfg.vocab_size}, ctx {tc.seq_len}"
+    )
+    log(f"FLOPs/token: {fpt / 1e9:.3f} GFLOP (6N + 12*L*d*T) | {peak}")
+    log(
+        f"batch: {plan.micro_batch} x {tc.seq_len} tokens x {plan.grad_accum} accumulation = "
+        f"{plan.tokens_per_step:,} tokens/step | data: {manifest['tokens']['train']:,} train / "
+        f"{manifest['tokens']['val']:,} val tokens ({manifest['tokenizer']['kind']} tokenizer)"
+    )
+    tok_s, rate = predicted
+    log(
+        f"preflight: speed at most {human_count(tok_s)} tokens/s (matmul measured here at "
+        f"{rate / 1e12:.2f} TFLOP/s) | memory {plan.memory.total(plan.micro_batch) / 1e9:.2f} GB estimated"
+    )
+    log(f"plan: {' or '.join(planned)}" + (f" | target val loss {tc.target_loss}" if tc.target_loss else ""))
+
+
+def _preflight_check(log, record: dict, plan: Plan, predicted: float) -> None:
+    """After the first log step: the measured numbers beside the preflight estimate."""
+    speed = (
+        f"speed {human_count(record['tokens_per_s'])} tokens/s = {record['tokens_per_s'] / predicted:.0%} "
+    )
+    speed += "of the matmul-bound prediction"
+    if plan.device.type == "cuda":
+        memory = f"memory {record['peak_mem_gb']:.2f} GB measured vs {plan.memory.total(plan.micro_batch) / 1e9:.2f}"
+        memory += " GB estimated"
+    else:
+        memory = f"memory {record['peak_mem_gb']:.2f} GB process peak (the Python runtime included)"
+        memory += f" vs {plan.memory.total(plan.micro_batch) / 1e9:.2f} GB estimated for the model"
+    log(f"preflight check: {speed} | {memory}")
+
+
+class OutOfMemory(HopperError):
+    """Out of memory even at micro-batch 1."""
 
 
 def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = print) -> TrainResult:
@@ -113,15 +183,31 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
             f"train.target_loss is set but {data_dir} has no validation split; "
             "re-prepare with --val-fraction above 0 or drop train.target_loss"
         )
-    batches = RandomWindows(train_data, tc.seq_len, tc.micro_batch, tc.seed)
+    train_data.check_window(tc.seq_len)
     val_starts = eval_windows(val_data, tc.seq_len, tc.eval_windows) if val_data is not None else []
 
-    # ---- device, precision, model, optimizer ----------------------------------------------------------------
-    dev = pick_device(tc.device)
-    device = dev.device
-    prec = pick_precision(tc.precision, device)
+    # ---- the plan: hardware, precision, kernels, batch -------------------------------------------------------
+    hw = detect_for(tc.device)
+    resume_state = ckpt_io.read_state(resume_from) if resume_from is not None else None
+    if resume_state is not None and resume_state.get("micro_batch"):
+        # the data of step s depends on the micro-batch: keep the checkpoint's (measured, or halved after an
+        # out-of-memory error) rather than planning anew
+        micro, accum = resume_state["micro_batch"], resume_state["grad_accum"]
+        if (micro, micro * accum * tc.seq_len) != (tc.micro_batch, tc.batch_tokens):
+            log(f"resume: micro-batch {micro} x {accum} accumulation from the checkpoint")
+        tc = dataclasses.replace(tc, micro_batch=micro, batch_tokens=micro * accum * tc.seq_len)
+        cfg = dataclasses.replace(cfg, train=tc)
+    finder = None
+    if hw.device_type == "cuda" and tc.micro_batch is None:
+        finder = make_gpu_finder(run_dir, tc.memory_target * hw.free_memory, log)
+    plan = make_plan(cfg, model_cfg, hw, finder)
+    plan.apply_runtime_settings()
+    device = plan.device
+
+    # ---- model and optimizer -------------------------------------------------------------------------------
     torch.manual_seed(tc.seed)
     model = build_model(model_cfg, device, seed=tc.seed)
+    model.checkpoint_blocks = plan.activation_checkpointing == "full"
     if resume_from is not None:
         if ckpt_io.read_model_config(resume_from) != model_cfg:
             raise CheckpointError(
@@ -129,15 +215,9 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
                 f"config ({run_dir / 'config.yaml'})"
             )
         ckpt_io.load_model_weights(resume_from, model)
-    use_compile = tc.compile if tc.compile is not None else device.type == "cuda"
-    step_model = torch.compile(model) if use_compile else model
-    optimizer, optim_why = build_optimizer(model, cfg.optim, device)
-    scaler = torch.amp.GradScaler("cuda") if prec.loss_scaling else None
-
-    def autocast():
-        if prec.autocast_dtype is None:
-            return nullcontext()
-        return torch.autocast(device.type, dtype=prec.autocast_dtype)
+    step_model = torch.compile(model, mode=plan.compile_mode) if plan.compile else model
+    optimizer = build_optimizer(model, cfg.optim, plan.fused_adamw)
+    scaler = torch.amp.GradScaler("cuda") if plan.loss_scaling else None
 
     step, tokens, elapsed_before, best_val = 0, 0, 0.0, None
     if resume_from is not None:
@@ -145,57 +225,17 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         step, tokens, elapsed_before = state["step"], state["tokens"], state["elapsed_s"]
         best_val = state.get("best_val_loss")
 
-    # ---- run directory -------------------------------------------------------------------------------------
+    # ---- run directory and banner --------------------------------------------------------------------------
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     tokenizer_dir = run_dir / "tokenizer"
     if not tokenizer_dir.exists():
         load_tokenizer(data_dir).save(tokenizer_dir)
     metrics = MetricsFile(run_dir / "metrics.jsonl")
-
-    # ---- banner --------------------------------------------------------------------------------------------
-    counts = count_params(model_cfg)
     fpt = flops_per_token(model_cfg, tc.seq_len)
-    planned = []
-    if tc.max_steps:
-        planned.append(f"{tc.max_steps:,} steps = {human_count(tc.max_steps * tc.tokens_per_step)} tokens")
-    if tc.max_tokens:
-        planned.append(
-            f"{human_count(tc.max_tokens)} tokens = {math.ceil(tc.max_tokens / tc.tokens_per_step):,} steps"
-        )
-    if tc.max_hours:
-        planned.append(f"{tc.max_hours:g} h wall clock (LR decay lands at the deadline)")
-    peak = (
-        f"{dev.peak_flops / 1e12:.0f} TFLOP/s dense bf16 peak" if dev.peak_flops else "peak unknown: MFU n/a"
-    )
-    log(
-        f"hopperlm | run {run_dir}" + (f" | resuming from {resume_from} (step {step})" if resume_from else "")
-    )
-    for line in (
-        dev.reason,
-        prec.reason,
-        optim_why,
-        f"compile: {'on' if use_compile else 'off'}"
-        + (
-            ""
-            if tc.compile is not None
-            else f" (auto: {'CUDA' if use_compile else 'CPU, compile start-up not worth it'})"
-        ),
-    ):
-        log(line)
-    log(
-        f"model: {model_cfg.preset or 'custom'} | {counts['total']:,} parameters "
-        f"({counts['non_embedding']:,} non-embedding) | {model_cfg.n_layers} layers, d={model_cfg.dim}, "
-        f"{model_cfg.n_heads} heads ({model_cfg.kv_heads} kv) x {model_cfg.head_dim}, ffn {model_cfg.hidden_dim}, "
-        f"vocab {model_cfg.vocab_size}, ctx {tc.seq_len}"
-    )
-    log(f"FLOPs/token: {fpt / 1e9:.3f} GFLOP (6N + 12*L*d*T) | {peak}")
-    log(
-        f"batch: {tc.micro_batch} x {tc.seq_len} tokens x {tc.grad_accum} accumulation = "
-        f"{tc.tokens_per_step:,} tokens/step | data: {manifest['tokens']['train']:,} train / "
-        f"{manifest['tokens']['val']:,} val tokens ({manifest['tokenizer']['kind']} tokenizer)"
-    )
-    log(f"plan: {' or '.join(planned)}" + (f" | target val loss {tc.target_loss}" if tc.target_loss else ""))
+    predicted = predicted_tokens_per_s(plan, fpt)
+    _banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
+    batches = RandomWindows(train_data, tc.seq_len, plan.micro_batch, tc.seed)
 
     # ---- the loop ------------------------------------------------------------------------------------------
     t0 = time.perf_counter()
@@ -218,6 +258,8 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
             "elapsed_s": elapsed(),
             "best_val_loss": best_val,
             "val_loss": val_loss,
+            "micro_batch": plan.micro_batch,
+            "grad_accum": plan.grad_accum,
             "config": cfg.to_dict(),
             "data_manifest_tokenizer": manifest["tokenizer"],
         }
@@ -226,29 +268,20 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         )
         log(f"checkpoint: {path}")
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    interval = Interval()
-    loss_sum = torch.zeros((), device=device)
-    val_loss, stopped_by = None, budget_done()
-    if stopped_by:
-        log(f"nothing to do: the run already reached its {stopped_by} budget at step {step}")
-    model.train()
-    while stopped_by is None:
-        lr = lr_at(step, budget_progress(step, tokens, elapsed(), tc, cfg.optim.warmup_steps), cfg.optim)
+    def run_step(lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step: grad_accum micro-batches, clip, update. Returns (loss, grad norm) on device."""
         for group in optimizer.param_groups:
             group["lr"] = lr
-        for micro in range(tc.grad_accum):
+        step_loss = torch.zeros((), device=device)
+        for micro in range(plan.grad_accum):
             x, y = batches.batch(step, micro)
-            if device.type == "cuda":
-                x, y = (
-                    x.pin_memory().to(device, non_blocking=True),
-                    y.pin_memory().to(device, non_blocking=True),
-                )
-            with autocast():
-                loss = step_model(x, y) / tc.grad_accum
+            if plan.pin_memory:
+                x, y = x.pin_memory(), y.pin_memory()
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with plan.autocast(), plan.sdpa_backends():
+                loss = step_model(x, y) / plan.grad_accum
             (scaler.scale(loss) if scaler else loss).backward()
-            loss_sum += loss.detach()
+            step_loss += loss.detach()
         if scaler:
             scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
@@ -258,14 +291,46 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return step_loss, grad_norm
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+    interval = Interval()
+    loss_sum = torch.zeros((), device=device)
+    val_loss, stopped_by, first_log = None, budget_done(), True
+    if stopped_by:
+        log(f"nothing to do: the run already reached its {stopped_by} budget at step {step}")
+    model.train()
+    while stopped_by is None:
+        lr = lr_at(step, budget_progress(step, tokens, elapsed(), tc, cfg.optim.warmup_steps), cfg.optim)
+        try:
+            step_loss, grad_norm = run_step(lr)
+        except torch.OutOfMemoryError:
+            # free what the failed step held, halve the micro-batch, double accumulation, redo the step
+            optimizer.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            if plan.micro_batch == 1 or plan.micro_batch % 2:
+                raise OutOfMemory(
+                    f"out of memory at step {step + 1} with micro-batch {plan.micro_batch}; use "
+                    "--train.activation_checkpointing full, a shorter train.seq_len, or a smaller model / FSDP"
+                ) from None
+            plan.micro_batch, plan.grad_accum = plan.micro_batch // 2, plan.grad_accum * 2
+            batches = RandomWindows(train_data, tc.seq_len, plan.micro_batch, tc.seed)
+            log(
+                f"out of memory at step {step + 1}: micro-batch halved to {plan.micro_batch}, accumulation "
+                f"doubled to {plan.grad_accum} (global batch unchanged); redoing the step"
+            )
+            continue
+        loss_sum += step_loss
         step += 1
-        tokens += tc.tokens_per_step
-        interval.add(tc.tokens_per_step)
+        tokens += plan.tokens_per_step
+        interval.add(plan.tokens_per_step)
         stopped_by = budget_done()
 
         evaluated = False
         if val_starts and ((tc.eval_every and step % tc.eval_every == 0) or stopped_by):
-            val_loss, evaluated = evaluate(step_model, val_data, val_starts, cfg, device, autocast), True
+            val_loss, evaluated = evaluate(step_model, val_data, val_starts, plan), True
             best_val = val_loss if best_val is None else min(best_val, val_loss)
             if tc.target_loss is not None and val_loss <= tc.target_loss and stopped_by is None:
                 stopped_by = "target_loss"
@@ -279,7 +344,7 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
                 lr=lr,
                 grad_norm=grad_norm.item(),
                 tokens_per_s=tok_s,
-                mfu=mfu(tok_s, fpt, dev.peak_flops),
+                mfu=mfu(tok_s, fpt, hw.peak_16bit),
                 step_time_s=step_s,
                 peak_mem_gb=peak_memory_gb(device),
                 elapsed_s=elapsed(),
@@ -290,6 +355,9 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
                 )
             metrics.write(record)
             log(format_record(record, tc.max_steps))
+            if first_log:
+                _preflight_check(log, record, plan, predicted[0])
+                first_log = False
             loss_sum.zero_()
             interval.reset()
         if (tc.ckpt_every and step % tc.ckpt_every == 0) or stopped_by:

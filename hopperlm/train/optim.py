@@ -31,17 +31,12 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, device: torch.device
-) -> tuple[torch.optim.Optimizer, str]:
-    """AdamW, fused on CUDA unless optim.fused says otherwise. Returns the optimizer and a one-line reason."""
-    fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
+def build_optimizer(model: nn.Module, cfg: OptimConfig, fused: bool) -> torch.optim.Optimizer:
+    """AdamW over the decay / no-decay groups; `fused` comes from the plan (CUDA only)."""
     kwargs = {"fused": True} if fused else {}
-    opt = torch.optim.AdamW(
+    return torch.optim.AdamW(
         param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kwargs
     )
-    why = "fused kernel" if fused else "unfused (the fused kernel is for CUDA)"
-    return opt, f"optimizer: AdamW, {why}, weight decay {cfg.weight_decay} on matrices only"
 
 
 def budget_progress(

@@ -1,0 +1,91 @@
+"""Preflight memory estimate: weights, gradients, optimizer state and activations per micro-batch.
+
+The activation count follows what autograd saves for hopperlm's block (transformer.py), tensor by tensor, so
+it tracks the code rather than a rule of thumb; tests compare it with the bytes autograd actually saves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hopperlm.config import ModelConfig
+from hopperlm.model.transformer import count_params
+
+GB = 1e9
+
+
+@dataclass
+class MemoryEstimate:
+    params: int
+    weights: int  # bytes: fp32 master weights (autocast computes in 16-bit, the parameters stay fp32)
+    grads: int  # bytes: fp32 gradients
+    optimizer: int  # bytes: AdamW's two fp32 moments
+    activations_per_seq: int  # bytes saved for backward per sequence of seq_len tokens
+    logits_per_seq: int  # bytes of the logits, their fp32 copy and log-softmax per sequence
+
+    @property
+    def static(self) -> int:
+        return self.weights + self.grads + self.optimizer
+
+    def total(self, micro_batch: int) -> int:
+        return self.static + micro_batch * (self.activations_per_seq + self.logits_per_seq)
+
+    def largest_micro_batch(self, budget_bytes: float) -> int:
+        """The largest micro-batch whose estimate fits `budget_bytes` (0 when not even the weights fit)."""
+        per_seq = self.activations_per_seq + self.logits_per_seq
+        return max(0, int((budget_bytes - self.static) // per_seq))
+
+    def describe(self, micro_batch: int) -> str:
+        return (
+            f"{self.total(micro_batch) / GB:.2f} GB = weights {self.weights / GB:.2f} + grads "
+            f"{self.grads / GB:.2f} + AdamW {self.optimizer / GB:.2f} + activations "
+            f"{micro_batch * (self.activations_per_seq + self.logits_per_seq) / GB:.2f} "
+            f"({micro_batch} x {(self.activations_per_seq + self.logits_per_seq) / 1e6:.1f} MB)"
+        )
+
+
+def activation_bytes_per_token(cfg: ModelConfig, precision: str, checkpointing: str) -> tuple[int, int]:
+    """(bytes saved per token by all blocks + embedding + final norm, bytes for the logits path per token).
+
+    Per block, with d = dim, kv = kv_heads * head_dim, h = ffn width, H = heads:
+      fp32 (CPU): norm inputs 2*4d, normed outputs 2*4d (shared by the projections), q/out 2*4d, k/v 2*4kv,
+                  o_proj input 4d, SwiGLU gate/silu/up/product 4*4h                 -> 28d + 8kv + 16h
+      16-bit autocast: norm inputs stay fp32 (2*4d); every linear saves its own 16-bit cast of its input
+                  (3*2d for q/k/v, 2*2d for gate/up), SDPA saves q, k, v, out (2*(2d + 2kv)) and a
+                  fp32 log-sum-exp per head (4H), o_proj input 2d, SwiGLU 4*2h      -> 24d + 4kv + 8h + 4H
+      full activation checkpointing keeps only each block's fp32 input (4d) plus one block's worth, recomputed.
+    """
+    d, kv, h, H, L, V = (
+        cfg.dim,
+        cfg.kv_heads * cfg.head_dim,
+        cfg.hidden_dim,
+        cfg.n_heads,
+        cfg.n_layers,
+        cfg.vocab_size or 0,
+    )
+    if precision == "fp32":
+        block = 28 * d + 8 * kv + 16 * h
+        head = 4 * d + 4 * d  # final norm input and its output (the LM head's input)
+        logits = 4 * V + 4 * V  # log-softmax output kept for backward, and the logits gradient it makes
+    else:
+        block = 24 * d + 4 * kv + 8 * h + 4 * H
+        head = 4 * d + 2 * d
+        logits = 2 * V + 4 * V + 4 * V  # 16-bit logits, their fp32 copy, log-softmax output
+    blocks = 4 * d * L + block if checkpointing == "full" else block * L
+    return blocks + head + 4 * d, logits  # + the embedding output (fp32)
+
+
+def estimate_memory(
+    cfg: ModelConfig, seq_len: int, precision: str, checkpointing: str = "none"
+) -> MemoryEstimate:
+    counts = count_params(cfg)
+    n = counts["total"]
+    acts, logits = activation_bytes_per_token(cfg, precision, checkpointing)
+    return MemoryEstimate(
+        params=n,
+        weights=4 * n,
+        grads=4 * n,
+        optimizer=8 * n,
+        activations_per_seq=acts * seq_len,
+        logits_per_seq=logits * seq_len,
+    )

@@ -1,0 +1,113 @@
+"""Find the largest micro-batch that fits on the GPU by running real training steps, and remember it.
+
+The search runs the actual model with the actual plan (precision, attention kernels, activation
+checkpointing, fused AdamW) for two full steps per candidate size, so the optimizer state and the backward's
+peak are both counted. Trials run eagerly: compiled steps use the same or less memory, so the answer is safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from hopperlm.config import ModelConfig
+from hopperlm.model.transformer import build_model
+
+CACHE_FILE = "micro_batch_cache.json"
+
+
+def search_largest(fits: Callable[[int], bool], cap: int) -> int:
+    """Largest n in [1, cap] with fits(n), for a monotone `fits`: double until it fails, then bisect.
+    Returns 0 when even fits(1) is False."""
+    lo, hi, n = 0, None, 1
+    while hi is None:
+        n = min(n, cap)
+        if fits(n):
+            lo = n
+            if n == cap:
+                return lo
+            n *= 2
+        else:
+            hi = n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def cache_key(model_cfg: ModelConfig, plan, device_name: str, budget: float, cap: int) -> str:
+    parts = {
+        "model": {k: getattr(model_cfg, k) for k in model_cfg.__dataclass_fields__},
+        "plan": [
+            plan.precision,
+            plan.activation_checkpointing,
+            plan.attention,
+            plan.fused_adamw,
+            plan.seq_len,
+        ],
+        "device": device_name,
+        "torch": torch.__version__,
+        "budget_gib": round(budget / 1024**3, 1),
+        "cap": cap,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def make_gpu_finder(run_dir: Path, budget_bytes: float, log: Callable[[str], None]):
+    """A finder for plan.make_plan: measures on this GPU, cached in RUN_DIR/micro_batch_cache.json."""
+
+    def finder(model_cfg: ModelConfig, plan, cap: int) -> tuple[int, str]:
+        device = plan.device
+        cache_path = Path(run_dir) / CACHE_FILE
+        key = cache_key(model_cfg, plan, torch.cuda.get_device_name(device), budget_bytes, cap)
+        cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
+        if key in cache:
+            return cache[key], f"measured earlier on this GPU, cached in {cache_path}"
+        start, trials = time.perf_counter(), []
+        model = build_model(model_cfg, device)
+        model.checkpoint_blocks = plan.activation_checkpointing == "full"
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=plan.fused_adamw)
+
+        def fits(n: int) -> bool:
+            ok = False
+            try:
+                torch.cuda.reset_peak_memory_stats(device)
+                x = torch.randint(0, model_cfg.vocab_size, (n, plan.seq_len), device=device)
+                for _ in range(2):
+                    with plan.autocast(), plan.sdpa_backends():
+                        loss = model(x, x)
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                torch.cuda.synchronize(device)
+                ok = torch.cuda.max_memory_allocated(device) <= budget_bytes
+            except torch.OutOfMemoryError:
+                ok = False
+            finally:
+                x = loss = None
+                optimizer.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+            trials.append((n, ok))
+            return ok
+
+        with torch.random.fork_rng(devices=[device]):  # trial steps must not move the training RNG
+            best = search_largest(fits, cap)
+        model = optimizer = None  # free the trial model before the real one is built
+        torch.cuda.empty_cache()
+        cache[key] = best
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        cache_path.write_text(json.dumps(cache, indent=1))
+        tried = ", ".join(f"{n}{'' if ok else 'x'}" for n, ok in trials)
+        seconds = time.perf_counter() - start
+        log(f"micro-batch finder: tried {tried} (x = over budget) in {seconds:.1f} s")
+        return best, f"measured: largest within {budget_bytes / 1024**3:.1f} GiB in real steps, at most {cap}"
+
+    return finder
