@@ -57,3 +57,16 @@ def test_prepare_cli_and_its_errors(tmp_path, data_dir):
     assert bpe.returncode == 2 and "--vocab-size is required" in bpe.stderr
     stray = run_cli("generate", str(tmp_path), "--bogus", "1")
     assert stray.returncode == 2 and "unrecognised arguments: --bogus 1" in stray.stderr
+
+
+def test_diagnose_simulated_plan_and_json():
+    text = run_cli("diagnose", "owt-350m-h100", "--simulate", "H100 80GB")
+    assert text.returncode == 0, text.stderr
+    assert "(simulated: H100 80GB)" in text.stdout and "precision: bf16 autocast" in text.stdout
+    assert "micro_batch: " in text.stdout and "self-test" not in text.stdout  # nothing to measure
+    js = run_cli("diagnose", "debug", "--json", "--no-selftest", "--train.micro_batch", "8")
+    assert js.returncode == 0, js.stderr
+    report = json.loads(js.stdout)
+    assert report["plan"]["micro_batch"] == 8 and report["hardware"]["device_type"] in ("cpu", "cuda")
+    bad = run_cli("diagnose", "debug", "--simulate", "TPU")
+    assert bad.returncode == 2 and "no simulated GPU" in bad.stderr
