@@ -105,8 +105,11 @@ class Hardware:
         ]
 
 
-def _cpu_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def cpu_cores() -> int:
+    """Cores this process may use (respects taskset/cgroup affinity where the OS tells us)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 def _ram() -> int:
@@ -132,7 +135,7 @@ def gpu_attention_backends(capability: tuple[int, int]) -> list[str]:
 
 
 def _cpu_only() -> Hardware:
-    cores = _cpu_cores()
+    cores = cpu_cores()
     return Hardware(
         "cpu", f"CPU ({cores} cores)", attention=["flash (CPU)", "math"], cpu_cores=cores, ram=_ram()
     )
@@ -161,7 +164,7 @@ def detect(index: int | None = None) -> Hardware:
         tf32=capability >= (8, 0),
         attention=gpu_attention_backends(capability),
         nccl=torch.distributed.is_available() and torch.distributed.is_nccl_available(),
-        cpu_cores=_cpu_cores(),
+        cpu_cores=cpu_cores(),
         ram=_ram(),
         peak_16bit=p16,
         peak_fp8=p8,

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from hopperlm.errors import DataError
+from hopperlm.hardware import cpu_cores
 
 BYTE_IDENTITY = "hopperlm-byte-v1"
 BYTE_MARKER = "hopperlm-byte.json"
@@ -30,13 +30,6 @@ EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")
 BOS_CANDIDATES = ("<s>", "<|begin_of_text|>")
 BPE_EOS = "<|endoftext|>"
 MAX_VOCAB = 1_000_000
-
-
-def cpu_count() -> int:
-    """Cores this process may use (respects taskset/cgroup affinity where the OS tells us)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 def _sha256(data: bytes) -> str:
@@ -243,7 +236,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.encode(text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._sp.encode(texts, num_threads=cpu_count())
+        return self._sp.encode(texts, num_threads=cpu_cores())
 
     def decode(self, ids: list[int]) -> str:
         # sentencepiece raises on out-of-range ids; control pieces (BOS/EOS) already decode to nothing.
