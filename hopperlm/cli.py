@@ -52,7 +52,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from hopperlm.train.loop import train
 
     cfg = load_config(resolve_recipe(args.config), overrides)
-    train(cfg, resume=args.resume, log=log)
+    result = train(cfg, resume=args.resume, log=log)
+    if result.stopped_by.startswith("signal"):  # preempted: checkpointed; the scheduler may requeue us
+        sys.exit(cfg.train.requeue_exit_code)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:

@@ -1,6 +1,6 @@
 """Typed run configuration: dataclasses with one docstring per field, YAML loading and strict CLI overrides.
 
-A config file has up to five sections (model, data, optim, train, run). `model.preset` starts the model section
+A config file has up to six sections (model, data, optim, train, guard, run). `model.preset` starts the model section
 from a preset in presets.py; keys beside it override the preset. Every key is checked against the dataclass:
 an unknown key, a wrong type or an impossible shape raises ConfigError naming the field and the fix.
 """
@@ -164,6 +164,10 @@ class TrainConfig:
     """Checkpoint every this many steps (and at the end); 0 = only at the end."""
     keep_last: int = 3
     """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
+    keep_every: int = 0
+    """Also keep every checkpoint whose step is a multiple of this (milestones); 0 = none."""
+    requeue_exit_code: int = 0
+    """Exit code after a SIGTERM/SIGUSR1 checkpoint (set e.g. 124 to let a scheduler requeue the job)."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """Compute precision; auto = bf16 on GPUs that have it, fp16 + loss scaling on older GPUs, fp32 on CPU."""
     tf32: bool | None = None
@@ -220,6 +224,30 @@ class TrainConfig:
 
 
 @dataclass
+class GuardConfig:
+    policy: Literal["skip", "rollback", "stop"] = "skip"
+    """On a non-finite loss or gradient norm the update is always dropped (on the device); then: skip = count
+    it and go on; rollback = reload the last good checkpoint and skip the data that caused it; stop = save and
+    exit with a message."""
+    bad_steps: int = 3
+    """rollback: this many non-finite steps within `window` steps trigger a rollback."""
+    window: int = 100
+    """Steps of history for the bad-step count and for the loss-spike statistics."""
+    spike_k: float = 8.0
+    """A loss above median + spike_k * MAD of the recent window is a spike (rollback policy); 0 = off."""
+    lr_factor: float = 1.0
+    """rollback: multiply the learning rate by this after each rollback (e.g. 0.5)."""
+    max_rollbacks: int = 5
+    """rollback: stop with a message after this many rollbacks in one run."""
+
+    def __post_init__(self) -> None:
+        if self.bad_steps < 1 or self.window < 2 or self.max_rollbacks < 0:
+            raise ConfigError("guard.bad_steps must be >= 1, guard.window >= 2, guard.max_rollbacks >= 0")
+        if self.spike_k < 0 or not 0 < self.lr_factor <= 1:
+            raise ConfigError("guard.spike_k must be >= 0 and guard.lr_factor in (0, 1]")
+
+
+@dataclass
 class RunConfig:
     out_dir: str = "runs/default"
     """Run directory: config.yaml, metrics.jsonl, tokenizer and checkpoints/ go here."""
@@ -231,6 +259,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
+    guard: GuardConfig = field(default_factory=GuardConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
@@ -249,6 +278,7 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "optim": OptimConfig,
     "train": TrainConfig,
+    "guard": GuardConfig,
     "run": RunConfig,
 }
 
@@ -325,7 +355,7 @@ def _build_section(name: str, values: dict[str, Any]) -> Any:
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Build and validate a Config from nested plain data (as read from YAML)."""
     if not isinstance(raw, dict):
-        raise ConfigError("a config must be a mapping of sections (model, data, optim, train, run)")
+        raise ConfigError("a config must be a mapping of sections (model, data, optim, train, guard, run)")
     sections = {}
     for name, values in raw.items():
         if name not in SECTIONS:
@@ -391,7 +421,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"config file {path} must hold a mapping of sections (model, data, optim, train, run)"
+            f"config file {path} must hold a mapping of sections (model, data, optim, train, guard, run)"
         )
     return raw
 

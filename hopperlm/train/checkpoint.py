@@ -23,11 +23,17 @@ import safetensors.torch
 import torch
 
 from hopperlm.config import ModelConfig
+from hopperlm.data.prepare import file_sha256
 from hopperlm.errors import CheckpointError
 
 PREFIX = "step_"
 MODEL_FILE, CONFIG_FILE, STATE_FILE = "model.safetensors", "config.json", "state.json"
 OPTIM_FILE, RNG_FILE, TOKENIZER_DIR = "optimizer.pt", "rng.pt", "tokenizer"
+CHECKSUM_FILE = "checksums.json"  # written last: sha256 of every other file, checked before a resume
+
+
+class CheckpointSaveError(CheckpointError):
+    """A checkpoint could not be written (disk full, permissions); the previous ones are untouched."""
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -44,12 +50,42 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
         for p in root.iterdir()
         if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit()
     ]
-    return sorted((p for p in found if (p / STATE_FILE).is_file()), key=lambda p: int(p.name[len(PREFIX) :]))
+    complete = (p for p in found if (p / STATE_FILE).is_file() and (p / CHECKSUM_FILE).is_file())
+    return sorted(complete, key=lambda p: int(p.name[len(PREFIX) :]))
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(Path(path).name[len(PREFIX) :])
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
+
+
+def verify_checkpoint(ckpt: Path) -> str | None:
+    """None when every file matches the checksums written with it, else what is wrong (one line)."""
+    try:
+        expected = json.loads((ckpt / CHECKSUM_FILE).read_text())
+    except (OSError, ValueError) as e:
+        return f"{CHECKSUM_FILE} unreadable ({e})"
+    for name, digest in expected.items():
+        path = ckpt / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if file_sha256(path) != digest:
+            return f"{name} does not match its checksum (truncated or corrupted)"
+    return None
+
+
+def latest_valid_checkpoint(run_dir: Path, log=print) -> Path | None:
+    """The newest checkpoint whose files verify; a corrupt one is skipped with a warning, never loaded."""
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        problem = verify_checkpoint(ckpt)
+        if problem is None:
+            return ckpt
+        log(f"warning: checkpoint {ckpt} is corrupt ({problem}); falling back to the one before it")
+    return None
 
 
 def _fsync_tree(path: Path) -> None:
@@ -116,21 +152,32 @@ def save_checkpoint(
     state: dict[str, Any],
     tokenizer_dir: Path | None,
     keep_last: int,
+    keep_every: int = 0,
 ) -> Path:
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f"{PREFIX}*.tmp-*"):  # left by a save that was killed
         shutil.rmtree(stale, ignore_errors=True)
     tmp = final.parent / f"{final.name}.tmp-{os.getpid()}"
-    write_model(tmp, model, model_cfg, tokenizer_dir)
-    torch.save(
-        {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict() if scaler else None},
-        tmp / OPTIM_FILE,
-    )
-    plain_rng, tensor_rng = rng_state()
-    torch.save(tensor_rng, tmp / RNG_FILE)
-    (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step, "rng": plain_rng}, indent=1))
-    _fsync_tree(tmp)
+    try:
+        write_model(tmp, model, model_cfg, tokenizer_dir)
+        torch.save(
+            {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict() if scaler else None},
+            tmp / OPTIM_FILE,
+        )
+        plain_rng, tensor_rng = rng_state()
+        torch.save(tensor_rng, tmp / RNG_FILE)
+        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step, "rng": plain_rng}, indent=1))
+        checksums = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / CHECKSUM_FILE).write_text(json.dumps(checksums, indent=1))
+        _fsync_tree(tmp)
+    except OSError as e:  # disk full, quota, permissions: drop the partial copy, keep every earlier one
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest_checkpoint(run_dir)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointSaveError(
+            f"could not write checkpoint {final.name} ({e.strerror or e}); {kept}"
+        ) from e
     if (
         final.exists()
     ):  # the same step saved by an earlier attempt: swap it out only once the new one is whole
@@ -141,7 +188,10 @@ def save_checkpoint(
     else:
         tmp.rename(final)
     _fsync_dir(final.parent)
-    for old in list_checkpoints(run_dir)[:-keep_last]:
+    removable = [
+        c for c in list_checkpoints(run_dir)[:-keep_last] if not keep_every or checkpoint_step(c) % keep_every
+    ]
+    for old in removable:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -7,7 +7,9 @@ only on log steps. The data for step s is a pure function of (seed, s), so resum
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,12 +23,16 @@ from hopperlm.data.prepare import read_manifest
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.errors import CheckpointError, ConfigError, DataError, HopperError
 from hopperlm.hardware import detect_for
-from hopperlm.model.transformer import build_model, count_params, flops_per_token
+from hopperlm.model.transformer import build_model, flops_per_token
 from hopperlm.plan import Plan, make_plan
 from hopperlm.train import checkpoint as ckpt_io
+from hopperlm.train.banner import predicted_tokens_per_s, print_banner, print_preflight_check
 from hopperlm.train.batch_finder import make_gpu_finder
+from hopperlm.train.checkpoint import CheckpointSaveError
+from hopperlm.train.guard import Guard, GuardStop
 from hopperlm.train.metrics import Interval, MetricsFile, format_record, human_count, mfu, peak_memory_gb
 from hopperlm.train.optim import budget_progress, build_optimizer, lr_at
+from hopperlm.train.preemption import Preemption
 
 
 @dataclass
@@ -80,71 +86,6 @@ def evaluate(model, data: TokenShards, starts: list[int], plan: Plan) -> float:
     return total.item() / len(starts)
 
 
-def predicted_tokens_per_s(plan: Plan, flops_per_token: int) -> tuple[float, float]:
-    """(tokens/s if every FLOP ran at the matmul rate measured here and now, that rate in FLOP/s): an upper
-    bound from this machine rather than from a datasheet."""
-    from hopperlm.selftest import matmul_check
-
-    n = 4096 if plan.device.type == "cuda" else 512
-    with torch.random.fork_rng(devices=[plan.device] if plan.device.type == "cuda" else []):
-        # random inputs must not move the training RNG: a resumed run has to draw the same dropout masks
-        rate = matmul_check(plan.device, plan.autocast_dtype or torch.float32, n=n)["tflops"] * 1e12
-    return rate / flops_per_token, rate
-
-
-def _banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted) -> None:
-    counts = count_params(model_cfg)
-    planned = []
-    if tc.max_steps:
-        planned.append(f"{tc.max_steps:,} steps = {human_count(tc.max_steps * plan.tokens_per_step)} tokens")
-    if tc.max_tokens:
-        steps = math.ceil(tc.max_tokens / plan.tokens_per_step)
-        planned.append(f"{human_count(tc.max_tokens)} tokens = {steps:,} steps")
-    if tc.max_hours:
-        planned.append(f"{tc.max_hours:g} h wall clock (LR decay lands at the deadline)")
-    peak = (
-        f"{hw.peak_16bit / 1e12:.0f} TFLOP/s dense 16-bit peak" if hw.peak_16bit else "peak unknown: MFU n/a"
-    )
-    log(
-        f"hopperlm | run {run_dir}" + (f" | resuming from {resume_from} (step {step})" if resume_from else "")
-    )
-    for line in plan.lines():
-        log(line)
-    log(
-        f"model: {model_cfg.preset or 'custom'} | {counts['total']:,} parameters "
-        f"({counts['non_embedding']:,} non-embedding) | {model_cfg.n_layers} layers, d={model_cfg.dim}, "
-        f"{model_cfg.n_heads} heads ({model_cfg.kv_heads} kv) x {model_cfg.head_dim}, "
-        f"ffn {model_cfg.hidden_dim}, vocab {model_cfg.vocab_size}, ctx {tc.seq_len}"
-    )
-    log(f"FLOPs/token: {fpt / 1e9:.3f} GFLOP (6N + 12*L*d*T) | {peak}")
-    log(
-        f"batch: {plan.micro_batch} x {tc.seq_len} tokens x {plan.grad_accum} accumulation = "
-        f"{plan.tokens_per_step:,} tokens/step | data: {manifest['tokens']['train']:,} train / "
-        f"{manifest['tokens']['val']:,} val tokens ({manifest['tokenizer']['kind']} tokenizer)"
-    )
-    tok_s, rate = predicted
-    log(
-        f"preflight: speed at most {human_count(tok_s)} tokens/s (matmul measured here at "
-        f"{rate / 1e12:.2f} TFLOP/s) | memory {plan.memory.total(plan.micro_batch) / 1e9:.2f} GB estimated"
-    )
-    log(f"plan: {' or '.join(planned)}" + (f" | target val loss {tc.target_loss}" if tc.target_loss else ""))
-
-
-def _preflight_check(log, record: dict, plan: Plan, predicted: float) -> None:
-    """After the first log step: the measured numbers beside the preflight estimate."""
-    speed = (
-        f"speed {human_count(record['tokens_per_s'])} tokens/s = {record['tokens_per_s'] / predicted:.0%} "
-    )
-    speed += "of the matmul-bound prediction"
-    if plan.device.type == "cuda":
-        memory = f"memory {record['peak_mem_gb']:.2f} GB measured vs {plan.memory.total(plan.micro_batch) / 1e9:.2f}"
-        memory += " GB estimated"
-    else:
-        memory = f"memory {record['peak_mem_gb']:.2f} GB process peak (the Python runtime included)"
-        memory += f" vs {plan.memory.total(plan.micro_batch) / 1e9:.2f} GB estimated for the model"
-    log(f"preflight check: {speed} | {memory}")
-
-
 class OutOfMemory(HopperError):
     """Out of memory even at micro-batch 1."""
 
@@ -155,7 +96,9 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
     resume_from = None
     if resume:
         resume_from = (
-            ckpt_io.latest_checkpoint(run_dir) if resume is True else ckpt_io.resolve_model_dir(resume)
+            ckpt_io.latest_valid_checkpoint(run_dir, log)
+            if resume is True
+            else ckpt_io.resolve_model_dir(resume)
         )
         if resume_from is None:
             raise CheckpointError(
@@ -220,13 +163,17 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
     scaler = torch.amp.GradScaler("cuda") if plan.loss_scaling else None
 
     step, tokens, elapsed_before, best_val = 0, 0, 0.0, None
+    guard = Guard(cfg.guard, run_dir / "events.jsonl", log)
     if resume_from is not None:
         state = ckpt_io.load_training_state(resume_from, optimizer, scaler)
         step, tokens, elapsed_before = state["step"], state["tokens"], state["elapsed_s"]
         best_val = state.get("best_val_loss")
+        guard.load(state.get("guard"))
 
     # ---- run directory and banner --------------------------------------------------------------------------
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(run_dir)
+    if resume_from is not None:
+        truncate_metrics(run_dir / "metrics.jsonl", step)
     save_config(cfg, run_dir / "config.yaml")
     tokenizer_dir = run_dir / "tokenizer"
     if not tokenizer_dir.exists():
@@ -234,7 +181,7 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
     metrics = MetricsFile(run_dir / "metrics.jsonl")
     fpt = flops_per_token(model_cfg, tc.seq_len)
     predicted = predicted_tokens_per_s(plan, fpt)
-    _banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
+    print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
     batches = RandomWindows(train_data, tc.seq_len, plan.micro_batch, tc.seed)
 
     # ---- the loop ------------------------------------------------------------------------------------------
@@ -262,19 +209,33 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
             "grad_accum": plan.grad_accum,
             "config": cfg.to_dict(),
             "data_manifest_tokenizer": manifest["tokenizer"],
+            "guard": guard.to_dict(),
         }
-        path = ckpt_io.save_checkpoint(
-            run_dir, step, model, model_cfg, optimizer, scaler, state, tokenizer_dir, tc.keep_last
-        )
-        log(f"checkpoint: {path}")
+        try:
+            path = ckpt_io.save_checkpoint(
+                run_dir,
+                step,
+                model,
+                model_cfg,
+                optimizer,
+                scaler,
+                state,
+                tokenizer_dir,
+                tc.keep_last,
+                tc.keep_every,
+            )
+            log(f"checkpoint: {path}")
+        except CheckpointSaveError as e:  # e.g. a full disk: keep training, the previous checkpoint stands
+            log(f"warning: {e}; training goes on")
 
-    def run_step(lr: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step: grad_accum micro-batches, clip, update. Returns (loss, grad norm) on device."""
+    def run_step(lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimizer step: grad_accum micro-batches, clip, update unless the loss or gradient is not
+        finite. Returns (loss, grad norm, finite) as device tensors."""
         for group in optimizer.param_groups:
             group["lr"] = lr
         step_loss = torch.zeros((), device=device)
         for micro in range(plan.grad_accum):
-            x, y = batches.batch(step, micro)
+            x, y = batches.batch(step + guard.state.data_offset, micro)
             if plan.pin_memory:
                 x, y = x.pin_memory(), y.pin_memory()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -285,59 +246,109 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         if scaler:
             scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        if scaler:
+        if scaler:  # fp16: an inf/NaN scaled gradient is the scaler's (it skips and lowers the scale)
+            finite = torch.isfinite(step_loss)
             scaler.step(optimizer)
             scaler.update()
         else:
-            optimizer.step()
+            finite = torch.isfinite(step_loss) & torch.isfinite(grad_norm)
+            if device_skip:  # fused AdamW drops the update on the device when found_inf is 1: no host sync
+                optimizer.found_inf = (~finite).float()
+                optimizer.step()
+            elif finite.item():  # CPU / unfused: the sync costs nothing here
+                optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return step_loss, grad_norm
+        return step_loss, grad_norm, finite
 
     params = [p for p in model.parameters() if p.requires_grad]
+    device_skip = device.type == "cuda" and plan.fused_adamw
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     interval = Interval()
-    loss_sum = torch.zeros((), device=device)
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (loss, finite) per step since the last log
     val_loss, stopped_by, first_log = None, budget_done(), True
     if stopped_by:
         log(f"nothing to do: the run already reached its {stopped_by} budget at step {step}")
-    model.train()
-    while stopped_by is None:
-        lr = lr_at(step, budget_progress(step, tokens, elapsed(), tc, cfg.optim.warmup_steps), cfg.optim)
-        try:
-            step_loss, grad_norm = run_step(lr)
-        except torch.OutOfMemoryError:
-            # free what the failed step held, halve the micro-batch, double accumulation, redo the step
-            optimizer.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            if plan.micro_batch == 1 or plan.micro_batch % 2:
-                raise OutOfMemory(
-                    f"out of memory at step {step + 1} with micro-batch {plan.micro_batch}; use "
-                    "--train.activation_checkpointing full, a shorter train.seq_len, or a smaller model / FSDP"
-                ) from None
-            plan.micro_batch, plan.grad_accum = plan.micro_batch // 2, plan.grad_accum * 2
-            batches = RandomWindows(train_data, tc.seq_len, plan.micro_batch, tc.seed)
-            log(
-                f"out of memory at step {step + 1}: micro-batch halved to {plan.micro_batch}, accumulation "
-                f"doubled to {plan.grad_accum} (global batch unchanged); redoing the step"
-            )
-            continue
-        loss_sum += step_loss
-        step += 1
-        tokens += plan.tokens_per_step
-        interval.add(plan.tokens_per_step)
-        stopped_by = budget_done()
+    elif cfg.guard.policy == "rollback" and not ckpt_io.list_checkpoints(run_dir):
+        save(None)  # rollback needs a good checkpoint to return to, even before the first interval ends
 
-        evaluated = False
-        if val_starts and ((tc.eval_every and step % tc.eval_every == 0) or stopped_by):
-            val_loss, evaluated = evaluate(step_model, val_data, val_starts, plan), True
-            best_val = val_loss if best_val is None else min(best_val, val_loss)
-            if tc.target_loss is not None and val_loss <= tc.target_loss and stopped_by is None:
-                stopped_by = "target_loss"
-        if step % tc.log_every == 0 or evaluated or stopped_by:
-            train_loss = loss_sum.item() / interval.steps  # the one host sync of a log step
+    def rollback(bad_step: int) -> None:
+        nonlocal step, tokens
+        ckpt = ckpt_io.latest_valid_checkpoint(run_dir, log)
+        if ckpt is None:
+            raise GuardStop(
+                f"step {bad_step}: the run diverged and there is no valid checkpoint to roll back to"
+            )
+        ckpt_io.load_model_weights(ckpt, model)
+        state = ckpt_io.load_training_state(ckpt, optimizer, scaler)
+        guard.after_rollback(bad_step, state["step"])
+        guard.event(
+            bad_step,
+            "divergence (bad steps or loss spike)",
+            f"rolled back to {ckpt.name}, skipping the data of steps {state['step'] + 1}-{bad_step}, "
+            f"LR x{guard.state.lr_scale:g}",
+        )
+        step, tokens = state["step"], state["tokens"]
+        truncate_metrics(run_dir / "metrics.jsonl", step)  # the curve restarts there; events.jsonl keeps why
+
+    model.train()
+    with Preemption(log) as preemption:
+        while stopped_by is None:
+            progress = budget_progress(step, tokens, elapsed(), tc, cfg.optim.warmup_steps)
+            lr = lr_at(step, progress, cfg.optim) * guard.state.lr_scale
+            try:
+                step_loss, grad_norm, finite = run_step(lr)
+            except torch.OutOfMemoryError:
+                # free what the failed step held, halve the micro-batch, double accumulation, redo the step
+                optimizer.zero_grad(set_to_none=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                if plan.micro_batch == 1 or plan.micro_batch % 2:
+                    raise OutOfMemory(
+                        f"out of memory at step {step + 1} with micro-batch {plan.micro_batch}; use --train."
+                        "activation_checkpointing full, a shorter train.seq_len, or a smaller model / FSDP"
+                    ) from None
+                plan.micro_batch, plan.grad_accum = plan.micro_batch // 2, plan.grad_accum * 2
+                batches = RandomWindows(train_data, tc.seq_len, plan.micro_batch, tc.seed)
+                log(
+                    f"out of memory at step {step + 1}: micro-batch halved to {plan.micro_batch}, accumulation "
+                    f"doubled to {plan.grad_accum} (global batch unchanged); redoing the step"
+                )
+                continue
+            pending.append((step_loss, finite))
+            step += 1
+            tokens += plan.tokens_per_step
+            interval.add(plan.tokens_per_step)
+            stopped_by = budget_done() or (f"signal {preemption.requested}" if preemption.requested else None)
+            if not (step % tc.log_every == 0 or stopped_by or (tc.eval_every and step % tc.eval_every == 0)):
+                continue
+
+            # ---- a log step: the one host sync, the guard's review, evaluation, metrics, checkpoint ----
+            losses = torch.stack([p[0] for p in pending]).tolist()
+            flags = torch.stack([p[1] for p in pending]).tolist()
+            verdict = guard.review(step - len(pending) + 1, losses, flags)
+            pending.clear()
+            if verdict is not None:
+                action, bad_step = verdict
+                if action == "stop":
+                    save(val_loss)  # the bad update never reached the weights: this checkpoint is good
+                    guard.event(bad_step, "non-finite loss or gradient norm", "stopped (guard.policy stop)")
+                    raise GuardStop(
+                        f"non-finite loss or gradient at step {bad_step}; stopped with a checkpoint "
+                        "(guard.policy stop). Lower optim.lr, or use guard.policy skip or rollback"
+                    )
+                rollback(bad_step)
+                interval.reset()
+                stopped_by = None
+                continue
+            good = [x for x, ok in zip(losses, flags, strict=True) if ok]
+            evaluated = False
+            if val_starts and ((tc.eval_every and step % tc.eval_every == 0) or stopped_by):
+                val_loss, evaluated = evaluate(step_model, val_data, val_starts, plan), True
+                best_val = val_loss if best_val is None else min(best_val, val_loss)
+                if tc.target_loss is not None and val_loss <= tc.target_loss and stopped_by is None:
+                    stopped_by = "target_loss"
             tok_s, step_s = interval.rates()
-            record = {"step": step, "tokens": tokens, "loss": train_loss}
+            record = {"step": step, "tokens": tokens, "loss": sum(good) / len(good) if good else float("nan")}
             if evaluated:
                 record["val_loss"] = val_loss
             record.update(
@@ -349,19 +360,16 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
                 peak_mem_gb=peak_memory_gb(device),
                 elapsed_s=elapsed(),
             )
-            if not math.isfinite(train_loss):
-                raise DataError(
-                    f"training loss is {train_loss} at step {step}; lower optim.lr or check the data"
-                )
+            if guard.state.skipped:
+                record["skipped_steps"] = guard.state.skipped
             metrics.write(record)
             log(format_record(record, tc.max_steps))
             if first_log:
-                _preflight_check(log, record, plan, predicted[0])
+                print_preflight_check(log, record, plan, predicted[0])
                 first_log = False
-            loss_sum.zero_()
             interval.reset()
-        if (tc.ckpt_every and step % tc.ckpt_every == 0) or stopped_by:
-            save(val_loss)
+            if (tc.ckpt_every and step % tc.ckpt_every == 0) or stopped_by:
+                save(val_loss)
 
     total = elapsed()
     log(
@@ -369,3 +377,28 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         + (f" | val loss {val_loss:.4f} (best {best_val:.4f})" if val_loss is not None else "")
     )
     return TrainResult(run_dir, step, tokens, total, val_loss, best_val, stopped_by)
+
+
+def check_writable(run_dir: Path) -> None:
+    """Fail at start-up, not at the first checkpoint an hour later."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise CheckpointError(
+            f"run dir {run_dir} is not writable ({e.strerror}); choose another --run.out_dir"
+        ) from None
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records past the checkpoint a run resumes from: they are about to be recomputed, identically."""
+    if not path.is_file():
+        return
+    kept = [
+        line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)

@@ -1,0 +1,77 @@
+"""The start-up report: the plan, the model, the batch, the budget, and the preflight estimates that the
+first log step then checks against what was measured."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hopperlm.model.transformer import count_params
+from hopperlm.plan import Plan
+from hopperlm.train.metrics import human_count
+
+
+def predicted_tokens_per_s(plan: Plan, flops_per_token: int) -> tuple[float, float]:
+    """(tokens/s if every FLOP ran at the matmul rate measured here and now, that rate in FLOP/s): an upper
+    bound from this machine rather than from a datasheet."""
+    from hopperlm.selftest import matmul_check
+
+    n = 4096 if plan.device.type == "cuda" else 512
+    with torch.random.fork_rng(devices=[plan.device] if plan.device.type == "cuda" else []):
+        # random inputs must not move the training RNG: a resumed run has to draw the same dropout masks
+        rate = matmul_check(plan.device, plan.autocast_dtype or torch.float32, n=n)["tflops"] * 1e12
+    return rate / flops_per_token, rate
+
+
+def print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted) -> None:
+    counts = count_params(model_cfg)
+    planned = []
+    if tc.max_steps:
+        planned.append(f"{tc.max_steps:,} steps = {human_count(tc.max_steps * plan.tokens_per_step)} tokens")
+    if tc.max_tokens:
+        steps = math.ceil(tc.max_tokens / plan.tokens_per_step)
+        planned.append(f"{human_count(tc.max_tokens)} tokens = {steps:,} steps")
+    if tc.max_hours:
+        planned.append(f"{tc.max_hours:g} h wall clock (LR decay lands at the deadline)")
+    peak = (
+        f"{hw.peak_16bit / 1e12:.0f} TFLOP/s dense 16-bit peak" if hw.peak_16bit else "peak unknown: MFU n/a"
+    )
+    log(
+        f"hopperlm | run {run_dir}" + (f" | resuming from {resume_from} (step {step})" if resume_from else "")
+    )
+    for line in plan.lines():
+        log(line)
+    log(
+        f"model: {model_cfg.preset or 'custom'} | {counts['total']:,} parameters "
+        f"({counts['non_embedding']:,} non-embedding) | {model_cfg.n_layers} layers, d={model_cfg.dim}, "
+        f"{model_cfg.n_heads} heads ({model_cfg.kv_heads} kv) x {model_cfg.head_dim}, "
+        f"ffn {model_cfg.hidden_dim}, vocab {model_cfg.vocab_size}, ctx {tc.seq_len}"
+    )
+    log(f"FLOPs/token: {fpt / 1e9:.3f} GFLOP (6N + 12*L*d*T) | {peak}")
+    log(
+        f"batch: {plan.micro_batch} x {tc.seq_len} tokens x {plan.grad_accum} accumulation = "
+        f"{plan.tokens_per_step:,} tokens/step | data: {manifest['tokens']['train']:,} train / "
+        f"{manifest['tokens']['val']:,} val tokens ({manifest['tokenizer']['kind']} tokenizer)"
+    )
+    tok_s, rate = predicted
+    log(
+        f"preflight: speed at most {human_count(tok_s)} tokens/s (matmul measured here at "
+        f"{rate / 1e12:.2f} TFLOP/s) | memory {plan.memory.total(plan.micro_batch) / 1e9:.2f} GB estimated"
+    )
+    log(f"plan: {' or '.join(planned)}" + (f" | target val loss {tc.target_loss}" if tc.target_loss else ""))
+
+
+def print_preflight_check(log, record: dict, plan: Plan, predicted: float) -> None:
+    """After the first log step: the measured numbers beside the preflight estimate."""
+    speed = (
+        f"speed {human_count(record['tokens_per_s'])} tokens/s = {record['tokens_per_s'] / predicted:.0%} "
+    )
+    speed += "of the matmul-bound prediction"
+    if plan.device.type == "cuda":
+        memory = f"memory {record['peak_mem_gb']:.2f} GB measured vs {plan.memory.total(plan.micro_batch) / 1e9:.2f}"
+        memory += " GB estimated"
+    else:
+        memory = f"memory {record['peak_mem_gb']:.2f} GB process peak (the Python runtime included)"
+        memory += f" vs {plan.memory.total(plan.micro_batch) / 1e9:.2f} GB estimated for the model"
+    log(f"preflight check: {speed} | {memory}")
