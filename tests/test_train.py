@@ -116,7 +116,7 @@ def test_run_dir_protection_and_mismatched_resume(shakespeare_bytes, tmp_path):
             resume=True,
             log=QUIET,
         )
-    with pytest.raises(CheckpointError, match="has no checkpoint yet"):
+    with pytest.raises(CheckpointError, match="has no valid checkpoint"):
         train(
             debug_config(shakespeare_bytes, tmp_path / "new", "--train.max_steps", "2"),
             resume=True,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -249,7 +250,8 @@ def load_training_state(
     try:
         opt = torch.load(ckpt / OPTIM_FILE, map_location="cpu", weights_only=True)
         rng = torch.load(ckpt / RNG_FILE, map_location="cpu", weights_only=True)
-    except (OSError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as e:
+        # weights_only=True refuses any pickled code: a tampered file ends here, nothing of it runs
         raise CheckpointError(f"checkpoint {ckpt} is unreadable ({str(e).splitlines()[0]})") from None
     state = read_state(ckpt)
     try:

@@ -102,7 +102,7 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         )
         if resume_from is None:
             raise CheckpointError(
-                f"--resume: {run_dir} has no checkpoint yet; drop --resume to start a new run"
+                f"--resume: {run_dir} has no valid checkpoint; drop --resume to start a new run"
             )
     elif ckpt_io.list_checkpoints(run_dir):
         raise CheckpointError(
@@ -172,8 +172,9 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
 
     # ---- run directory and banner --------------------------------------------------------------------------
     check_writable(run_dir)
-    if resume_from is not None:
-        truncate_metrics(run_dir / "metrics.jsonl", step)
+    truncate_metrics(
+        run_dir / "metrics.jsonl", step
+    )  # a run killed before its first checkpoint restarts clean
     save_config(cfg, run_dir / "config.yaml")
     tokenizer_dir = run_dir / "tokenizer"
     if not tokenizer_dir.exists():

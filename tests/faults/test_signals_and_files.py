@@ -1,0 +1,186 @@
+"""Preemption signals, corrupted checkpoints and shards, unwritable output, a full disk."""
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hopperlm.config import load_config
+from hopperlm.data.loader import TokenShards
+from hopperlm.errors import CheckpointError, DataError
+from hopperlm.train import checkpoint
+from hopperlm.train.checkpoint import latest_checkpoint, list_checkpoints
+from hopperlm.train.loop import train
+from hopperlm.train.preemption import Preemption
+
+REPO = Path(__file__).resolve().parents[2]
+QUIET = lambda line: None  # noqa: E731
+
+
+def config(data, run, *extra):
+    return load_config(
+        REPO / "configs" / "debug.yaml", ["--data.path", str(data), "--run.out_dir", str(run), *extra]
+    )
+
+
+def start(data, run, *extra):
+    cmd = [
+        sys.executable,
+        "-m",
+        "hopperlm",
+        "train",
+        "configs/debug.yaml",
+        "--data.path",
+        str(data),
+        "--run.out_dir",
+        str(run),
+        "--train.log_every",
+        "1",
+        "--train.ckpt_every",
+        "0",
+        *extra,
+    ]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(run, step, proc, timeout=60.0):
+    deadline = time.time() + timeout
+    path = Path(run) / "metrics.jsonl"
+    while time.time() < deadline and proc.poll() is None:
+        if path.exists() and len(path.read_text().splitlines()) >= step:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"run did not reach step {step}")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 0), (signal.SIGUSR1, 124)])
+def test_preemption_signal_checkpoints_and_exits(shakespeare_bytes, tmp_path, sig, code):
+    run = tmp_path / "run"
+    proc = start(
+        shakespeare_bytes, run, "--train.max_steps", "100000", "--train.requeue_exit_code", str(code)
+    )
+    wait_for_step(run, 5, proc)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert f"{sig.name} received" in out and "done: signal" in out
+    ckpt = latest_checkpoint(run)
+    assert ckpt is not None and checkpoint.verify_checkpoint(ckpt) is None
+    stopped = int(ckpt.name.split("_")[1])
+    # resume continues from there
+    result = train(
+        config(shakespeare_bytes, run, "--train.max_steps", str(stopped + 3), "--train.log_every", "1"),
+        resume=True,
+        log=QUIET,
+    )
+    assert result.step == stopped + 3
+
+
+def test_second_signal_is_immediate(monkeypatch):
+    killed = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append(sig))
+    before = signal.getsignal(signal.SIGUSR1)
+    with Preemption(QUIET) as p:
+        signal.raise_signal(signal.SIGUSR1)
+        assert p.requested == "SIGUSR1" and killed == []
+        p._handle(signal.SIGUSR1, None)  # the second one: default action, now
+        assert killed == [signal.SIGUSR1]
+    assert signal.getsignal(signal.SIGUSR1) == before  # the handlers of the caller are back
+
+
+def test_corrupt_latest_checkpoint_falls_back(shakespeare_bytes, tmp_path):
+    run = tmp_path / "run"
+    train(config(shakespeare_bytes, run, "--train.max_steps", "20", "--train.ckpt_every", "10"), log=QUIET)
+    newest = latest_checkpoint(run)
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated
+    lines = []
+    result = train(
+        config(shakespeare_bytes, run, "--train.max_steps", "25", "--train.ckpt_every", "10"),
+        resume=True,
+        log=lines.append,
+    )
+    assert any("step_000020 is corrupt (model.safetensors does not match" in line for line in lines)
+    assert any("resuming from" in line and "step_000010" in line for line in lines)
+    assert result.step == 25
+    # everything corrupt: a clear error, nothing loaded
+    for ckpt in list_checkpoints(run):
+        (ckpt / "optimizer.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="no valid checkpoint"):
+        train(config(shakespeare_bytes, run, "--train.max_steps", "40"), resume=True, log=QUIET)
+
+
+def test_corrupted_shard_is_detected(shakespeare_bytes, tmp_path):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(shakespeare_bytes, data)
+    shard = data / "train_000000.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[1000] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match="does not match its sha256"):
+        train(config(data, tmp_path / "run", "--data.verify", "true"), log=QUIET)
+    shard.write_bytes(bytes(raw[:-10]))  # truncated: caught even without verify
+    with pytest.raises(DataError, match="truncated"):
+        TokenShards(data, "train")
+
+
+def test_unwritable_output_dir(shakespeare_bytes, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(CheckpointError, match="is not writable"):
+        train(config(shakespeare_bytes, blocker / "run"), log=QUIET)
+    assert blocker.read_text() == "not a directory"
+
+
+def test_full_disk_keeps_previous_checkpoint(shakespeare_bytes, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    real_save = checkpoint.torch.save
+    calls = [0]
+
+    def save(obj, path, *a, **k):
+        calls[0] += 1
+        if "step_000020" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, path, *a, **k)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    lines = []
+    result = train(
+        config(shakespeare_bytes, run, "--train.max_steps", "30", "--train.ckpt_every", "10"),
+        log=lines.append,
+    )
+    assert result.step == 30
+    warning = [line for line in lines if "could not write checkpoint step_000020" in line]
+    assert warning and "No space left on device" in warning[0] and "step_000010 is intact" in warning[0]
+    assert [c.name for c in list_checkpoints(run)] == ["step_000010", "step_000030"]
+    assert not list((run / "checkpoints").glob("*.tmp-*"))
+    assert json.loads((run / "checkpoints" / "step_000010" / "state.json").read_text())["step"] == 10
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/hopperlm-pwned",))
+
+
+def test_tampered_checkpoint_never_unpickles_code(shakespeare_bytes, tmp_path):
+    import torch
+
+    run = tmp_path / "run"
+    train(config(shakespeare_bytes, run, "--train.max_steps", "10", "--train.ckpt_every", "10"), log=QUIET)
+    ckpt = latest_checkpoint(run)
+    torch.save({"optimizer": Payload()}, ckpt / "optimizer.pt")
+    sums = json.loads((ckpt / "checksums.json").read_text())  # an attacker who also fixes the checksums
+    sums["optimizer.pt"] = checkpoint.file_sha256(ckpt / "optimizer.pt")
+    (ckpt / "checksums.json").write_text(json.dumps(sums))
+    Path("/tmp/hopperlm-pwned").unlink(missing_ok=True)
+    with pytest.raises(CheckpointError, match="unreadable"):
+        train(config(shakespeare_bytes, run, "--train.max_steps", "20"), resume=True, log=QUIET)
+    assert not Path("/tmp/hopperlm-pwned").exists()
