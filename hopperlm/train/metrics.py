@@ -9,6 +9,8 @@ metrics.jsonl schema (one JSON object per line; a key is absent when it was not 
   step_time_s   mean wall seconds per step since the last log
   peak_mem_gb   CUDA: max allocated by tensors; CPU: peak resident memory of the process
   elapsed_s     wall seconds of training so far (across resumes; what max_hours counts)
+  skipped_steps updates the stability guard dropped so far (present once there is one)
+  loss is the mean over the finite steps of the interval (NaN only if every one of them was bad)
 """
 
 from __future__ import annotations

@@ -81,5 +81,6 @@ def test_sigkill_anywhere_then_resume_is_exact(shakespeare_bytes, tmp_path):
         survived += 1
     final = hopperlm(run, shakespeare_bytes, resume=latest_checkpoint(run) is not None)
     assert final.returncode == 0, final.stderr[-2000:]
+    print(f"SIGKILL faults injected: {injected} ({faults[:injected]}), survived: {survived}")
     assert injected >= 10 and survived == injected
     assert losses(run) == expected  # bitwise: same losses, same validation, every step
