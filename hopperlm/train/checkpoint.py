@@ -16,6 +16,7 @@ import os
 import pickle
 import random
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -202,10 +203,12 @@ def resolve_model_dir(path: str | Path) -> Path:
     path = Path(path)
     if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file():
         return path
-    if path.is_dir():
-        latest = latest_checkpoint(path)
+    if path.is_dir() and list_checkpoints(path):
+        # the same rule as --resume: the newest checkpoint whose checksums verify
+        latest = latest_valid_checkpoint(path, log=lambda line: print(line, file=sys.stderr))
         if latest is not None:
             return latest
+        raise CheckpointError(f"every checkpoint in {path} is corrupt; nothing to load")
     if not path.exists():
         raise CheckpointError(
             f"{path} does not exist; pass a run dir, a checkpoint dir or an exported model dir"

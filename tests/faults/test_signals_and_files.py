@@ -184,3 +184,15 @@ def test_tampered_checkpoint_never_unpickles_code(shakespeare_bytes, tmp_path):
     with pytest.raises(CheckpointError, match="unreadable"):
         train(config(shakespeare_bytes, run, "--train.max_steps", "20"), resume=True, log=QUIET)
     assert not Path("/tmp/hopperlm-pwned").exists()
+
+
+def test_generate_and_export_skip_a_corrupt_newest_checkpoint(shakespeare_bytes, tmp_path, capsys):
+    run = tmp_path / "run"
+    train(config(shakespeare_bytes, run, "--train.max_steps", "20", "--train.ckpt_every", "10"), log=QUIET)
+    (latest_checkpoint(run) / "rng.pt").write_bytes(b"")
+    assert checkpoint.resolve_model_dir(run).name == "step_000010"
+    assert "step_000020 is corrupt" in capsys.readouterr().err
+    for ckpt in list_checkpoints(run):
+        (ckpt / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="every checkpoint in .* is corrupt"):
+        checkpoint.resolve_model_dir(run)
