@@ -139,6 +139,58 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
             log(line)
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    """Warm training steps of hopperlm beside eager PyTorch and HF transformers, one table, one JSON."""
+    import dataclasses
+    import json
+
+    from hopperlm.hardware import detect_for
+    from hopperlm.presets import PRESETS
+    from hopperlm.speed.bench import DEFAULT_PRESETS, format_table, provenance, run_bench
+
+    presets = args.presets.split(",") if args.presets else list(DEFAULT_PRESETS)
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown:
+        raise ConfigError(
+            f"unknown preset(s) {', '.join(unknown)} in --presets; choose from {', '.join(PRESETS)}"
+        )
+    if args.loss_steps and not args.data:
+        raise ConfigError("--loss-steps needs --data DIR (a `hopperlm prepare` output) to train on real text")
+    hw = detect_for(args.device)
+    for line in hw.summary():
+        log(line)
+    rows = run_bench(
+        presets,
+        hw,
+        quick=args.quick,
+        micro_batch=args.micro_batch,
+        seq_len=args.seq_len,
+        steps=args.steps,
+        windows=args.windows,
+        warmup=args.warmup,
+        hf=not args.no_hf,
+        loss_steps=args.loss_steps,
+        data_dir=Path(args.data) if args.data else None,
+        log=log,
+    )
+    table = format_table(rows, hw)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            **provenance(sys.argv[1:]),
+            "device": hw.name,
+            "peak_16bit_tflops": hw.peak_16bit / 1e12 if hw.peak_16bit else None,
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "table": table,
+        }
+        out.write_text(json.dumps(record, indent=1))
+        log(f"results: {out}")
+    log("")
+    for line in table:
+        log(line)
+
+
 def cmd_presets(args: argparse.Namespace) -> None:
     from hopperlm.model.transformer import count_params, flops_per_token
     from hopperlm.presets import PRESETS
@@ -273,6 +325,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-selftest", action="store_true", help="skip the matmul/copy/attention/compile checks")
 
+    p = verbs.add_parser(
+        "bench",
+        parents=[common],
+        help="tokens/s, MFU and memory of training steps beside eager PyTorch and HF transformers",
+    )
+    p.add_argument("--presets", help="comma-separated presets (default gpt2-124m,h100-350m,tinyllama-1.1b)")
+    p.add_argument(
+        "--quick", action="store_true", help="two blocks of each preset, short sequences (CPU smoke)"
+    )
+    p.add_argument("--micro-batch", type=int, help="sequences per step for every row (default per preset)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default per preset)")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps per timed window")
+    p.add_argument("--windows", type=int, default=5, help="timed windows; the median counts")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
+    p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face transformers baselines")
+    p.add_argument("--loss-steps", type=int, default=0, help="train hopperlm rows this many steps on --data")
+    p.add_argument("--data", help="prepared data dir for --loss-steps")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", help="write the results as JSON here (e.g. bench/results/DATE-GPU.json)")
+
     verbs.add_parser("presets", parents=[common], help="list model presets with exact sizes")
     return parser
 
@@ -291,9 +363,14 @@ def main(argv: list[str] | None = None) -> None:
         elif args.verb == "diagnose":
             cmd_diagnose(args, extra)
         else:
-            {"prepare": cmd_prepare, "generate": cmd_generate, "export": cmd_export, "presets": cmd_presets}[
-                args.verb
-            ](args)
+            verbs = {
+                "prepare": cmd_prepare,
+                "generate": cmd_generate,
+                "export": cmd_export,
+                "presets": cmd_presets,
+                "bench": cmd_bench,
+            }
+            verbs[args.verb](args)
     except HopperError as e:
         if args.debug:
             raise

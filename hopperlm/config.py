@@ -124,6 +124,12 @@ class OptimConfig:
     """Clip the global gradient norm to this; 0 disables clipping."""
     fused: bool | None = None
     """Fused AdamW kernel; null = on for CUDA, off elsewhere."""
+    name: Literal["adamw", "adamw8bit", "muon"] = "adamw"
+    """adamw (torch); adamw8bit (torchao's 8-bit states: a quarter of AdamW's state memory); muon (torch's
+    Muon on the blocks' weight matrices, the optimizer of the modded-nanogpt records, with AdamW for
+    embeddings, head and norms; its LR is matched to AdamW's update size, so optim.lr keeps its meaning)."""
+    muon_momentum: float = 0.95
+    """Muon's momentum (Nesterov)."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -180,8 +186,21 @@ class TrainConfig:
         "auto", "default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"
     ] = "auto"
     """torch.compile mode; auto = max-autotune-no-cudagraphs for runs of an hour or more, else default."""
-    activation_checkpointing: Literal["auto", "none", "full"] = "auto"
-    """Recompute block activations in the backward; auto = only when one sequence would not fit otherwise."""
+    compile_scope: Literal["auto", "block", "model"] = "auto"
+    """What torch.compile compiles: each block (+ the loss) on its own, or the whole model; auto = block."""
+    activation_checkpointing: Literal["auto", "none", "selective-op", "selective-block", "full"] = "auto"
+    """Recompute activations in the backward: selective-op keeps matmul/attention outputs and recomputes the
+    elementwise ops; selective-block recomputes every ac_every-th block; full recomputes every block;
+    auto = none when the activations fit the memory target, else the lightest mode that does."""
+    ac_every: int = 2
+    """selective-block: recompute one block in this many."""
+    fp8: Literal["auto", "off", "tensorwise", "rowwise", "native"] = "auto"
+    """float8 matmuls for the large linear layers (Hopper/Ada): tensorwise/rowwise through torchao, native
+    through torch._scaled_mm; auto = tensorwise (torchao, else native) when the GPU has fp8 tensor cores,
+    compile is on and most of the linear FLOPs are in layers large enough to gain. Falls back to bf16."""
+    fused_loss: bool | None = None
+    """Chunked linear cross-entropy that never materialises the [tokens, vocab] logits; null = on for
+    vocabularies of 8192 and more."""
     memory_target: float = 0.9
     """Fraction of free GPU memory (of RAM on CPU: half of it) the automatic micro-batch may fill."""
     pin_memory: bool | None = None
@@ -192,7 +211,7 @@ class TrainConfig:
     """Seed for initialisation, data order and dropout."""
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "log_every", "keep_last", "eval_windows"):
+        for name in ("seq_len", "log_every", "keep_last", "eval_windows", "ac_every"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train.{name}={getattr(self, name)} must be positive")
         for name in ("max_steps", "max_tokens", "max_hours", "batch_tokens", "micro_batch"):

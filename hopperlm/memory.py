@@ -44,7 +44,9 @@ class MemoryEstimate:
         )
 
 
-def activation_bytes_per_token(cfg: ModelConfig, precision: str, checkpointing: str) -> tuple[int, int]:
+def activation_bytes_per_token(
+    cfg: ModelConfig, precision: str, checkpointing: str, fused_loss: bool = False, every: int = 2
+) -> tuple[int, int]:
     """(bytes saved per token by all blocks + embedding + final norm, bytes for the logits path per token).
 
     Per block, with d = dim, kv = kv_heads * head_dim, h = ffn width, H = heads:
@@ -53,7 +55,13 @@ def activation_bytes_per_token(cfg: ModelConfig, precision: str, checkpointing: 
       16-bit autocast: norm inputs stay fp32 (2*4d); every linear saves its own 16-bit cast of its input
                   (3*2d for q/k/v, 2*2d for gate/up), SDPA saves q, k, v, out (2*(2d + 2kv)) and a
                   fp32 log-sum-exp per head (4H), o_proj input 2d, SwiGLU 4*2h      -> 24d + 4kv + 8h + 4H
-      full activation checkpointing keeps only each block's fp32 input (4d) plus one block's worth, recomputed.
+      selective-op keeps the block input (4d) and the outputs of the matmuls and attention, each e bytes
+                  (e = 2 in 16-bit, 4 in fp32): q, k, v, attention out, o_proj, gate, up, down and the
+                  log-sum-exp                                                     -> 4d + e(4d + 2kv + 2h) + 4H
+      full activation checkpointing keeps only each block's fp32 input (4d) plus one block's worth, recomputed;
+      selective-block does that for one block in `every` and keeps the others whole.
+    The logits path: the logits and their fp32 log-softmax; with the fused loss none of it (its chunk
+    workspace is counted once, in `fused_loss_workspace`), only the fp32 gradient of the hidden states.
     """
     d, kv, h, H, L, V = (
         cfg.dim,
@@ -63,6 +71,7 @@ def activation_bytes_per_token(cfg: ModelConfig, precision: str, checkpointing: 
         cfg.n_layers,
         cfg.vocab_size or 0,
     )
+    e = 4 if precision == "fp32" else 2
     if precision == "fp32":
         block = 28 * d + 8 * kv + 16 * h
         head = 4 * d + 4 * d  # final norm input and its output (the LM head's input)
@@ -71,21 +80,56 @@ def activation_bytes_per_token(cfg: ModelConfig, precision: str, checkpointing: 
         block = 24 * d + 4 * kv + 8 * h + 4 * H
         head = 4 * d + 2 * d
         logits = 2 * V + 4 * V + 4 * V  # 16-bit logits, their fp32 copy, log-softmax output
-    blocks = 4 * d * L + block if checkpointing == "full" else block * L
+    if fused_loss:
+        logits = 4 * d  # the gradient of the hidden states, computed in the forward
+    recomputed = -(-L // every) if checkpointing == "selective-block" else L
+    if checkpointing in ("full", "selective-block"):
+        blocks = 4 * d * recomputed + block * (L - recomputed) + block
+    elif checkpointing == "selective-op":
+        blocks = (4 * d + e * (4 * d + 2 * kv + 2 * h) + 4 * H) * L + block
+    else:
+        blocks = block * L
     return blocks + head + 4 * d, logits  # + the embedding output (fp32)
 
 
+def optimizer_bytes(cfg: ModelConfig, optimizer: str) -> int:
+    """Optimizer state: AdamW two fp32 moments; torchao's 8-bit AdamW one byte each plus a fp32 scale per
+    block of 256; Muon one fp32 momentum for the blocks' matrices and AdamW's two moments for the rest."""
+    n = count_params(cfg)["total"]
+    if optimizer == "adamw8bit":
+        return 2 * n + 2 * 4 * -(-n // 256)
+    if optimizer == "muon":
+        matrices = count_params(cfg)["blocks"] - cfg.n_layers * 2 * cfg.dim  # the norms are vectors
+        return 4 * matrices + 8 * (n - matrices)
+    return 8 * n
+
+
+def fused_loss_workspace(cfg: ModelConfig) -> int:
+    """The fused loss's fixed memory: the fp32 head-weight gradient it accumulates and one chunk of fp32
+    logits with its softmax and 16-bit copy."""
+    from hopperlm.model.loss import default_chunk_tokens
+
+    V = cfg.vocab_size or 0
+    return 4 * V * cfg.dim + 10 * default_chunk_tokens(V) * V
+
+
 def estimate_memory(
-    cfg: ModelConfig, seq_len: int, precision: str, checkpointing: str = "none"
+    cfg: ModelConfig,
+    seq_len: int,
+    precision: str,
+    checkpointing: str = "none",
+    fused_loss: bool = False,
+    optimizer: str = "adamw",
+    every: int = 2,
 ) -> MemoryEstimate:
     counts = count_params(cfg)
     n = counts["total"]
-    acts, logits = activation_bytes_per_token(cfg, precision, checkpointing)
+    acts, logits = activation_bytes_per_token(cfg, precision, checkpointing, fused_loss, every)
     return MemoryEstimate(
         params=n,
         weights=4 * n,
-        grads=4 * n,
-        optimizer=8 * n,
+        grads=4 * n + (fused_loss_workspace(cfg) if fused_loss else 0),
+        optimizer=optimizer_bytes(cfg, optimizer),
         activations_per_seq=acts * seq_len,
         logits_per_seq=logits * seq_len,
     )

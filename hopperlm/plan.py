@@ -19,6 +19,7 @@ from hopperlm.errors import ConfigError
 from hopperlm.hardware import Hardware
 from hopperlm.memory import MemoryEstimate, estimate_memory
 
+FUSED_LOSS_VOCAB = 8192  # from here the logits of a micro-batch outweigh the chunked loss's bookkeeping
 CPU_MICRO_BATCH_CAP = 16  # on a CPU, throughput stops improving well before memory runs out
 GPU_MICRO_BATCH_CAP_TOKENS = 1 << 19  # without a global batch, do not grow one micro-batch past 512K tokens
 LONG_RUN_HOURS = 1.0
@@ -38,11 +39,16 @@ class Plan:
     attention: str  # "auto" (SDPA's own dispatch) or the backend forced first
     compile: bool
     compile_mode: str | None
-    activation_checkpointing: str  # "none" | "full"
+    activation_checkpointing: str  # "none" | "selective-op" | "selective-block" | "full"
     fused_adamw: bool
     pin_memory: bool
     expandable_segments: bool
     seq_len: int
+    compile_scope: str = "block"
+    ac_every: int = 2
+    fp8: str = "off"  # "off" | "tensorwise" | "rowwise" | "native"
+    fused_loss: bool = False
+    optimizer: str = "adamw"  # "adamw" | "adamw8bit" | "muon"
     micro_batch: int = 0
     grad_accum: int = 1
     memory: MemoryEstimate | None = None
@@ -107,17 +113,86 @@ def _precision(
     if not hw.bf16:
         why["precision"] = f"fp16 + dynamic loss scaling ({hw.sm} has no bf16 tensor cores)"
         return "fp16", torch.float16
-    note = ""
-    if hw.fp8:
-        pays = model_cfg.dim >= 2048 and model_cfg.dim % 16 == 0 and model_cfg.hidden_dim % 16 == 0
-        note = (
-            "; fp8 tensor cores present and this model's matmuls are large enough, but float8 training is not "
-            "in hopperlm yet"
-            if pays
-            else f"; fp8 would not pay off for d={model_cfg.dim} (float8 helps from about d=2048)"
-        )
-    why["precision"] = f"bf16 autocast, fp32 master weights ({hw.sm} has bf16 tensor cores){note}"
+    why["precision"] = f"bf16 autocast, fp32 master weights ({hw.sm} has bf16 tensor cores)"
     return "bf16", torch.bfloat16
+
+
+def _fp8(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, compiled: bool, why: dict) -> str:
+    """float8 for the large linear layers, or "off" with the reason. Never an error: an explicit request that
+    cannot run here falls back to bf16 with one line (the issue of old GPUs and missing torchao)."""
+    from hopperlm.speed.float8 import PAYOFF_SHARE, converted_share, torchao_available
+
+    want = cfg.train.fp8
+    if want == "off":
+        why["fp8"] = "off (set by train.fp8)"
+        return "off"
+    asked = "" if want == "auto" else f" (train.fp8={want} asked for it)"
+    if hw.device_type != "cuda" or not hw.fp8:
+        where = "CPU" if hw.device_type != "cuda" else f"{hw.sm} ({hw.name})"
+        why["fp8"] = f"off: {where} has no fp8 tensor cores{asked}"
+        return "off"
+    if precision != "bf16":
+        why["fp8"] = f"off: float8 training runs beside bf16 autocast, this run is {precision}{asked}"
+        return "off"
+    recipe = "rowwise" if want == "rowwise" else "tensorwise"
+    share = converted_share(model_cfg, recipe)
+    if want == "auto":
+        if not compiled:
+            why["fp8"] = "off: without torch.compile float8's casts cost more than its matmuls save"
+            return "off"
+        if share < PAYOFF_SHARE:
+            why["fp8"] = (
+                f"off: only {share:.0%} of the linear FLOPs are in layers large enough to gain from float8 "
+                f"at d={model_cfg.dim} (it pays from about d=2048)"
+            )
+            return "off"
+        want = "tensorwise" if torchao_available() else "native"
+        source = "torchao" if want == "tensorwise" else "hopperlm's _scaled_mm path (torchao not installed)"
+        why["fp8"] = f"{want} via {source}: {share:.0%} of the linear FLOPs convert"
+        return want
+    if want in ("tensorwise", "rowwise") and not torchao_available():
+        why["fp8"] = f"off: train.fp8={want} needs torchao (pip install torchao); or use train.fp8 native"
+        return "off"
+    note = "" if compiled else "; warning: without torch.compile it is slower than bf16"
+    why["fp8"] = f"{want} (set by train.fp8): {share:.0%} of the linear FLOPs convert{note}"
+    return want
+
+
+def _fused_loss(cfg: Config, model_cfg: ModelConfig, why: dict) -> bool:
+    want, vocab = cfg.train.fused_loss, model_cfg.vocab_size or 0
+    if want is not None:
+        why["loss"] = f"{'fused chunked' if want else 'standard'} cross-entropy (set by train.fused_loss)"
+        return want
+    if vocab >= FUSED_LOSS_VOCAB:
+        why["loss"] = (
+            f"fused chunked cross-entropy (vocabulary {vocab:,}: the [tokens, vocab] logits are never held "
+            "whole)"
+        )
+        return True
+    why["loss"] = f"standard cross-entropy (vocabulary {vocab:,} is small: its logits are cheap)"
+    return False
+
+
+def _optimizer(cfg: Config, cuda: bool, why: dict) -> tuple[str, bool]:
+    oc = cfg.optim
+    fused = oc.fused if oc.fused is not None else cuda and oc.name == "adamw"
+    if oc.name == "adamw8bit":
+        import importlib.util
+
+        if importlib.util.find_spec("torchao") is None:
+            raise ConfigError(
+                "optim.name=adamw8bit needs torchao (pip install torchao) or use optim.name adamw"
+            )
+        why["optimizer"] = "AdamW with torchao's 8-bit states (set by optim.name)"
+    elif oc.name == "muon":
+        why["optimizer"] = (
+            "Muon on the block matrices + AdamW on embeddings, head and norms (set by optim.name)"
+        )
+    elif oc.fused is not None:
+        why["optimizer"] = f"AdamW, {'fused' if fused else 'unfused'} (set by optim.fused)"
+    else:
+        why["optimizer"] = "AdamW, fused kernel" if cuda else "AdamW, unfused (the fused kernel is for CUDA)"
+    return oc.name, fused
 
 
 def _attention(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, why: dict) -> str:
@@ -145,7 +220,7 @@ def _attention(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str
     return "auto"
 
 
-def _compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | None]:
+def _compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | None, str]:
     tc = cfg.train
     on = tc.compile if tc.compile is not None else hw.device_type == "cuda"
     if not on:
@@ -154,7 +229,7 @@ def _compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | None]:
             if tc.compile is False
             else "off (CPU: inductor's start-up outweighs its gain on a short CPU run)"
         )
-        return False, None
+        return False, None, "block"
     long_run = (tc.max_hours or 0) >= LONG_RUN_HOURS or (tc.max_steps or 0) >= LONG_RUN_STEPS
     if tc.compile_mode != "auto":
         mode, reason = tc.compile_mode, "set by train.compile_mode"
@@ -162,8 +237,14 @@ def _compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | None]:
         mode, reason = "max-autotune-no-cudagraphs", "a long run repays minutes of kernel autotuning"
     else:
         mode, reason = "default", "a short run: autotuning would cost more than it saves"
-    why["compile"] = f"on, mode {mode} ({reason})"
-    return True, mode
+    scope = "block" if tc.compile_scope == "auto" else tc.compile_scope
+    scope_note = (
+        "each block and the loss compiled once and reused"
+        if tc.compile_scope == "auto"
+        else "set by train.compile_scope"
+    )
+    why["compile"] = f"on, mode {mode} ({reason}), scope {scope} ({scope_note})"
+    return True, mode, scope
 
 
 def _micro_batch(cfg: Config, plan: Plan, hw: Hardware, model_cfg: ModelConfig, finder: Finder | None):
@@ -204,6 +285,38 @@ def _micro_batch(cfg: Config, plan: Plan, hw: Hardware, model_cfg: ModelConfig, 
     plan.reasons["micro_batch"] = f"{micro} ({reason}){global_note}"
 
 
+def _checkpointing(cfg: Config, plan: Plan, model_cfg: ModelConfig, hw: Hardware) -> None:
+    """Activation checkpointing: none when one sequence's activations fit the memory target, else the
+    lightest mode that makes them fit (selective-op, then full)."""
+    tc = cfg.train
+    budget = tc.memory_target * (hw.free_memory if hw.device_type == "cuda" else hw.ram * 0.5)
+
+    def estimate(mode: str) -> MemoryEstimate:
+        return estimate_memory(
+            model_cfg, tc.seq_len, plan.precision, mode, plan.fused_loss, plan.optimizer, tc.ac_every
+        )
+
+    if tc.activation_checkpointing != "auto":
+        plan.activation_checkpointing = tc.activation_checkpointing
+        plan.reasons["activation_checkpointing"] = (
+            f"{tc.activation_checkpointing} (set by train.activation_checkpointing)"
+        )
+    elif estimate("none").largest_micro_batch(budget) >= 1:
+        plan.reasons["activation_checkpointing"] = "none (activations fit; recomputing would cost speed)"
+    elif estimate("selective-op").largest_micro_batch(budget) >= 1:
+        plan.activation_checkpointing = "selective-op"
+        plan.reasons["activation_checkpointing"] = (
+            "selective-op (without it one sequence does not fit the memory target; matmul outputs kept, "
+            "elementwise ops recomputed)"
+        )
+    else:
+        plan.activation_checkpointing = "full"
+        plan.reasons["activation_checkpointing"] = (
+            "full (even with selective recomputation one sequence does not fit the memory target)"
+        )
+    plan.memory = estimate(plan.activation_checkpointing)
+
+
 def make_plan(cfg: Config, model_cfg: ModelConfig, hw: Hardware, finder: Finder | None = None) -> Plan:
     """Every choice for this run, with reasons. `finder` measures the micro-batch on a real GPU; without it
     (CPU, simulated hardware) the memory estimate decides."""
@@ -219,12 +332,10 @@ def make_plan(cfg: Config, model_cfg: ModelConfig, hw: Hardware, finder: Finder 
             else f" ({hw.sm} {'has' if hw.tf32 else 'lacks'} TF32)"
         )
     attention = _attention(cfg, model_cfg, hw, precision, why)
-    compile_on, compile_mode = _compile(cfg, hw, why)
-    fused = cfg.optim.fused if cfg.optim.fused is not None else cuda
-    if cfg.optim.fused is not None:
-        why["optimizer"] = f"AdamW, {'fused' if fused else 'unfused'} (set by optim.fused)"
-    else:
-        why["optimizer"] = "AdamW, fused kernel" if cuda else "AdamW, unfused (the fused kernel is for CUDA)"
+    compile_on, compile_mode, compile_scope = _compile(cfg, hw, why)
+    fp8 = _fp8(cfg, model_cfg, hw, precision, compile_on, why)
+    fused_loss = _fused_loss(cfg, model_cfg, why)
+    optimizer, fused = _optimizer(cfg, cuda, why)
     pin = tc.pin_memory if tc.pin_memory is not None else cuda
     why["data"] = (
         "random windows read in-process from memory-mapped shards (microseconds per batch: no loader workers)"
@@ -247,23 +358,14 @@ def make_plan(cfg: Config, model_cfg: ModelConfig, hw: Hardware, finder: Finder 
         pin_memory=pin,
         expandable_segments=cuda,
         seq_len=tc.seq_len,
+        compile_scope=compile_scope,
+        ac_every=tc.ac_every,
+        fp8=fp8,
+        fused_loss=fused_loss,
+        optimizer=optimizer,
         reasons=why,
     )
-    # activation checkpointing: only when a single sequence would not fit without it
-    plan.memory = estimate_memory(model_cfg, tc.seq_len, precision, "none")
-    budget = tc.memory_target * (hw.free_memory if cuda else hw.ram * 0.5)
-    if tc.activation_checkpointing != "auto":
-        plan.activation_checkpointing = tc.activation_checkpointing
-        why["activation_checkpointing"] = (
-            f"{tc.activation_checkpointing} (set by train.activation_checkpointing)"
-        )
-    elif plan.memory.largest_micro_batch(budget) < 1:
-        plan.activation_checkpointing = "full"
-        why["activation_checkpointing"] = "full (without it one sequence does not fit the memory target)"
-    else:
-        why["activation_checkpointing"] = "none (activations fit; recomputing would cost ~30% speed)"
-    if plan.activation_checkpointing == "full":
-        plan.memory = estimate_memory(model_cfg, tc.seq_len, precision, "full")
+    _checkpointing(cfg, plan, model_cfg, hw)
     _micro_batch(cfg, plan, hw, model_cfg, finder)
     why["memory"] = f"estimated {plan.memory.describe(plan.micro_batch)}"
     return plan

@@ -6,6 +6,7 @@ import torch
 from hopperlm.config import ModelConfig
 from hopperlm.memory import estimate_memory
 from hopperlm.model.transformer import build_model
+from hopperlm.speed.checkpointing import apply_activation_checkpointing
 
 CFG = ModelConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=2, ffn_dim=512, vocab_size=512, max_seq_len=256)
 
@@ -53,7 +54,7 @@ def test_activation_estimate_within_15_percent_on_cpu(batch):
 
 def test_activation_checkpointing_saves_memory_as_estimated():
     model = build_model(CFG, seed=0)
-    model.checkpoint_blocks = True
+    apply_activation_checkpointing(model, "full")
     x = torch.randint(0, 512, (2, 256))
     measured = saved_activation_bytes(model, x)
     full = estimate_memory(CFG, 256, "fp32", "full")

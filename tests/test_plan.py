@@ -30,7 +30,7 @@ def test_h100_350m():
     assert plan.compile_mode == "max-autotune-no-cudagraphs"  # a 1.5 h run repays autotuning
     assert plan.fused_adamw and plan.pin_memory and plan.expandable_segments
     assert "flash" in plan.reasons["attention"] and "sm_90" in plan.reasons["precision"]
-    assert "fp8 would not pay off for d=1024" in plan.reasons["precision"]
+    assert plan.fp8 == "off" and "d=1024" in plan.reasons["fp8"]  # too few large matmuls to gain
     # global batch of 512 sequences reached exactly; the micro-batch fills most of 80 GB by the estimate
     assert plan.micro_batch * plan.grad_accum == 512 and 512 % plan.micro_batch == 0
     assert 8 <= plan.micro_batch <= 64
@@ -50,13 +50,13 @@ def test_h200_fits_more_than_h100():
 
 def test_a100_40gb_tinyllama():
     plan = plan_for("A100 40GB", preset="tinyllama-1.1b", train={"seq_len": 2048, "batch_tokens": 2048 * 64})
-    assert plan.precision == "bf16" and "fp8" not in plan.reasons["precision"]  # sm_80 has no fp8
+    assert plan.precision == "bf16" and plan.fp8 == "off" and "no fp8 tensor cores" in plan.reasons["fp8"]
     assert plan.activation_checkpointing == "none" and 1 <= plan.micro_batch <= 8
 
 
 def test_a100_long_context_turns_on_activation_checkpointing():
     plan = plan_for(
-        "A100 40GB", preset="tinyllama-1.1b", model={"max_seq_len": 16384}, train={"seq_len": 16384}
+        "A100 40GB", preset="tinyllama-1.1b", model={"max_seq_len": 32768}, train={"seq_len": 32768}
     )
     assert plan.activation_checkpointing == "full" and plan.micro_batch == 1
     assert "does not fit" in plan.reasons["activation_checkpointing"]
@@ -64,7 +64,7 @@ def test_a100_long_context_turns_on_activation_checkpointing():
 
 def test_rtx_4050_small_gpu():
     plan = plan_for("RTX 4050 6GB", preset="gpt2-124m", train={"seq_len": 1024, "batch_tokens": 1024 * 32})
-    assert plan.precision == "bf16" and "fp8 would not pay off" in plan.reasons["precision"]
+    assert plan.precision == "bf16" and plan.fp8 == "off" and "d=768" in plan.reasons["fp8"]
     assert 1 <= plan.micro_batch <= 4 and plan.micro_batch * plan.grad_accum == 32
     with pytest.raises(ConfigError, match="does not fit"):
         plan_for("RTX 4050 6GB", preset="tinyllama-1.1b", train={"seq_len": 2048})

@@ -7,13 +7,14 @@ the same. RoPE uses the "rotate half" convention of HF Llama checkpoints.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint
 
 from hopperlm.config import ModelConfig
+from hopperlm.model.loss import linear_cross_entropy, standard_cross_entropy
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | None = None):
@@ -102,8 +103,15 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        # recompute(fn, *args) runs fn while saving less for the backward (speed/checkpointing.py sets it)
+        self.recompute: Callable | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int = 0) -> torch.Tensor:
+        if self.recompute is not None and torch.is_grad_enabled():
+            return self.recompute(self._forward, x, cos, sin, pos)
+        return self._forward(x, cos, sin, pos)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int) -> torch.Tensor:
         x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, pos))
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
@@ -118,7 +126,7 @@ class Transformer(nn.Module):
                 "ModelConfig.vocab_size must be resolved (from the data) before building a model"
             )
         self.cfg = cfg
-        self.checkpoint_blocks = False  # full activation checkpointing, set from the plan
+        self.fused_loss = False  # chunked linear cross-entropy (model/loss.py), set from the plan
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.drop = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -159,15 +167,17 @@ class Transformer(nn.Module):
         cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]
         x = self.drop(self.embed(tokens))  # (B, T, d)
         for layer in self.layers:
-            if self.checkpoint_blocks and torch.is_grad_enabled():
-                # recompute the block in the backward instead of keeping its activations (plan.py decides)
-                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, pos, use_reentrant=False)
-            else:
-                x = layer(x, cos, sin, pos)
-        logits = self.lm_head(self.norm(x))  # (B, T, V)
+            x = layer(x, cos, sin, pos)
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+            return self.lm_head(self.norm(x))  # (B, T, V)
+        return self.output_loss(x, targets)
+
+    def output_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Final norm, LM head and mean cross-entropy: its own method so it can be compiled as one region."""
+        h = self.norm(x)  # (B, T, d)
+        if self.fused_loss:
+            return linear_cross_entropy(h, self.lm_head.weight, targets)
+        return standard_cross_entropy(self.lm_head(h), targets)
 
     def setup_cache(self, batch: int, max_len: int | None = None) -> None:
         """Give every attention layer a KV cache for generation (`clear_cache` removes them)."""

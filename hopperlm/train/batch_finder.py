@@ -1,12 +1,13 @@
 """Find the largest micro-batch that fits on the GPU by running real training steps, and remember it.
 
-The search runs the actual model with the actual plan (precision, attention kernels, activation
-checkpointing, fused AdamW) for two full steps per candidate size, so the optimizer state and the backward's
+The search runs the actual model with the actual plan (precision, attention kernels, float8, fused loss,
+activation checkpointing, the optimizer) for two full steps per candidate size, so the optimizer state and the backward's
 peak are both counted. Trials run eagerly: compiled steps use the same or less memory, so the answer is safe.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -15,8 +16,10 @@ from pathlib import Path
 
 import torch
 
-from hopperlm.config import ModelConfig
+from hopperlm.config import ModelConfig, OptimConfig
 from hopperlm.model.transformer import build_model
+from hopperlm.speed import apply_speedups
+from hopperlm.train.optim import build_optimizer
 
 CACHE_FILE = "micro_batch_cache.json"
 
@@ -49,9 +52,13 @@ def cache_key(model_cfg: ModelConfig, plan, device_name: str, budget: float, cap
         "plan": [
             plan.precision,
             plan.activation_checkpointing,
+            plan.ac_every,
             plan.attention,
             plan.fused_adamw,
             plan.seq_len,
+            plan.fp8,
+            plan.fused_loss,
+            plan.optimizer,
         ],
         "device": device_name,
         "torch": torch.__version__,
@@ -73,8 +80,9 @@ def make_gpu_finder(run_dir: Path, budget_bytes: float, log: Callable[[str], Non
             return cache[key], f"measured earlier on this GPU, cached in {cache_path}"
         start, trials = time.perf_counter(), []
         model = build_model(model_cfg, device)
-        model.checkpoint_blocks = plan.activation_checkpointing == "full"
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=plan.fused_adamw)
+        # the plan's float8, fused loss and checkpointing, eagerly: compiled steps need the same or less
+        apply_speedups(model, dataclasses.replace(plan, compile=False, reasons={}), lambda line: None)
+        optimizer = build_optimizer(model, OptimConfig(lr=1e-6), plan.fused_adamw, plan.optimizer)
 
         def fits(n: int) -> bool:
             ok = False

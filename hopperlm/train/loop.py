@@ -25,13 +25,15 @@ from hopperlm.errors import CheckpointError, ConfigError, DataError, HopperError
 from hopperlm.hardware import detect_for
 from hopperlm.model.transformer import build_model, flops_per_token
 from hopperlm.plan import Plan, make_plan
+from hopperlm.speed import apply_speedups
+from hopperlm.speed.compile import uses_cuda_graphs
 from hopperlm.train import checkpoint as ckpt_io
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner, print_preflight_check
 from hopperlm.train.batch_finder import make_gpu_finder
 from hopperlm.train.checkpoint import CheckpointSaveError
 from hopperlm.train.guard import Guard, GuardStop
 from hopperlm.train.metrics import Interval, MetricsFile, format_record, human_count, mfu, peak_memory_gb
-from hopperlm.train.optim import budget_progress, build_optimizer, lr_at
+from hopperlm.train.optim import budget_progress, build_optimizer, lr_at, set_lr
 from hopperlm.train.preemption import Preemption
 
 
@@ -150,7 +152,6 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
     # ---- model and optimizer -------------------------------------------------------------------------------
     torch.manual_seed(tc.seed)
     model = build_model(model_cfg, device, seed=tc.seed)
-    model.checkpoint_blocks = plan.activation_checkpointing == "full"
     if resume_from is not None:
         if ckpt_io.read_model_config(resume_from) != model_cfg:
             raise CheckpointError(
@@ -158,8 +159,9 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
                 f"config ({run_dir / 'config.yaml'})"
             )
         ckpt_io.load_model_weights(resume_from, model)
-    step_model = torch.compile(model, mode=plan.compile_mode) if plan.compile else model
-    optimizer = build_optimizer(model, cfg.optim, plan.fused_adamw)
+    apply_speedups(model, plan, log)  # fp8 -> fused loss -> activation checkpointing -> compile, in place
+    optimizer = build_optimizer(model, cfg.optim, plan.fused_adamw, plan.optimizer)
+    mark_step = torch.compiler.cudagraph_mark_step_begin if uses_cuda_graphs(plan.compile_mode) else None
     scaler = torch.amp.GradScaler("cuda") if plan.loss_scaling else None
 
     step, tokens, elapsed_before, best_val = 0, 0, 0.0, None
@@ -232,16 +234,17 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
     def run_step(lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One optimizer step: grad_accum micro-batches, clip, update unless the loss or gradient is not
         finite. Returns (loss, grad norm, finite) as device tensors."""
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         step_loss = torch.zeros((), device=device)
         for micro in range(plan.grad_accum):
             x, y = batches.batch(step + guard.state.data_offset, micro)
             if plan.pin_memory:
                 x, y = x.pin_memory(), y.pin_memory()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            if mark_step is not None:  # CUDA graphs: the previous step's outputs may be overwritten now
+                mark_step()
             with plan.autocast(), plan.sdpa_backends():
-                loss = step_model(x, y) / plan.grad_accum
+                loss = model(x, y) / plan.grad_accum
             (scaler.scale(loss) if scaler else loss).backward()
             step_loss += loss.detach()
         if scaler:
@@ -344,7 +347,7 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
             good = [x for x, ok in zip(losses, flags, strict=True) if ok]
             evaluated = False
             if val_starts and ((tc.eval_every and step % tc.eval_every == 0) or stopped_by):
-                val_loss, evaluated = evaluate(step_model, val_data, val_starts, plan), True
+                val_loss, evaluated = evaluate(model, val_data, val_starts, plan), True
                 best_val = val_loss if best_val is None else min(best_val, val_loss)
                 if tc.target_loss is not None and val_loss <= tc.target_loss and stopped_by is None:
                     stopped_by = "target_loss"

@@ -1,0 +1,56 @@
+"""Speed-ups, each an `apply_*` function, applied by `apply_speedups` in one fixed order (torchtitan's):
+
+    float8 (swap linear layers)  ->  fused loss  ->  activation checkpointing  ->  torch.compile
+
+Swapping modules comes first so that checkpointing and compile see the final modules; compile comes last so
+that it traces through the recompute wrappers and fuses the float8 casts. Distributed wrapping (FSDP), when
+it is added, goes after compile. Each step is chosen by the plan (plan.py) and can be overridden from config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from hopperlm.speed.checkpointing import apply_activation_checkpointing
+from hopperlm.speed.compile import apply_compile
+from hopperlm.speed.float8 import Float8NativeLinear, apply_fp8
+
+
+def apply_speedups(model: torch.nn.Module, plan, log: Callable[[str], None]) -> None:
+    """Apply the plan's speed-ups to `model` in place. A float8 backend that cannot run here is undone
+    (training continues in bf16) and `plan.fp8` is set to "off", with one line saying why."""
+    if plan.fp8 != "off":
+        try:
+            n = apply_fp8(model, plan.fp8)
+            if n == 0:
+                raise RuntimeError("no linear layer is large enough, with dims divisible by 16, to gain")
+            _probe(model, plan)
+            log(f"fp8: {n} linear layers in float8 ({plan.fp8}); the LM head and small layers stay bf16")
+        except Exception as e:  # ImportError, a CUDA capability error, a shape error: all mean bf16
+            _undo_fp8(model)
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            plan.reasons["fp8"] = f"off: the {plan.fp8} backend failed at start-up ({reason}); bf16 instead"
+            log(f"fp8: off ({plan.fp8} failed at start-up: {reason}); training continues in bf16")
+            plan.fp8 = "off"
+    model.fused_loss = plan.fused_loss
+    apply_activation_checkpointing(model, plan.activation_checkpointing, plan.ac_every)
+    if plan.compile:
+        apply_compile(model, plan.compile_mode, plan.compile_scope)
+
+
+def _probe(model: torch.nn.Module, plan) -> None:
+    """One eager forward/backward of one sequence, so a float8 failure shows at start-up, not at step 1."""
+    tokens = torch.zeros(1, plan.seq_len, dtype=torch.long, device=plan.device)
+    devices = [plan.device] if plan.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), plan.autocast():
+        model(tokens, tokens).backward()
+    model.zero_grad(set_to_none=True)
+
+
+def _undo_fp8(model: torch.nn.Module) -> None:
+    """Turn converted layers back into nn.Linear (they keep the same weight parameter)."""
+    for module in model.modules():
+        if isinstance(module, Float8NativeLinear) or type(module).__name__ == "Float8Linear":  # torchao's
+            module.__class__ = torch.nn.Linear

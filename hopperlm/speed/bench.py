@@ -1,0 +1,394 @@
+"""`hopperlm bench`: warm training steps of hopperlm beside the baselines users would run instead, in one
+process, on one device, on the same batch.
+
+For each preset, every row trains the same architecture on the same micro-batch:
+  eager            hopperlm's model in plain PyTorch: no compile, standard loss, bf16 autocast (fp32 on CPU)
+  hopperlm         what `hopperlm train` runs: the plan for this device (compile, fused loss, ...), in bf16
+  hopperlm fp8     the same with float8 linear layers (GPUs with fp8 tensor cores)
+  hf               Hugging Face `transformers` LlamaForCausalLM, attn_implementation="sdpa", bf16 autocast
+  hf+compile       the same under torch.compile
+Timing: warm-up steps first (compilation happens there and is reported apart), then `windows` timed windows
+of `steps` optimizer steps each, the device synchronised at both ends; the median window counts. Inputs are
+random tokens (never zeros). Each row reports tokens/s, MFU against the device's dense 16-bit peak, peak
+memory, and ratios against the baselines measured in the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from hopperlm.config import ModelConfig, OptimConfig, config_from_dict
+from hopperlm.hardware import Hardware
+from hopperlm.model.transformer import build_model, flops_per_token
+from hopperlm.presets import get_preset
+
+DEFAULT_PRESETS = ("gpt2-124m", "h100-350m", "tinyllama-1.1b")
+# (micro-batch, sequence length) per preset on a GPU: the same for every row of a preset
+GPU_SHAPES = {
+    "gpt2-124m": (16, 1024),
+    "h100-350m": (16, 1024),
+    "tinyllama-1.1b": (8, 2048),
+    "llama3-8b": (1, 4096),
+}
+# --quick: each preset shrunk to 2 blocks of width <= 256 (head_dim 64, its kv-head ratio and ffn ratio kept)
+# and an 8192 vocabulary, on 2 x 128 tokens: seconds on a CPU, the same code paths as the full size
+QUICK_LAYERS, QUICK_DIM, QUICK_VOCAB, QUICK_SHAPE = 2, 256, 8192, (2, 128)
+
+
+@dataclass
+class Row:
+    preset: str
+    config: str
+    micro_batch: int
+    seq_len: int
+    flops_per_token: int
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    peak_mem_gb: float | None = None
+    step_ms: float | None = None
+    warmup_s: float | None = None
+    final_loss: float | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    ratios: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Case:
+    """One row to measure: `build()` returns (step function, notes on what it runs) on fresh weights."""
+
+    config: str
+    build: Callable[[], tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], list[str]]]
+
+
+# ---- the rows --------------------------------------------------------------------------------------------
+def hopperlm_case(
+    label: str, model_cfg: ModelConfig, hw: Hardware, micro: int, seq: int, log, **train
+) -> Case:
+    """A row built exactly as `hopperlm train` builds: config -> plan -> speed-ups -> optimizer."""
+    from hopperlm.plan import make_plan
+    from hopperlm.speed import apply_speedups
+    from hopperlm.speed.compile import uses_cuda_graphs
+    from hopperlm.train.optim import build_optimizer
+
+    def build():
+        cfg = config_from_dict(
+            {
+                "model": {"preset": None, **dataclasses.asdict(model_cfg)},
+                "train": {"seq_len": seq, "micro_batch": micro, "max_steps": 1000, **train},
+            }
+        )
+        plan = make_plan(cfg, model_cfg, hw)
+        plan.apply_runtime_settings()
+        model = build_model(model_cfg, hw.device, seed=0)
+        apply_speedups(model, plan, lambda line: log(f"  {label}: {line}"))
+        opt = build_optimizer(model, OptimConfig(lr=3e-4, warmup_steps=0), plan.fused_adamw, plan.optimizer)
+        mark = torch.compiler.cudagraph_mark_step_begin if uses_cuda_graphs(plan.compile_mode) else None
+
+        def loss_fn(x, y):
+            if mark is not None:
+                mark()
+            with plan.autocast(), plan.sdpa_backends():
+                return model(x, y)
+
+        compiled = f"compile {plan.compile_mode}/{plan.compile_scope}" if plan.compile else "no compile"
+        loss = "fused loss" if plan.fused_loss else "standard loss"
+        return _train_step(loss_fn, opt), [compiled, f"fp8 {plan.fp8}", loss, plan.precision]
+
+    return Case(label, build)
+
+
+def hf_case(label: str, model_cfg: ModelConfig, hw: Hardware, compiled: bool) -> Case:
+    """transformers' LlamaForCausalLM with SDPA attention, fp32 master weights and bf16 autocast: what the
+    HF Trainer runs with bf16=True."""
+    from hopperlm.model.hf import llama_config, require_transformers
+
+    def build():
+        transformers = require_transformers()
+        torch.manual_seed(0)
+        with torch.device(hw.device):
+            model = transformers.AutoModelForCausalLM.from_config(
+                llama_config(model_cfg), attn_implementation="sdpa"
+            )
+        if compiled:
+            model.compile()
+        cuda = hw.device.type == "cuda"
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), fused=cuda)
+        dtype = torch.bfloat16 if cuda and hw.bf16 else (torch.float16 if cuda else None)
+
+        def loss_fn(x, y):
+            with torch.autocast(hw.device.type, dtype=dtype, enabled=dtype is not None):
+                return model(input_ids=x, labels=x).loss
+
+        notes = ["compile default" if compiled else "no compile", "sdpa", str(dtype).removeprefix("torch.")]
+        return _train_step(loss_fn, opt), notes
+
+    return Case(label, build)
+
+
+def _train_step(loss_fn, optimizer):
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = loss_fn(x, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def cases_for(model_cfg: ModelConfig, hw: Hardware, micro: int, seq: int, hf: bool, log) -> list[Case]:
+    cuda = hw.device.type == "cuda"
+    cases = [
+        hopperlm_case("eager", model_cfg, hw, micro, seq, log, compile=False, fp8="off", fused_loss=False),
+        hopperlm_case("hopperlm", model_cfg, hw, micro, seq, log, fp8="off"),
+    ]
+    if cuda and hw.fp8:
+        from hopperlm.speed.float8 import torchao_available
+
+        backend = "tensorwise" if torchao_available() else "native"
+        cases.append(hopperlm_case(f"hopperlm fp8 ({backend})", model_cfg, hw, micro, seq, log, fp8=backend))
+    if hf:
+        cases.append(hf_case("hf", model_cfg, hw, compiled=False))
+        if cuda:  # inductor on a CPU spends minutes compiling a baseline nobody runs there
+            cases.append(hf_case("hf+compile", model_cfg, hw, compiled=True))
+    return cases
+
+
+# ---- measuring -------------------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure(
+    case: Case,
+    row: Row,
+    hw: Hardware,
+    batches: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    warmup: int,
+    windows: int,
+    steps: int,
+    loss_steps: int,
+) -> None:
+    """Fill `row` with the case's numbers; an out-of-memory error or a failure becomes `row.error`."""
+    device = hw.device
+    try:
+        step, row.notes = case.build()
+        start = time.perf_counter()
+        losses = [step(*batches(i)) for i in range(max(warmup, loss_steps))]
+        _sync(device)
+        row.warmup_s = time.perf_counter() - start
+        if loss_steps:  # the mean of the last tenth of a real-data run, the same data for every row
+            tail = losses[-max(1, loss_steps // 10) :]
+            row.final_loss = float(torch.stack(tail).float().mean())
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        x, y = batches(0)
+        times = []
+        for _ in range(windows):
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step(x, y)
+            _sync(device)
+            times.append((time.perf_counter() - t0) / steps)
+        seconds = statistics.median(times)
+        row.step_ms = 1000 * seconds
+        row.tokens_per_s = row.micro_batch * row.seq_len / seconds
+        row.mfu = row.tokens_per_s * row.flops_per_token / hw.peak_16bit if hw.peak_16bit else None
+        if device.type == "cuda":
+            row.peak_mem_gb = torch.cuda.max_memory_allocated(device) / 1e9
+    except torch.OutOfMemoryError:
+        row.error = f"out of memory at micro-batch {row.micro_batch} x {row.seq_len}"
+    except Exception as e:  # a baseline that cannot run here is a finding for the table, not a crash
+        text = str(e).strip().splitlines()
+        row.error = f"{type(e).__name__}: {text[0] if text else ''}"[:200]
+    finally:
+        step = None
+        _release(device)
+
+
+def add_ratios(rows: list[Row]) -> None:
+    """Each row's tokens/s over each baseline's (eager, hf, hf+compile) of the same preset."""
+    for row in rows:
+        for other in rows:
+            if (
+                other.preset == row.preset
+                and other.config in ("eager", "hf", "hf+compile")
+                and other is not row
+                and row.tokens_per_s
+                and other.tokens_per_s
+            ):
+                row.ratios[f"vs {other.config}"] = row.tokens_per_s / other.tokens_per_s
+
+
+def bench_model_config(preset: str, quick: bool) -> ModelConfig:
+    cfg = get_preset(preset)
+    if cfg.vocab_size is None:
+        cfg = dataclasses.replace(cfg, vocab_size=32000)
+    if quick:
+        dim = min(cfg.dim, QUICK_DIM)
+        heads = max(1, dim // 64)
+        kv = max(1, heads * cfg.kv_heads // cfg.n_heads)
+        ffn = 64 * max(1, round(cfg.hidden_dim * dim / cfg.dim / 64))
+        cfg = dataclasses.replace(
+            cfg,
+            n_layers=QUICK_LAYERS,
+            dim=dim,
+            n_heads=heads,
+            n_kv_heads=kv,
+            ffn_dim=ffn,
+            vocab_size=QUICK_VOCAB,
+        )
+    return cfg
+
+
+def shape_for(preset: str, hw: Hardware, quick: bool, micro: int | None, seq: int | None) -> tuple[int, int]:
+    default = QUICK_SHAPE if quick or hw.device.type != "cuda" else GPU_SHAPES.get(preset, (8, 1024))
+    return micro or default[0], seq or default[1]
+
+
+# ---- the run ---------------------------------------------------------------------------------------------
+def batch_source(vocab: int, micro: int, seq: int, device: torch.device, data_dir=None):
+    """batches(i) -> (x, y): random tokens (one fixed batch), or real windows of a prepared data dir."""
+    if data_dir is None:
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, vocab, (micro, seq + 1), generator=g).to(device)
+        return lambda i: (tokens[:, :-1], tokens[:, 1:])
+    from hopperlm.data.loader import RandomWindows, TokenShards
+    from hopperlm.data.prepare import read_manifest
+    from hopperlm.errors import DataError
+
+    if read_manifest(data_dir)["vocab_size"] > vocab:
+        raise DataError(
+            f"{data_dir} has a larger vocabulary than the model's {vocab}; prepare it with a smaller one"
+        )
+    windows = RandomWindows(TokenShards(data_dir, "train"), seq, micro, seed=0)
+
+    def batches(i):
+        x, y = windows.batch(i, 0)
+        return x.to(device), y.to(device)
+
+    return batches
+
+
+def run_bench(
+    presets: list[str],
+    hw: Hardware,
+    quick: bool = False,
+    micro_batch: int | None = None,
+    seq_len: int | None = None,
+    steps: int = 10,
+    windows: int = 5,
+    warmup: int = 3,
+    hf: bool = True,
+    loss_steps: int = 0,
+    data_dir=None,
+    log: Callable[[str], None] = print,
+) -> list[Row]:
+    rows: list[Row] = []
+    for preset in presets:
+        model_cfg = bench_model_config(preset, quick)
+        micro, seq = shape_for(preset, hw, quick, micro_batch, seq_len)
+        if seq > model_cfg.max_seq_len:
+            model_cfg = dataclasses.replace(model_cfg, max_seq_len=seq)
+        fpt = flops_per_token(model_cfg, seq)
+        batches = batch_source(model_cfg.vocab_size, micro, seq, hw.device, data_dir)
+        for case in cases_for(model_cfg, hw, micro, seq, hf, log):
+            row = Row(preset, case.config, micro, seq, fpt)
+            log(f"{preset}: {case.config} ...")
+            on_hopperlm = case.config.startswith("hopperlm")
+            measure(case, row, hw, batches, warmup, windows, steps, loss_steps if on_hopperlm else 0)
+            log(f"{preset}: {case.config}: {describe(row)}")
+            rows.append(row)
+    add_ratios(rows)
+    return rows
+
+
+def describe(row: Row) -> str:
+    if row.error:
+        return f"failed ({row.error})"
+    mfu = "n/a" if row.mfu is None else f"{100 * row.mfu:.1f}%"
+    return f"{row.tokens_per_s:,.0f} tokens/s, MFU {mfu}, {row.step_ms:.1f} ms/step, warm-up {row.warmup_s:.1f} s"
+
+
+def format_table(rows: list[Row], hw: Hardware) -> list[str]:
+    """The table printed last: one line per row, and each preset's ceiling at 100% MFU."""
+    lines = [
+        f"{'preset':<16}{'config':<26}{'batch':>10}{'tokens/s':>12}{'MFU':>7}{'mem GB':>8}{'ms/step':>9}"
+        f"{'vs eager':>9}{'vs HF':>7}{'vs HF+c':>8}{'loss':>8}"
+    ]
+    for preset in dict.fromkeys(r.preset for r in rows):
+        group = [r for r in rows if r.preset == preset]
+        for r in group:
+            batch = f"{r.micro_batch}x{r.seq_len}"
+            if r.error:
+                lines.append(f"{preset:<16}{r.config:<26}{batch:>10}  {r.error}")
+                continue
+            mfu = "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%"
+            mem = "n/a" if r.peak_mem_gb is None else f"{r.peak_mem_gb:.1f}"
+            ratio = [r.ratios.get(k) for k in ("vs eager", "vs hf", "vs hf+compile")]
+            ratio_s = "".join(
+                f"{'' if x is None else f'{x:.2f}x':>{w}}" for x, w in zip(ratio, (9, 7, 8), strict=True)
+            )
+            loss = "" if r.final_loss is None else f"{r.final_loss:.4f}"
+            lines.append(
+                f"{preset:<16}{r.config:<26}{batch:>10}{r.tokens_per_s:>12,.0f}{mfu:>7}{mem:>8}"
+                f"{r.step_ms:>9.1f}{ratio_s}{loss:>8}"
+            )
+        if hw.peak_16bit:
+            fpt = group[0].flops_per_token
+            lines.append(
+                f"{'':<16}ceiling: {hw.peak_16bit / fpt:,.0f} tokens/s at 100% of {hw.peak_16bit / 1e12:.0f} "
+                f"TFLOP/s ({fpt / 1e9:.2f} GFLOP/token)"
+            )
+    return lines
+
+
+def provenance(argv: list[str]) -> dict:
+    """What a result needs to be reproduced: the command, the commit (and whether the tree was dirty),
+    the device and the library versions."""
+    import importlib.metadata
+    import platform
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10)
+            return out.stdout.strip() if out.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    versions = {}
+    for package in ("torch", "transformers", "torchao", "triton"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "command": "hopperlm " + " ".join(argv),
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(status) if status is not None else None,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": platform.node(),
+        "versions": versions,
+    }
