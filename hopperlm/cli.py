@@ -171,6 +171,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         hf=not args.no_hf,
         loss_steps=args.loss_steps,
         data_dir=Path(args.data) if args.data else None,
+        variants=args.variant or [],
         log=log,
     )
     table = format_table(rows, hw)
@@ -342,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face transformers baselines")
     p.add_argument("--loss-steps", type=int, default=0, help="train hopperlm rows this many steps on --data")
     p.add_argument("--data", help="prepared data dir for --loss-steps")
+    p.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME:KEY=VALUE,...",
+        help="an extra hopperlm row with train.* overrides, e.g. mb32:micro_batch=32 (repeatable)",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--out", help="write the results as JSON here (e.g. bench/results/DATE-GPU.json)")
 

@@ -88,8 +88,11 @@ class Plan:
         torch.backends.cuda.matmul.allow_tf32 = self.tf32
         torch.backends.cudnn.allow_tf32 = self.tf32
         if self.expandable_segments:
-            try:  # private but stable since torch 2.1; the env var only works before CUDA starts
-                torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+            # private APIs (the env var only works before CUDA starts); newer torch renamed the setter
+            setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+            setter = setter or torch.cuda.memory._set_allocator_settings
+            try:
+                setter("expandable_segments:True")
             except (AttributeError, RuntimeError):
                 self.reasons["allocator"] = (
                     "default (this torch cannot switch on expandable segments at run time)"
@@ -272,9 +275,12 @@ def _micro_batch(cfg: Config, plan: Plan, hw: Hardware, model_cfg: ModelConfig, 
             fit = est.largest_micro_batch(budget)
             micro, reason = min(fit, cap), f"largest that the estimate fits in {where}, at most {cap}"
         if micro < 1:
+            if est.static > budget:  # no activation setting helps: the model's state alone is too big
+                fix = "use optim.name adamw8bit, a smaller model, or shard it over GPUs (FSDP)"
+            else:
+                fix = "use train.activation_checkpointing full, a shorter train.seq_len or a smaller model"
             raise ConfigError(
-                f"one sequence of {tc.seq_len} tokens does not fit {where} (estimate {est.describe(1)}); "
-                "use train.activation_checkpointing full, a shorter train.seq_len or a smaller model"
+                f"one sequence of {tc.seq_len} tokens does not fit {where} (estimate {est.describe(1)}); {fix}"
             )
         if seqs is not None:
             while seqs % micro:  # accumulation must reach the global batch exactly

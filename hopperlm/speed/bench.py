@@ -65,6 +65,7 @@ class Case:
     """One row to measure: `build()` returns (step function, notes on what it runs) on fresh weights."""
 
     config: str
+    micro_batch: int
     build: Callable[[], tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], list[str]]]
 
 
@@ -102,10 +103,10 @@ def hopperlm_case(
         loss = "fused loss" if plan.fused_loss else "standard loss"
         return _train_step(loss_fn, opt), [compiled, f"fp8 {plan.fp8}", loss, plan.precision]
 
-    return Case(label, build)
+    return Case(label, micro, build)
 
 
-def hf_case(label: str, model_cfg: ModelConfig, hw: Hardware, compiled: bool) -> Case:
+def hf_case(label: str, model_cfg: ModelConfig, hw: Hardware, micro: int, compiled: bool) -> Case:
     """transformers' LlamaForCausalLM with SDPA attention, fp32 master weights and bf16 autocast: what the
     HF Trainer runs with bf16=True."""
     from hopperlm.model.hf import llama_config, require_transformers
@@ -130,7 +131,7 @@ def hf_case(label: str, model_cfg: ModelConfig, hw: Hardware, compiled: bool) ->
         notes = ["compile default" if compiled else "no compile", "sdpa", str(dtype).removeprefix("torch.")]
         return _train_step(loss_fn, opt), notes
 
-    return Case(label, build)
+    return Case(label, micro, build)
 
 
 def _train_step(loss_fn, optimizer):
@@ -144,21 +145,48 @@ def _train_step(loss_fn, optimizer):
     return step
 
 
-def cases_for(model_cfg: ModelConfig, hw: Hardware, micro: int, seq: int, hf: bool, log) -> list[Case]:
+def parse_variant(text: str) -> tuple[str, dict]:
+    """'NAME:key=value,key=value' -> (NAME, train overrides), e.g. 'scope-model:compile_scope=model'."""
+    import yaml
+
+    from hopperlm.errors import ConfigError
+
+    name, _, pairs = text.partition(":")
+    overrides = {}
+    for pair in filter(None, pairs.split(",")):
+        key, eq, value = pair.partition("=")
+        if not eq:
+            raise ConfigError(
+                f"--variant {text!r}: write NAME:key=value[,key=value], e.g. mb32:micro_batch=32"
+            )
+        overrides[key.strip()] = yaml.safe_load(value)
+    if not name or not overrides:
+        raise ConfigError(f"--variant {text!r}: write NAME:key=value[,key=value], e.g. mb32:micro_batch=32")
+    return name, overrides
+
+
+def cases_for(
+    model_cfg: ModelConfig, hw: Hardware, micro: int, seq: int, hf: bool, log, variants: list[str] = ()
+) -> list[Case]:
     cuda = hw.device.type == "cuda"
     cases = [
         hopperlm_case("eager", model_cfg, hw, micro, seq, log, compile=False, fp8="off", fused_loss=False),
         hopperlm_case("hopperlm", model_cfg, hw, micro, seq, log, fp8="off"),
     ]
+    for text in variants:  # extra hopperlm rows with train.* overrides (micro_batch included)
+        name, overrides = parse_variant(text)
+        settings = {"fp8": "off", **overrides}
+        row_micro = settings.pop("micro_batch", micro)
+        cases.append(hopperlm_case(f"hopperlm {name}", model_cfg, hw, row_micro, seq, log, **settings))
     if cuda and hw.fp8:
         from hopperlm.speed.float8 import torchao_available
 
         backend = "tensorwise" if torchao_available() else "native"
         cases.append(hopperlm_case(f"hopperlm fp8 ({backend})", model_cfg, hw, micro, seq, log, fp8=backend))
     if hf:
-        cases.append(hf_case("hf", model_cfg, hw, compiled=False))
+        cases.append(hf_case("hf", model_cfg, hw, micro, compiled=False))
         if cuda:  # inductor on a CPU spends minutes compiling a baseline nobody runs there
-            cases.append(hf_case("hf+compile", model_cfg, hw, compiled=True))
+            cases.append(hf_case("hf+compile", model_cfg, hw, micro, compiled=True))
     return cases
 
 
@@ -190,7 +218,8 @@ def measure(
     try:
         step, row.notes = case.build()
         start = time.perf_counter()
-        losses = [step(*batches(i)) for i in range(max(warmup, loss_steps))]
+        micro = row.micro_batch
+        losses = [step(*batches(i, micro)) for i in range(max(warmup, loss_steps))]
         _sync(device)
         row.warmup_s = time.perf_counter() - start
         if loss_steps:  # the mean of the last tenth of a real-data run, the same data for every row
@@ -198,7 +227,7 @@ def measure(
             row.final_loss = float(torch.stack(tail).float().mean())
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        x, y = batches(0)
+        x, y = batches(0, micro)
         times = []
         for _ in range(windows):
             _sync(device)
@@ -264,12 +293,19 @@ def shape_for(preset: str, hw: Hardware, quick: bool, micro: int | None, seq: in
 
 
 # ---- the run ---------------------------------------------------------------------------------------------
-def batch_source(vocab: int, micro: int, seq: int, device: torch.device, data_dir=None):
-    """batches(i) -> (x, y): random tokens (one fixed batch), or real windows of a prepared data dir."""
+def batch_source(vocab: int, seq: int, device: torch.device, data_dir=None):
+    """batches(i, micro) -> (x, y): random tokens (one fixed batch per size), or real windows of a prepared
+    data dir (step i of a seeded random-window stream)."""
     if data_dir is None:
-        g = torch.Generator().manual_seed(0)
-        tokens = torch.randint(0, vocab, (micro, seq + 1), generator=g).to(device)
-        return lambda i: (tokens[:, :-1], tokens[:, 1:])
+        fixed = {}
+
+        def random_batch(i, micro):
+            if micro not in fixed:
+                g = torch.Generator().manual_seed(micro)
+                fixed[micro] = torch.randint(0, vocab, (micro, seq + 1), generator=g).to(device)
+            return fixed[micro][:, :-1], fixed[micro][:, 1:]
+
+        return random_batch
     from hopperlm.data.loader import RandomWindows, TokenShards
     from hopperlm.data.prepare import read_manifest
     from hopperlm.errors import DataError
@@ -278,13 +314,13 @@ def batch_source(vocab: int, micro: int, seq: int, device: torch.device, data_di
         raise DataError(
             f"{data_dir} has a larger vocabulary than the model's {vocab}; prepare it with a smaller one"
         )
-    windows = RandomWindows(TokenShards(data_dir, "train"), seq, micro, seed=0)
+    shards = TokenShards(data_dir, "train")
 
-    def batches(i):
-        x, y = windows.batch(i, 0)
+    def real_batch(i, micro):
+        x, y = RandomWindows(shards, seq, micro, seed=0).batch(i, 0)
         return x.to(device), y.to(device)
 
-    return batches
+    return real_batch
 
 
 def run_bench(
@@ -299,6 +335,7 @@ def run_bench(
     hf: bool = True,
     loss_steps: int = 0,
     data_dir=None,
+    variants: list[str] = (),
     log: Callable[[str], None] = print,
 ) -> list[Row]:
     rows: list[Row] = []
@@ -308,9 +345,9 @@ def run_bench(
         if seq > model_cfg.max_seq_len:
             model_cfg = dataclasses.replace(model_cfg, max_seq_len=seq)
         fpt = flops_per_token(model_cfg, seq)
-        batches = batch_source(model_cfg.vocab_size, micro, seq, hw.device, data_dir)
-        for case in cases_for(model_cfg, hw, micro, seq, hf, log):
-            row = Row(preset, case.config, micro, seq, fpt)
+        batches = batch_source(model_cfg.vocab_size, seq, hw.device, data_dir)
+        for case in cases_for(model_cfg, hw, micro, seq, hf, log, variants):
+            row = Row(preset, case.config, case.micro_batch, seq, fpt)
             log(f"{preset}: {case.config} ...")
             on_hopperlm = case.config.startswith("hopperlm")
             measure(case, row, hw, batches, warmup, windows, steps, loss_steps if on_hopperlm else 0)
