@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# GPU call 3: a profile of h100-350m training steps (kernel table + trace); time to val loss 1.4697 on Tiny
+# Shakespeare from a cold start (compile included) for a few recipes; autotuned compile for h100-350m.
+source bench/gpu/env.sh
+python3 bench/gpu/profile_step.py h100-350m --micro-batch 16 --seq-len 1024 --steps 5 \
+  --trace "$OUT/trace-h100-350m.json.gz" 2>&1 | tee "$OUT/profile-h100-350m.txt"
+hl prepare "$HOPPERLM_DATA_DIR/tinyshakespeare/input.txt" --out /tmp/shakespeare-byte > /dev/null
+speedrun() {  # NAME OVERRIDES...: wall time of the whole command, start-up and compile included
+  local name=$1; shift
+  local t0=$(date +%s.%N)
+  timeout 120 python3 -m hopperlm train shakespeare-char-gpu --data.path /tmp/shakespeare-byte \
+    --run.out_dir /tmp/run-$name "$@" > "$OUT/speedrun-$name.log" 2>&1
+  local rc=$? t1=$(date +%s.%N)
+  echo "speedrun $name: rc $rc, $(python3 -c "print(f'{$t1 - $t0:.1f}')") s wall | $(grep -E '^done' "$OUT/speedrun-$name.log")"
+}
+{
+speedrun nanogpt-shape
+speedrun mb128-lr2e-3 --train.micro_batch 128 --optim.lr 2e-3 --train.max_steps 2500
+speedrun cudagraphs --train.compile_mode reduce-overhead
+} 2>&1 | tee "$OUT/speedrun.txt"
+timeout 150 python3 -m hopperlm bench --presets h100-350m --no-hf --windows 3 \
+  --variant "mb64:micro_batch=64" --variant "mb64-autotune:micro_batch=64,compile_mode=max-autotune-no-cudagraphs" \
+  --out "$OUT/bench-h100-350m-autotune.json" 2>&1 | tail -8 | tee "$OUT/bench-h100-350m-autotune.txt"
