@@ -24,6 +24,10 @@ CPU_MICRO_BATCH_CAP = 16  # on a CPU, throughput stops improving well before mem
 GPU_MICRO_BATCH_CAP_TOKENS = 1 << 19  # without a global batch, do not grow one micro-batch past 512K tokens
 LONG_RUN_HOURS = 1.0
 LONG_RUN_STEPS = 20_000
+# below this many FLOPs per micro-batch (about 5 ms at a Hopper's measured matmul rate) a step is launch-bound:
+# measured on an H200, shakespeare-char-gpu (1.2 TFLOP per micro-batch) ran 16 ms/step eager-launched, 8 with
+# CUDA graphs (bench/results/2026-11-22-h200/speedrun.txt)
+CUDA_GRAPH_FLOPS = 4e12
 
 # micro_batch_finder(model_cfg, plan, cap) -> (micro_batch, reason): measures on the real GPU (batch_finder.py)
 Finder = Callable[[ModelConfig, "Plan", int], tuple[int, str]]
@@ -373,5 +377,22 @@ def make_plan(cfg: Config, model_cfg: ModelConfig, hw: Hardware, finder: Finder 
     )
     _checkpointing(cfg, plan, model_cfg, hw)
     _micro_batch(cfg, plan, hw, model_cfg, finder)
+    _cuda_graphs(cfg, plan, model_cfg)
     why["memory"] = f"estimated {plan.memory.describe(plan.micro_batch)}"
     return plan
+
+
+def _cuda_graphs(cfg: Config, plan: Plan, model_cfg: ModelConfig) -> None:
+    """CUDA graphs (compile mode reduce-overhead) when a micro-batch is so small that launching its kernels
+    takes longer than running them; shapes are static here (fixed windows), which graphs need."""
+    if not plan.compile or cfg.train.compile_mode != "auto" or plan.fp8 != "off":
+        return
+    from hopperlm.model.transformer import flops_per_token
+
+    step_flops = flops_per_token(model_cfg, plan.seq_len) * plan.seq_len * plan.micro_batch
+    if step_flops < CUDA_GRAPH_FLOPS:
+        plan.compile_mode = "reduce-overhead"
+        plan.reasons["compile"] = (
+            f"on, mode reduce-overhead (CUDA graphs: one micro-batch is {step_flops / 1e12:.1f} TFLOP, too little "
+            f"to hide the launch overhead of its kernels), scope {plan.compile_scope}"
+        )
