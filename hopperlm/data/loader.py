@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hopperlm.data.prepare import file_sha256, read_manifest
+from hopperlm.data.shards import file_sha256, read_manifest
 from hopperlm.errors import DataError
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 
 from hopperlm.errors import DataError
-from hopperlm.hardware import cpu_cores
 
 BYTE_IDENTITY = "hopperlm-byte-v1"
 BYTE_MARKER = "hopperlm-byte.json"
@@ -46,6 +45,7 @@ class Tokenizer:
     bos_id: int | None
     file: str | None  # the file name save() writes
     sha256: str
+    encode_threads: int | None = None  # threads for encode_batch; None = all cores (prepare's workers set 1)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text, with no BOS/EOS added (prepare adds EOS between documents itself)."""
@@ -236,7 +236,9 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.encode(text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._sp.encode(texts, num_threads=cpu_cores())
+        from hopperlm.hardware import cpu_cores  # here, not at the top: prepare's workers never import torch
+
+        return self._sp.encode(texts, num_threads=self.encode_threads or cpu_cores())
 
     def decode(self, ids: list[int]) -> str:
         # sentencepiece raises on out-of-range ids; control pieces (BOS/EOS) already decode to nothing.
