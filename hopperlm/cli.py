@@ -35,7 +35,7 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     from hopperlm.data.prepare import prepare
 
     prepare(
-        [Path(p) for p in args.inputs],
+        [p if p.startswith("hf:") else Path(p) for p in args.inputs],
         Path(args.out),
         tokenizer=args.tokenizer,
         vocab_size=args.vocab_size,
@@ -44,6 +44,10 @@ def cmd_prepare(args: argparse.Namespace) -> None:
         text_field=args.text_field,
         shard_tokens=args.shard_tokens,
         overwrite=args.overwrite,
+        workers=args.workers,
+        dedup=args.dedup,
+        bad_utf8=args.bad_utf8,
+        filter=args.filter,
     )
 
 
@@ -208,8 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run directory (default runs/demo-DATE-TIME)")
     p.add_argument("--samples", type=int, default=3, help="samples to print at the end")
 
-    p = verbs.add_parser("prepare", parents=[common], help="text/JSONL -> token shards + manifest.json")
-    p.add_argument("inputs", nargs="+", help=".txt files, folders of them, or .jsonl files")
+    p = verbs.add_parser(
+        "prepare",
+        parents=[common],
+        help="text/JSONL/Parquet -> token shards + manifest.json (resumable)",
+        description="An interrupted prepare resumes when run again with the same inputs and options.",
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        help=".txt, .jsonl, .jsonl.gz, .parquet files, folders of them, a datasets save_to_disk folder, hf:NAME",
+    )
     p.add_argument("--out", required=True, help="output directory for shards and manifest.json")
     p.add_argument(
         "--tokenizer", default="byte", help="byte | bpe | path to tokenizer.json / tokenizer.model"
@@ -225,6 +238,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-field", default="text", help="JSONL field holding the document text")
     p.add_argument("--shard-tokens", type=int, default=100_000_000, help="most tokens per shard file")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
+    p.add_argument("--workers", type=int, help="tokenizer processes (default: one per core; 1 for byte)")
+    p.add_argument("--dedup", action="store_true", help="drop exact duplicate documents (by sha256)")
+    p.add_argument(
+        "--bad-utf8",
+        choices=["reject", "skip"],
+        default="reject",
+        help="invalid UTF-8: stop with file and byte offset (reject), or leave the line/record out and report it",
+    )
+    p.add_argument(
+        "--filter",
+        help="keep documents that pass: script:NAME:FRACTION (e.g. script:ethiopic:0.5) or module:function",
+    )
 
     p = verbs.add_parser(
         "train",

@@ -169,7 +169,9 @@ def test_jsonl_with_text_field_and_hf_tokenizer(tmp_path):
 
 def test_jsonl_errors_name_the_line_and_leave_nothing(tmp_path):
     write_gsm8k(tmp_path / "gsm8k.jsonl", n=5)
-    with pytest.raises(DataError, match=r'gsm8k.jsonl \(byte 0\) has no "text" field .*question.*--text-field'):
+    with pytest.raises(
+        DataError, match=r'gsm8k.jsonl \(byte 0\) has no "text" field .*question.*--text-field'
+    ):
         prepare([tmp_path / "gsm8k.jsonl"], tmp_path / "out", progress=False)
     with open(tmp_path / "gsm8k.jsonl", "a") as f:
         f.write('{"question": "fine"}\n{"question": oops}\n')

@@ -223,6 +223,7 @@ def prepare(
                     "seen": 0,
                     "open_doc": None,
                     "dtype": shard_dtype(tok.vocab_size).name,
+                    "tokenizer": tok.identity(),  # as named by the user, not by the partial dir it is saved in
                 }
             else:
                 tok = load_tokenizer(work)
@@ -429,7 +430,7 @@ def _finish(work, state, tok, sources, split, val_fraction, train, val, inputs) 
         "format": FORMAT,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "sources": [str(Path(p).resolve()) if not str(p).startswith("hf:") else str(p) for p in inputs],
-        "tokenizer": tok.identity(),
+        "tokenizer": state["tokenizer"],
         "dtype": state["dtype"],
         "vocab_size": tok.vocab_size,
         "eos_id": tok.eos_id,
