@@ -51,6 +51,40 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_tokenizer(args: argparse.Namespace) -> None:
+    """`tokenizer train`: a new tokenizer from a corpus; `tokenizer extend`: BASE plus pieces for a new language."""
+    import json
+
+    from hopperlm.data import tokenizer_train as tt
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise ConfigError(
+            f"--out {out} exists and is not empty; choose another directory or pass --overwrite"
+        )
+    texts = tt.corpus_texts(args.corpus, args.text_field)
+    if args.action == "train":
+        tok = tt.train_tokenizer(texts, args.kind, args.vocab_size)
+        tok.save(out)
+        log(
+            f"trained {args.kind} tokenizer, {tok.vocab_size:,} pieces, eos id {tok.eos_id}: {out / 'tokenizer.json'}"
+        )
+        return
+    base = tt.load_base(args.base)
+    protect = "".join(Path(f).read_text(encoding="utf-8") for f in args.protect)
+    ext = tt.extend_tokenizer(base, texts, args.add, protect=[protect])
+    heldout = {
+        Path(f).parent.name + "/" + Path(f).name: Path(f).read_text(encoding="utf-8") for f in args.heldout
+    }
+    rows = tt.compare(base, ext.tokenizer, heldout, protect)
+    tt.save_extension(ext, out, rows)
+    for line in tt.format_report(rows, len(ext.added), base.name):
+        log(line)
+    log(f"saved {out / 'tokenizer.json'} (+ extension.json: the added pieces and this report)")
+    if args.json:
+        print(json.dumps(rows, indent=1))
+
+
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from hopperlm.config import load_config
     from hopperlm.train.loop import train
@@ -252,6 +286,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = verbs.add_parser(
+        "tokenizer", parents=[common], help="train a tokenizer, or extend one for a new language"
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    t = actions.add_parser("train", parents=[common], help="learn a BPE or Unigram tokenizer on a corpus")
+    t.add_argument("corpus", nargs="+", help="text/JSONL/TSV/Parquet files or folders (as for prepare)")
+    t.add_argument("--kind", choices=["bpe", "unigram"], default="bpe", help="byte-level BPE or Unigram")
+    t.add_argument("--vocab-size", type=int, required=True)
+    e = actions.add_parser(
+        "extend",
+        parents=[common],
+        help="add pieces learned on a new language to BASE; old ids and protected text stay unchanged",
+    )
+    e.add_argument(
+        "base", help="BPE tokenizer.json (or its folder), e.g. TinyLlama's (the Llama-2 vocabulary)"
+    )
+    e.add_argument("corpus", nargs="+", help="text of the new language (files or folders, as for prepare)")
+    e.add_argument("--add", type=int, required=True, help="most pieces to add")
+    e.add_argument(
+        "--heldout", action="append", default=[], help="held-out sample to report fertility on (repeat)"
+    )
+    e.add_argument(
+        "--protect", action="append", default=[], help="text whose tokenization must not change (repeat)"
+    )
+    e.add_argument("--json", action="store_true", help="also print the report as JSON")
+    for q in (t, e):
+        q.add_argument("--out", required=True, help="output directory for tokenizer.json")
+        q.add_argument("--text-field", default="text", help="JSONL field / table column holding the text")
+        q.add_argument("--overwrite", action="store_true")
+
+    p = verbs.add_parser(
         "train",
         parents=[common],
         help="train from a YAML recipe",
@@ -316,9 +380,13 @@ def main(argv: list[str] | None = None) -> None:
         elif args.verb == "diagnose":
             cmd_diagnose(args, extra)
         else:
-            {"prepare": cmd_prepare, "generate": cmd_generate, "export": cmd_export, "presets": cmd_presets}[
-                args.verb
-            ](args)
+            {
+                "prepare": cmd_prepare,
+                "generate": cmd_generate,
+                "export": cmd_export,
+                "presets": cmd_presets,
+                "tokenizer": cmd_tokenizer,
+            }[args.verb](args)
     except HopperError as e:
         if args.debug:
             raise

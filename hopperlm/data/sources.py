@@ -1,7 +1,7 @@
 """Where `prepare` reads text from, cut into units that worker processes can decode on their own.
 
-Inputs: .txt files (one document each), .jsonl / .jsonl.gz (one document per line, `--text-field`), Parquet
-files, a local Hugging Face `datasets` directory (the Arrow files `save_to_disk` writes), folders of any of
+Inputs: .txt files (one document each), .jsonl / .jsonl.gz (one document per line, `--text-field`), .tsv/.csv
+tables with a header row (one document per row, `--text-field` names the column), Parquet files, a local Hugging Face `datasets` directory (the Arrow files `save_to_disk` writes), folders of any of
 these, and `hf:NAME` for a Hub dataset when online. Each source is read as a sequence of units (about 4 MB of
 bytes, a Parquet row group, an Arrow record batch, 1,000 Hub rows); a unit has a position (byte offset or
 row/batch number) from which reading can restart, which is what makes an interrupted prepare resumable.
@@ -24,13 +24,14 @@ from hopperlm.errors import DataError
 UNIT_BYTES = 4 << 20  # one text/JSONL unit, extended to the next newline
 PIECE_CHARS = 128 << 10  # text is handed to the tokenizer in pieces of about this size, cut at newlines
 HUB_ROWS = 1000
-FILE_SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
+TABLE_ROWS = 1000
+FILE_SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".tsv", ".csv")
 BAD_UTF8 = ("reject", "skip")
 
 
 @dataclass(frozen=True)
 class Source:
-    kind: str  # text | jsonl | parquet | arrow | hub
+    kind: str  # text | jsonl | table | parquet | arrow | hub
     path: str  # file path, or the Hub dataset name
 
     @property
@@ -85,7 +86,14 @@ def _hf_dataset_dir(path: Path) -> list[Source] | None:
 def find_sources(inputs: list) -> list[Source]:
     """Expand folders (recursively, sorted) and check every input exists and has a readable kind."""
     sources: list[Source] = []
-    kinds = {".txt": "text", ".jsonl": "jsonl", ".jsonl.gz": "jsonl", ".parquet": "parquet"}
+    kinds = {
+        ".txt": "text",
+        ".jsonl": "jsonl",
+        ".jsonl.gz": "jsonl",
+        ".parquet": "parquet",
+        ".tsv": "table",
+        ".csv": "table",
+    }
     for item in inputs:
         if isinstance(item, str) and item.startswith("hf:"):
             sources.append(Source("hub", item[3:]))
@@ -172,12 +180,44 @@ def iter_units(sources: list[Source], cursor: tuple[int, int] = (0, 0)) -> Itera
             with opener(path, "rb") as f:
                 f.seek(start)  # gzip: decompresses up to the offset (positions count decompressed bytes)
                 yield from _byte_units(f, index, start, -1, whole_lines=True)
+        elif source.kind == "table":
+            yield from _table_units(source, index, start)
         elif source.kind == "parquet":
             yield from _parquet_units(source, index, start)
         elif source.kind == "arrow":
             yield from _arrow_units(source, index, start)
         else:
             yield from _hub_units(source, index, start)
+
+
+def _table_units(source: Source, index: int, start: int) -> Iterator[Unit]:
+    """Rows of a .tsv/.csv with a header, TABLE_ROWS at a time (position = row number; resuming re-reads)."""
+    import csv
+    import sys
+
+    csv.field_size_limit(sys.maxsize)  # article-length cells
+    with open(source.path, encoding="utf-8", newline="") as f:
+        rows = csv.DictReader(f, delimiter="\t" if source.path.endswith(".tsv") else ",")
+        batch, position = [], 0
+        for number, row in enumerate(rows):
+            if number < start:
+                continue
+            if not batch:
+                position = number
+            batch.append(row)
+            if len(batch) == TABLE_ROWS:
+                yield Unit(
+                    index, position, number + 1, sum(len(v or "") for r in batch for v in r.values()), batch
+                )
+                batch = []
+        if batch:
+            yield Unit(
+                index,
+                position,
+                position + len(batch),
+                sum(len(v or "") for r in batch for v in r.values()),
+                batch,
+            )
 
 
 def _import_pyarrow():
