@@ -11,6 +11,7 @@ from shared_data import DATA_DIR
 
 from hopperlm.config import DataConfig
 from hopperlm.data.loader import RandomWindows, TokenShards
+from hopperlm.data.packing import window_doc_ids
 from hopperlm.data.prepare import prepare
 from hopperlm.data.sampling import SampleStream, Source
 from hopperlm.data.shards import read_manifest
@@ -122,6 +123,29 @@ def test_packing_numbers_follow_document_ends(eng):
     assert torch.equal(changes, after_eos) and after_eos.any()
     assert (batch.doc_ids[:, 0] == 0).all()
     assert RandomWindows(shards, T, 32, seed=3).get(5, 0).doc_ids is None
+    # the fast path (after every EOS) agrees with the per-shard document index
+    assert shards.eos_marks_documents
+    from_index = np.stack([window_doc_ids(shards, int(s), T) for s in windows.starts(5, 0)])
+    assert np.array_equal(batch.doc_ids.numpy(), from_index)
+
+
+def test_literal_eos_in_text_falls_back_to_the_index(tmp_path):
+    """TinyLlama's tokenizer turns a literal "</s>" into the EOS id; packing must not split a document there."""
+    texts = ["The model printed </s> and went on with the same document.", "A second document.", "Third."]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts * 40))
+    tok = DATA_DIR / "tokenizers" / "tinyllama-1.1b-chat-v1.0" / "tokenizer.json"
+    manifest = prepare(
+        [tmp_path / "d.jsonl"], tmp_path / "out", tokenizer=str(tok), val_fraction=0, progress=False
+    )
+    assert manifest["eos_marks_documents"] is False
+    shards = TokenShards(tmp_path / "out", "train")
+    windows = RandomWindows(shards, 40, 8, seed=0, packing=True)
+    batch = windows.get(0, 0)
+    from_index = np.stack([window_doc_ids(shards, int(s), 40) for s in windows.starts(0, 0)])
+    assert np.array_equal(batch.doc_ids.numpy(), from_index)
+    eos_count = (batch.x == 2).sum(dim=1)
+    doc_changes = batch.doc_ids[:, -1] - batch.doc_ids[:, 0]
+    assert (doc_changes < eos_count + 1).all() and (doc_changes < eos_count).any()  # some EOS ids are text
 
 
 @pytest.mark.parametrize("sampling", ["random", "sequential"])

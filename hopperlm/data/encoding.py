@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hopperlm.data.sources import Source, Unit, decode_unit, split_text
-from hopperlm.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from hopperlm.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 from hopperlm.errors import DataError
+
+HF_PIECE_CHARS = 4096  # short pieces encode ~2x faster than 128K ones (BPE on long words), and stay exact
 
 SCRIPTS = {
     "ethiopic": "\u1200-\u139f\u2d80-\u2ddf\uab00-\uab2f",
@@ -53,6 +55,7 @@ class Encoded:
     digests: list[str] = field(default_factory=list)  # sha256 hex of each document's text
     kept: list[bool] = field(default_factory=list)  # passed the filter
     skipped: list[str] = field(default_factory=list)
+    eos_inside: bool = False  # a document's own text encoded to the EOS id (e.g. a literal "</s>")
 
 
 def load_filter(spec: str | None) -> Callable[[str], bool] | None:
@@ -94,20 +97,38 @@ class UnitEncoder:
         self.keep = load_filter(options.filter)
         self.eos = np.array([self.tokenizer.eos_id], dtype=np.int64)
 
-    def _encode_texts(self, texts: list[str]) -> list[np.ndarray]:
-        pieces, owner = [], []
-        for i, text in enumerate(texts):
-            for piece in split_text(text):
-                pieces.append(piece)
-                owner.append(i)
-        if isinstance(self.tokenizer, ByteTokenizer):
-            arrays = [self.tokenizer.encode_to_array(p).astype(np.int64) for p in pieces]
-        else:
-            arrays = [np.asarray(ids, dtype=np.int64) for ids in self.tokenizer.encode_batch(pieces)]
-        out: list[list[np.ndarray]] = [[] for _ in texts]
-        for i, ids in zip(owner, arrays, strict=True):
-            out[i].append(ids)
-        return [np.concatenate(parts) if parts else np.zeros(0, np.int64) for parts in out]
+    def _encode_texts(self, texts: list[str], starts_document: list[bool]) -> list[np.ndarray]:
+        """Token ids of each text. Texts are cut into pieces at newlines so a batch keeps every core busy and
+        no piece is a pathologically long BPE word; a piece that continues a document is encoded without the
+        tokenizer's start-of-text "▁", so the ids equal those of the whole document (tokenizer.continuation).
+        SentencePiece .model files have no such switch: they get large pieces (rare boundaries) instead."""
+        tok = self.tokenizer
+        if isinstance(tok, ByteTokenizer):
+            return [tok.encode_to_array(t).astype(np.int64) for t in texts]
+        continuation = tok.continuation() if isinstance(tok, HFTokenizer) else None
+        exact = isinstance(tok, HFTokenizer)
+        pieces: dict[bool, list[str]] = {True: [], False: []}  # first piece of a document?
+        owner: dict[bool, list[int]] = {True: [], False: []}
+        for i, (text, starts) in enumerate(zip(texts, starts_document, strict=True)):
+            for j, piece in enumerate(split_text(text, HF_PIECE_CHARS if exact else None)):
+                first = starts and j == 0
+                first = first or continuation is None  # nothing to strip: one batch
+                pieces[first].append(piece)
+                owner[first].append(i)
+        out: list[list[tuple[int, np.ndarray]]] = [[] for _ in texts]
+        for first, encoder in ((True, tok), (False, continuation)):
+            if pieces[first]:
+                for order, (i, ids) in enumerate(
+                    zip(owner[first], encoder.encode_batch(pieces[first]), strict=True)
+                ):
+                    out[i].append(
+                        (order if first else order + len(pieces[True]), np.asarray(ids, dtype=np.int64))
+                    )
+        ordered = []
+        for parts in out:  # pieces back in text order: firsts were numbered before continuations
+            parts.sort(key=lambda p: p[0])
+            ordered.append(np.concatenate([a for _, a in parts]) if parts else np.zeros(0, np.int64))
+        return ordered
 
     def __call__(self, unit: Unit) -> Encoded:
         source = self.sources[unit.source]
@@ -124,7 +145,10 @@ class UnitEncoder:
         else:  # a text file is judged on its first unit (see prepare)
             kept = [bool(self.keep(t)) if whole or unit.first else True for t in texts]
         arrays = []
-        for ids, end in zip(self._encode_texts(texts), ends, strict=True):
+        starts = [True] * len(texts) if whole else [unit.first]
+        eos_inside = False
+        for ids, end in zip(self._encode_texts(texts, starts), ends, strict=True):
+            eos_inside = eos_inside or bool((ids == self.eos[0]).any())
             arrays.append(ids)
             if end:
                 arrays.append(self.eos)
@@ -136,7 +160,7 @@ class UnitEncoder:
             )
         lengths = np.array(_lengths(arrays, ends), dtype=np.int64)
         bare = Unit(unit.source, unit.start, unit.end, unit.size, b"", unit.first, unit.last, unit.digest)
-        return Encoded(bare, tokens, lengths, digests, kept, decoded.skipped)
+        return Encoded(bare, tokens, lengths, digests, kept, decoded.skipped, eos_inside)
 
 
 def _lengths(arrays: list[np.ndarray], ends: list[bool]) -> list[int]:

@@ -57,6 +57,7 @@ class TokenShards:
         self.dtype = np.dtype(manifest["dtype"])
         self.eos_id = manifest["eos_id"]
         self.has_index = all("docs" in s for s in manifest["shards"][split])  # format v2
+        self.eos_marks_documents = bool(manifest.get("eos_marks_documents")) and self.has_index
         self._maps: list[np.memmap] = []
         self._index: list[np.ndarray] = []  # per shard: where documents start, local offsets
         starts = [0]
@@ -155,12 +156,17 @@ class TokenShards:
 def read_batch(shards: TokenShards, starts, seq_len: int, packing: bool = False) -> Batch:
     """The windows of seq_len + 1 tokens at `starts` as a Batch (doc_ids only when packing)."""
     windows = np.stack([shards.read(int(s), seq_len + 1) for s in starts])
+    return windows_batch(windows, [shards] * len(windows), starts, packing)
+
+
+def windows_batch(windows: np.ndarray, shards: list[TokenShards], starts, packing: bool) -> Batch:
+    """A Batch from windows (B, T + 1) read from shards[i] at starts[i]."""
     x, y = torch.from_numpy(windows[:, :-1].copy()), torch.from_numpy(windows[:, 1:].copy())
     if not packing:
         return Batch(x, y)
     from hopperlm.data.packing import batch_doc_ids
 
-    return Batch(x, y, torch.from_numpy(batch_doc_ids(shards, starts, seq_len)))
+    return Batch(x, y, torch.from_numpy(batch_doc_ids(shards, starts, windows[:, :-1])))
 
 
 class RandomWindows:

@@ -20,6 +20,14 @@ def window_doc_ids(shards, start: int, seq_len: int) -> np.ndarray:
     return np.cumsum(marks)
 
 
-def batch_doc_ids(shards, starts: list[int], seq_len: int) -> np.ndarray:
-    """(len(starts), seq_len) document numbers for the inputs x of windows starting at `starts`."""
-    return np.stack([window_doc_ids(shards, int(s), seq_len) for s in starts])
+def batch_doc_ids(shards: list, starts, x: np.ndarray) -> np.ndarray:
+    """(B, T) document numbers for the inputs x (B, T) of windows read from shards[i] at starts[i].
+
+    Fast path (vectorised over the batch): when prepare found that EOS ids occur only after documents
+    (manifest "eos_marks_documents"), a document starts right after every EOS. Otherwise the per-shard
+    document index says where, row by row."""
+    if all(s.eos_marks_documents for s in shards) and len({s.eos_id for s in shards}) == 1:
+        marks = np.zeros(x.shape, dtype=np.int64)
+        marks[:, 1:] = x[:, :-1] == shards[0].eos_id
+        return np.cumsum(marks, axis=1)
+    return np.stack([window_doc_ids(sh, int(s), x.shape[1]) for sh, s in zip(shards, starts, strict=True)])

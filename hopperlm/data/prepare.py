@@ -336,6 +336,7 @@ def _append(encoded: Encoded, sources, state, seen, new_seen, train, val, log) -
     by_docs = state["fingerprint"]["options"]["split"] == "docs" and fraction > 0
     dedup = state["fingerprint"]["options"]["dedup"]
     is_text = sources[unit.source].kind == "text"
+    state["eos_inside"] = state.get("eos_inside", False) or encoded.eos_inside
     for report in encoded.skipped:
         state["skipped_count"] += 1
         if len(state["skipped"]) < MAX_REPORTS:
@@ -435,6 +436,8 @@ def _finish(work, state, tok, sources, split, val_fraction, train, val, inputs) 
         "vocab_size": tok.vocab_size,
         "eos_id": tok.eos_id,
         "documents": documents,
+        # true: EOS ids appear only after documents, so packing may find boundaries from the tokens alone
+        "eos_marks_documents": not state.get("eos_inside", False),
         "split": {"method": split, "val_fraction": val_fraction},
         "tokens": {"train": train.tokens, "val": val.tokens},
         "filters": {

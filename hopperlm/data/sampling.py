@@ -20,9 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from hopperlm.data.loader import Batch, TokenShards, read_batch
+from hopperlm.data.loader import Batch, TokenShards, windows_batch
 from hopperlm.errors import DataError
 
 CHOICE_BLOCK = 4096  # dataset choices are drawn this many samples at a time
@@ -50,14 +49,19 @@ class EpochOrder:
 
 
 class RandomOrder:
-    """Window k starts at a random offset drawn from (seed, dataset, k)."""
+    """Window k starts at a random offset, drawn CHOICE_BLOCK at a time from (seed, dataset, k // CHOICE_BLOCK)."""
 
     def __init__(self, shards: TokenShards, seq_len: int, seed: int, dataset: int) -> None:
         shards.check_window(seq_len)
         self.seed, self.dataset, self.last = seed, dataset, len(shards) - seq_len - 1
+        self._block, self._starts = -1, None
 
     def start(self, k: int) -> int:
-        return int(np.random.default_rng([self.seed, self.dataset, k]).integers(0, self.last, endpoint=True))
+        block, i = divmod(k, CHOICE_BLOCK)
+        if block != self._block:
+            rng = np.random.default_rng([self.seed, self.dataset, block])
+            self._block, self._starts = block, rng.integers(0, self.last, size=CHOICE_BLOCK, endpoint=True)
+        return int(self._starts[i])
 
 
 @dataclass
@@ -148,8 +152,7 @@ class SampleStream:
             if j in mine:
                 picks.append((d, self.orders[d].start(k)))
         self.position += self.micro_batch * self.world_size
-        if len(self.sources) == 1:
-            return read_batch(self.sources[0].shards, [s for _, s in picks], self.seq_len, self.packing)
-        rows = [read_batch(self.sources[d].shards, [s], self.seq_len, self.packing) for d, s in picks]
-        doc_ids = torch.cat([r.doc_ids for r in rows]) if self.packing else None
-        return Batch(torch.cat([r.x for r in rows]), torch.cat([r.y for r in rows]), doc_ids)
+        shards = [self.sources[d].shards for d, _ in picks]
+        starts = [s for _, s in picks]
+        windows = np.stack([sh.read(s, self.seq_len + 1) for sh, s in zip(shards, starts, strict=True)])
+        return windows_batch(windows, shards, starts, self.packing)
