@@ -183,7 +183,7 @@ def main() -> None:
         ("hopperlm prepare (workers, shards written)", ours, 1.0),
         ("datasets map(batched=True)", base, ours["seconds"] / base["seconds"]),
         (
-            f"datasets map(batched=True, num_proc={cpu_cores()})",
+            f"datasets map(batched=True, num_proc={base_mp['num_proc']})",
             base_mp,
             ours["seconds"] / base_mp["seconds"],
         ),

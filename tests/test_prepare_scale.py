@@ -238,7 +238,16 @@ def test_jsonl_gz_parquet_and_datasets_dir_match_plain_jsonl(tmp_path):
     )
     got = prepare([tmp_path / "t.parquet"], tmp_path / "c", progress=False)
     assert shard_files(tmp_path / "a") == shard_files(tmp_path / "c")
-    datasets = pytest.importorskip("datasets")
-    datasets.Dataset.from_dict({"text": all_texts}).save_to_disk(str(tmp_path / "hf"))
+    try:
+        import datasets
+
+        datasets.Dataset.from_dict({"text": all_texts}).save_to_disk(str(tmp_path / "hf"))
+    except ImportError:  # the same layout save_to_disk writes: an Arrow stream and state.json naming it
+        (tmp_path / "hf").mkdir()
+        table = pa.table({"text": all_texts})
+        with pa.ipc.new_stream(str(tmp_path / "hf" / "data-00000-of-00001.arrow"), table.schema) as writer:
+            writer.write_table(table, max_chunksize=400)
+        state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}
+        (tmp_path / "hf" / "state.json").write_text(json.dumps(state))
     got = prepare([tmp_path / "hf"], tmp_path / "d", progress=False)
     assert shard_files(tmp_path / "a") == shard_files(tmp_path / "d")
