@@ -10,7 +10,13 @@ from shared_data import DATA_DIR
 
 from hopperlm.cli import main
 from hopperlm.data.tokenizer import load_tokenizer
-from hopperlm.data.tokenizer_train import corpus_texts, extend_tokenizer, fertility, train_tokenizer
+from hopperlm.data.tokenizer_train import (
+    corpus_texts,
+    extend_tokenizer,
+    fertility,
+    load_base,
+    train_tokenizer,
+)
 from hopperlm.errors import DataError
 
 TINYLLAMA = DATA_DIR / "tokenizers" / "tinyllama-1.1b-chat-v1.0"
@@ -73,10 +79,22 @@ def test_transformers_loads_the_extended_tokenizer(extended):
     assert len(hf) == 34500 and hf.eos_token_id == 2
 
 
-def test_extend_needs_a_bpe_tokenizer_json():
-    base = load_tokenizer(DATA_DIR / "tokenizers" / "llama2" / "tokenizer.model")
-    with pytest.raises(DataError, match="needs a BPE tokenizer.json as BASE.*TinyLlama"):
-        extend_tokenizer(base, ["ሰላም"], 10)
+def test_llama2_sentencepiece_base_converts_exactly():
+    """BASE may be Llama-2's tokenizer.model: converted, it is TinyLlama's tokenizer.json (same vocab, merges)."""
+    base = load_base(str(DATA_DIR / "tokenizers" / "llama2" / "tokenizer.model"))
+    ref = json.loads((TINYLLAMA / "tokenizer.json").read_text())
+    ours = json.loads(base._raw)
+    assert (
+        ours["model"]["vocab"] == ref["model"]["vocab"] and ours["model"]["merges"] == ref["model"]["merges"]
+    )
+    sp = load_tokenizer(DATA_DIR / "tokenizers" / "llama2" / "tokenizer.model")
+    text = (
+        HELDOUT_TIR.read_text(encoding="utf-8")[:20000]
+        + (DATA_DIR / "tinyshakespeare" / "input.txt").read_text()[:50000]
+    )
+    assert base.encode(text) == sp.encode(text) and (base.eos_id, base.bos_id) == (2, 1)
+    with pytest.raises(DataError, match="needs a BPE tokenizer.json"):
+        extend_tokenizer(load_tokenizer("byte"), ["ሰላም"], 10)
 
 
 @pytest.mark.parametrize("kind", ["bpe", "unigram"])

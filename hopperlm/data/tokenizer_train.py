@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hopperlm.data.sources import decode_unit, find_sources, iter_units
-from hopperlm.data.tokenizer import HF_FILE, HFTokenizer, Tokenizer, load_tokenizer, train_bpe
+from hopperlm.data.tokenizer import (
+    HF_FILE,
+    HFTokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    train_bpe,
+)
 from hopperlm.errors import DataError
 
 PROTECTED_RANGES = "\u0000-\u024f\u2000-\u206f"  # ASCII, Latin-1, Latin Extended-A/B, general punctuation
@@ -74,8 +81,8 @@ class Extension:
 def _base_json(base: Tokenizer) -> dict:
     if not isinstance(base, HFTokenizer):
         raise DataError(
-            f"tokenizer extend needs a BPE tokenizer.json as BASE, got a {base.kind} tokenizer; for Llama-2 use "
-            "the tokenizer.json of a model that shares its vocabulary (e.g. TinyLlama-1.1B)"
+            f"tokenizer extend needs a BPE tokenizer.json (or a Llama-style SentencePiece model) as BASE, got a "
+            f"{base.kind} tokenizer; for Llama-2 pass its tokenizer.model or TinyLlama-1.1B's tokenizer.json"
         )
     data = json.loads(base._raw)
     if data.get("model", {}).get("type") != "BPE":
@@ -226,8 +233,15 @@ def save_extension(ext: Extension, out_dir: Path, report: list[dict]) -> None:
 
 
 def load_base(spec: str) -> Tokenizer:
-    """The BASE of `tokenizer extend`: a tokenizer.json or a directory holding one (HF configs come along)."""
+    """The BASE of `tokenizer extend`: a tokenizer.json or a directory holding one (HF configs come along), or a
+    Llama-style SentencePiece tokenizer.model, converted to the equivalent tokenizer.json (sp_convert.py)."""
     path = Path(spec)
     if path.is_dir() and (path / HF_FILE).is_file():
         return load_tokenizer(path / HF_FILE)
-    return load_tokenizer(spec)
+    base = load_tokenizer(spec)
+    if isinstance(base, SentencePieceTokenizer):
+        from hopperlm.data.sp_convert import sentencepiece_to_hf
+
+        raw, configs = sentencepiece_to_hf(base._raw, str(spec))
+        return HFTokenizer(raw, base.name, configs, where=str(spec))
+    return base
