@@ -42,7 +42,9 @@ def test_mixture_with_packing_resumes_exactly(corpora, tmp_path):
     lines = []
     train(debug_config(corpora["tir"], full, *overrides), log=lines.append)
     assert any(
-        line.startswith("data: sequential epochs; mixture tir 0.7 + eng 0.3; packing with") for line in lines
+        line.startswith("data: sequential epochs read")
+        and "; mixture tir 0.7 + eng 0.3; packing with" in line
+        for line in lines
     )
     assert any(line.startswith("val by dataset: tir ") and "| eng " in line for line in lines)
     state = read_state(list_checkpoints(full)[0])

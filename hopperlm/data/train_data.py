@@ -75,22 +75,20 @@ def open_train_shards(datasets: list[Dataset], seq_len: int, verify: bool) -> li
     return shards
 
 
-def describe(
-    cfg: DataConfig, datasets: list[Dataset], prefetch: int, device: torch.device, dropout: float
-) -> str:
-    """The start-up line about how training data is read (and, when packing, how documents are kept apart)."""
-    order = "random windows (batch = f(seed, step))" if cfg.sampling == "random" else "sequential epochs"
-    if cfg.sampling == "sequential" and not cfg.shuffle:
-        order += " in file order"
-    parts = [f"data: {order}"]
-    if len(datasets) > 1:
-        parts.append("mixture " + " + ".join(f"{d.name} {d.weight:g}" for d in datasets))
+def describe(cfg: DataConfig, device: torch.device, dropout: float) -> str:
+    """The plan's line about how training data is read (and, when packing, how documents are kept apart)."""
+    if cfg.sampling == "random":
+        order = "random windows (batch = f(seed, step))"
+    else:
+        order = "sequential epochs" + ("" if cfg.shuffle else " in file order")
+    parts = [f"{order} read in-process from memory-mapped shards"]
+    if cfg.mixture:
+        parts.append("mixture " + " + ".join(f"{Path(p).name} {w:g}" for p, w in cfg.mixture.items()))
     if cfg.packing:
         from hopperlm.model.attention import describe_backend
 
         parts.append(f"packing with {describe_backend(device, dropout)}")
-    else:
-        parts.append("no document masks")
+    prefetch = default_prefetch(cfg, device)
     parts.append(f"prefetch {prefetch} batches in a background thread" if prefetch else "no prefetch thread")
     return "; ".join(parts)
 

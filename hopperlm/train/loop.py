@@ -24,7 +24,6 @@ from hopperlm.data.train_data import (
     TrainBatches,
     combined_val_loss,
     default_prefetch,
-    describe,
     open_train_shards,
     open_val_sets,
     resolve_datasets,
@@ -185,7 +184,6 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
     predicted = predicted_tokens_per_s(plan, fpt)
     print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
     prefetch = default_prefetch(cfg.data, device)
-    log(describe(cfg.data, datasets, prefetch, device, model_cfg.dropout))
     batches = TrainBatches(
         cfg.data,
         datasets,
