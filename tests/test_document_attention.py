@@ -105,6 +105,7 @@ def test_dense_mask_is_block_diagonal_causal():
     assert document_mask(torch.tensor([[0, 1]])).dense is not None  # CPU: the dense fallback
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_attention_mask_equals_the_dense_mask_on_cpu():
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
     torch.manual_seed(0)
@@ -124,3 +125,28 @@ def test_flex_attention_mask_equals_the_dense_mask_on_cpu():
 
     want = masked_attention(q, k, v, DocumentMask(dense=dense_document_mask(doc_ids)), enable_gqa=True)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU for the FlexAttention path")
+def test_flex_path_on_cuda_matches_each_document_alone():
+    """On CUDA the model takes the FlexAttention BlockMask path; in bf16 it must agree with the dense mask and
+    with running each document alone (to bf16 precision), and no gradient may cross a boundary."""
+    model = build_model(CFG, device="cuda", seed=3).eval()
+    tokens, doc_ids, docs = packed([37, 64, 27])
+    tokens, doc_ids = tokens.cuda(), doc_ids.cuda()
+    mask = document_mask(doc_ids)
+    assert mask.block_mask is not None  # not the dense fallback
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        together = model(tokens, doc_ids=doc_ids)[0].float()
+        alone = torch.cat([model(d[None].cuda())[0] for d in docs]).float()
+    torch.testing.assert_close(together, alone, atol=3e-2, rtol=3e-2)
+    emb = {}
+    model.embed.register_forward_hook(lambda m, i, out: emb.update(out=out))
+    logits = model.train()(tokens, doc_ids=doc_ids)
+    emb["out"].retain_grad()
+    logits[0, 70].logsumexp(-1).backward()
+    assert (
+        torch.count_nonzero(emb["out"].grad[0, :37]) == 0
+        and torch.count_nonzero(emb["out"].grad[0, 71:]) == 0
+    )
