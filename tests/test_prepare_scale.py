@@ -133,6 +133,17 @@ def test_crash_after_any_save_resumes_identically(tmp_path, monkeypatch, split):
     assert shard_files(out) == shard_files(tmp_path / "reference")
 
 
+def test_a_second_prepare_on_the_same_output_is_refused(tmp_path):
+    held = prep._lock(tmp_path / "out")
+    try:
+        with pytest.raises(DataError, match=r"another prepare is writing .*out \(it holds .*out.lock\)"):
+            prepare([ENG], tmp_path / "out", progress=False)
+    finally:
+        held.close()
+    prepare([ENG], tmp_path / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no lock, partial or temporary left
+
+
 def test_worker_processes_give_the_same_shards(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "UNIT_BYTES", 100_000)
     inputs = [TIR, DATA_DIR / "travis-tigrinya-parallel" / "TI_volunteers.txt"]

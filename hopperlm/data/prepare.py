@@ -108,6 +108,23 @@ def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
     tmp.rename(out_dir)
 
 
+def _lock(out_dir: Path):
+    """Hold `OUT.lock` (flock) while preparing: two prepares writing the same OUT.partial would corrupt it.
+    The OS releases the lock when the process dies, so a killed prepare never blocks the next one."""
+    import fcntl
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(out_dir.parent / f"{out_dir.name}.lock", "w")  # noqa: SIM115 - closed by the caller
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise DataError(
+            f"another prepare is writing {out_dir} (it holds {out_dir}.lock); wait for it to finish"
+        ) from None
+    return handle
+
+
 def _progress_bar(enabled: bool) -> Progress:
     """Bytes read, MB/s and ETA; rich falls back to plain output when stdout is not a terminal."""
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
@@ -198,75 +215,83 @@ def prepare(
         filter=filter,
     )
     fingerprint = _fingerprint(sources, options)
-    work = out_dir.parent / f"{out_dir.name}.partial"
-    state = _load_state(work, fingerprint, log)
+    lock = _lock(out_dir)
     try:
-        with _progress_bar(progress) as bar:
-            if state is None:
-                work.mkdir(parents=True)
-                if tokenizer == "bpe":
-                    task = bar.add_task("training BPE", total=total_bytes)
-                    tok = train_bpe(_all_texts(sources, text_field, bad_utf8, bar, task), vocab_size)
+        work = out_dir.parent / f"{out_dir.name}.partial"
+        state = _load_state(work, fingerprint, log)
+        try:
+            with _progress_bar(progress) as bar:
+                if state is None:
+                    work.mkdir(parents=True)
+                    if tokenizer == "bpe":
+                        task = bar.add_task("training BPE", total=total_bytes)
+                        tok = train_bpe(_all_texts(sources, text_field, bad_utf8, bar, task), vocab_size)
+                    else:
+                        tok = load_tokenizer(tokenizer)
+                    tok.save(work)
+                    state = {
+                        "fingerprint": fingerprint,
+                        "phase": "encode",
+                        "cursor": [0, 0],
+                        "bytes": 0,
+                        "documents": 0,
+                        "duplicates": 0,
+                        "filtered": 0,
+                        "skipped": [],
+                        "skipped_count": 0,
+                        "seen": 0,
+                        "open_doc": None,
+                        "dtype": shard_dtype(tok.vocab_size).name,
+                        "tokenizer": tok.identity(),  # as named by the user, not by the partial dir it is saved in
+                    }
                 else:
-                    tok = load_tokenizer(tokenizer)
-                tok.save(work)
-                state = {
-                    "fingerprint": fingerprint,
-                    "phase": "encode",
-                    "cursor": [0, 0],
-                    "bytes": 0,
-                    "documents": 0,
-                    "duplicates": 0,
-                    "filtered": 0,
-                    "skipped": [],
-                    "skipped_count": 0,
-                    "seen": 0,
-                    "open_doc": None,
-                    "dtype": shard_dtype(tok.vocab_size).name,
-                    "tokenizer": tok.identity(),  # as named by the user, not by the partial dir it is saved in
-                }
-            else:
-                tok = load_tokenizer(work)
-                done = sum(s["tokens"] for side in state["shards"].values() for s in side)
-                log(
-                    f"prepare: resuming the interrupted run in {work} at {state['bytes'] / 1e6:,.1f} MB "
-                    f"of {total_bytes / 1e6:,.1f} MB ({done:,} tokens kept)"
-                )
-            if workers is None:
-                from hopperlm.hardware import cpu_cores
+                    tok = load_tokenizer(work)
+                    done = sum(s["tokens"] for side in state["shards"].values() for s in side)
+                    log(
+                        f"prepare: resuming the interrupted run in {work} at {state['bytes'] / 1e6:,.1f} MB "
+                        f"of {total_bytes / 1e6:,.1f} MB ({done:,} tokens kept)"
+                    )
+                if workers is None:
+                    from hopperlm.hardware import cpu_cores
 
-                workers = 1 if isinstance(tok, ByteTokenizer) else cpu_cores()
-            dtype = np.dtype(state["dtype"])
-            train = ShardWriter(work, "train", dtype, shard_tokens)
-            val = ShardWriter(work, "val", dtype, shard_tokens)
-            if "shards" in state:
-                train.reopen(state["shards"]["train"])
-                val.reopen(state["shards"]["val"])
-            if state["phase"] == "encode":
-                task = bar.add_task("tokenizing", total=total_bytes, completed=state["bytes"])
-                encode_options = EncodeOptions(str(work), text_field, bad_utf8, filter)
-                _encode_all(
-                    work,
-                    sources,
-                    encode_options,
-                    workers,
-                    state,
-                    train,
-                    val,
-                    lambda n: bar.advance(task, n),
-                    log,
-                )
-                state["phase"] = "encoded"
-                _save_state(work, state, train, val, [])
-            if split == "tail" and val_fraction > 0:
-                _move_tail(work, state, train, val, int(train.tokens * (1 - val_fraction)))
-            train.close()
-            val.close()
-        manifest = _finish(work, state, tok, sources, split, val_fraction, train, val, inputs)
-        _publish(work, out_dir, overwrite)
-    except HopperError:
-        shutil.rmtree(work, ignore_errors=True)  # bad input or options: nothing worth resuming
+                    workers = 1 if isinstance(tok, ByteTokenizer) else cpu_cores()
+                dtype = np.dtype(state["dtype"])
+                train = ShardWriter(work, "train", dtype, shard_tokens)
+                val = ShardWriter(work, "val", dtype, shard_tokens)
+                if "shards" in state:
+                    train.reopen(state["shards"]["train"])
+                    val.reopen(state["shards"]["val"])
+                if state["phase"] == "encode":
+                    task = bar.add_task("tokenizing", total=total_bytes, completed=state["bytes"])
+                    encode_options = EncodeOptions(str(work), text_field, bad_utf8, filter)
+                    _encode_all(
+                        work,
+                        sources,
+                        encode_options,
+                        workers,
+                        state,
+                        train,
+                        val,
+                        lambda n: bar.advance(task, n),
+                        log,
+                    )
+                    state["phase"] = "encoded"
+                    _save_state(work, state, train, val, [])
+                if split == "tail" and val_fraction > 0:
+                    _move_tail(work, state, train, val, int(train.tokens * (1 - val_fraction)))
+                train.close()
+                val.close()
+            manifest = _finish(work, state, tok, sources, split, val_fraction, train, val, inputs)
+            _publish(work, out_dir, overwrite)
+        except HopperError:
+            shutil.rmtree(work, ignore_errors=True)  # bad input or options: nothing worth resuming
+            raise
+    except KeyboardInterrupt:
+        log(f"prepare: interrupted; run the same command again to continue from {work}")
         raise
+    finally:
+        Path(lock.name).unlink(missing_ok=True)  # while still held: no other prepare can be between the two
+        lock.close()
     if progress:
         elapsed = time.perf_counter() - t0
         log(
