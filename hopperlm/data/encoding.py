@@ -115,20 +115,13 @@ class UnitEncoder:
                 first = first or continuation is None  # nothing to strip: one batch
                 pieces[first].append(piece)
                 owner[first].append(i)
-        out: list[list[tuple[int, np.ndarray]]] = [[] for _ in texts]
+        # a text's first piece (in the first batch) precedes its continuations (second batch, in order)
+        out: list[list[np.ndarray]] = [[] for _ in texts]
         for first, encoder in ((True, tok), (False, continuation)):
             if pieces[first]:
-                for order, (i, ids) in enumerate(
-                    zip(owner[first], encoder.encode_batch(pieces[first]), strict=True)
-                ):
-                    out[i].append(
-                        (order if first else order + len(pieces[True]), np.asarray(ids, dtype=np.int64))
-                    )
-        ordered = []
-        for parts in out:  # pieces back in text order: firsts were numbered before continuations
-            parts.sort(key=lambda p: p[0])
-            ordered.append(np.concatenate([a for _, a in parts]) if parts else np.zeros(0, np.int64))
-        return ordered
+                for i, ids in zip(owner[first], encoder.encode_batch(pieces[first]), strict=True):
+                    out[i].append(np.asarray(ids, dtype=np.int64))
+        return [np.concatenate(parts) if parts else np.zeros(0, np.int64) for parts in out]
 
     def __call__(self, unit: Unit) -> Encoded:
         source = self.sources[unit.source]
@@ -144,36 +137,23 @@ class UnitEncoder:
             kept = [True] * len(texts)
         else:  # a text file is judged on its first unit (see prepare)
             kept = [bool(self.keep(t)) if whole or unit.first else True for t in texts]
-        arrays = []
+        arrays, lengths = [], []
         starts = [True] * len(texts) if whole else [unit.first]
         eos_inside = False
         for ids, end in zip(self._encode_texts(texts, starts), ends, strict=True):
             eos_inside = eos_inside or bool((ids == self.eos[0]).any())
-            arrays.append(ids)
-            if end:
-                arrays.append(self.eos)
+            arrays.extend((ids, self.eos) if end else (ids,))
+            lengths.append(len(ids) + int(end))
         tokens = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
         if len(tokens) and int(tokens.max()) >= self.tokenizer.vocab_size:
             raise DataError(
                 f"tokenizer {self.tokenizer.name} produced id {int(tokens.max())} >= its vocab_size "
                 f"{self.tokenizer.vocab_size}; the tokenizer file is inconsistent, use another one"
             )
-        lengths = np.array(_lengths(arrays, ends), dtype=np.int64)
         bare = Unit(unit.source, unit.start, unit.end, unit.size, b"", unit.first, unit.last, unit.digest)
-        return Encoded(bare, tokens, lengths, digests, kept, decoded.skipped, eos_inside)
-
-
-def _lengths(arrays: list[np.ndarray], ends: list[bool]) -> list[int]:
-    """Tokens per document from the flat list [ids0, (eos), ids1, (eos), ...]."""
-    out, i = [], 0
-    for end in ends:
-        n = len(arrays[i])
-        i += 1
-        if end:
-            n += len(arrays[i])
-            i += 1
-        out.append(n)
-    return out
+        return Encoded(
+            bare, tokens, np.array(lengths, dtype=np.int64), digests, kept, decoded.skipped, eos_inside
+        )
 
 
 # ---- the worker pool ---------------------------------------------------------------------------------------
