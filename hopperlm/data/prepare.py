@@ -240,7 +240,8 @@ def prepare(
                         "skipped": [],
                         "skipped_count": 0,
                         "seen": 0,
-                        "open_doc": None,
+                        "open_doc": None,  # the text file being read: kept? which side?
+                        "eos_inside": False,  # did any document's own text encode to the EOS id?
                         "dtype": shard_dtype(tok.vocab_size).name,
                         "tokenizer": tok.identity(),  # as named by the user, not by the partial dir it is saved in
                     }
@@ -313,9 +314,8 @@ def _all_texts(sources, text_field, bad_utf8, bar, task):
 def _encode_all(work, sources, options, workers, state, train, val, advance, log) -> None:
     """Encode every unit from the saved cursor on and append it to the shards, saving progress as we go."""
     opts = state["fingerprint"]["options"]
-    need_digest = opts["dedup"] or (
-        opts["split"] == "docs" and opts["val_fraction"] > 0
-    )  # of whole text files
+    # whole text files are hashed (one extra read) only when the docs split or dedup needs it
+    need_digest = opts["dedup"] or (opts["split"] == "docs" and opts["val_fraction"] > 0)
     digests: dict[int, str] = {}
 
     def units():
@@ -328,7 +328,7 @@ def _encode_all(work, sources, options, workers, state, train, val, advance, log
             yield unit
 
     seen: set[int] = set()
-    if state["fingerprint"]["options"]["dedup"] and state["seen"]:
+    if opts["dedup"] and state["seen"]:
         raw = np.fromfile(work / SEEN_FILE, dtype="<u8", count=state["seen"])
         seen.update(raw.tolist())
     new_seen: list[int] = []
@@ -361,7 +361,7 @@ def _append(encoded: Encoded, sources, state, seen, new_seen, train, val, log) -
     by_docs = state["fingerprint"]["options"]["split"] == "docs" and fraction > 0
     dedup = state["fingerprint"]["options"]["dedup"]
     is_text = sources[unit.source].kind == "text"
-    state["eos_inside"] = state.get("eos_inside", False) or encoded.eos_inside
+    state["eos_inside"] = state["eos_inside"] or encoded.eos_inside
     for report in encoded.skipped:
         state["skipped_count"] += 1
         if len(state["skipped"]) < MAX_REPORTS:
@@ -462,7 +462,7 @@ def _finish(work, state, tok, sources, split, val_fraction, train, val, inputs) 
         "eos_id": tok.eos_id,
         "documents": documents,
         # true: EOS ids appear only after documents, so packing may find boundaries from the tokens alone
-        "eos_marks_documents": not state.get("eos_inside", False),
+        "eos_marks_documents": not state["eos_inside"],
         "split": {"method": split, "val_fraction": val_fraction},
         "tokens": {"train": train.tokens, "val": val.tokens},
         "filters": {
