@@ -95,6 +95,8 @@ def test_llama2_sentencepiece_base_converts_exactly():
     assert base.encode(text) == sp.encode(text) and (base.eos_id, base.bos_id) == (2, 1)
     with pytest.raises(DataError, match="needs a BPE tokenizer.json"):
         extend_tokenizer(load_tokenizer("byte"), ["ሰላም"], 10)
+    with pytest.raises(DataError, match="gpt2 is a byte-level BPE"):
+        extend_tokenizer(load_base(str(DATA_DIR / "tokenizers" / "gpt2")), ["ሰላም"], 10)
 
 
 @pytest.mark.parametrize("kind", ["bpe", "unigram"])

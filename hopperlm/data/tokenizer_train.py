@@ -85,9 +85,14 @@ def _base_json(base: Tokenizer) -> dict:
             f"{base.kind} tokenizer; for Llama-2 pass its tokenizer.model or TinyLlama-1.1B's tokenizer.json"
         )
     data = json.loads(base._raw)
-    if data.get("model", {}).get("type") != "BPE":
+    model = data.get("model", {})
+    kind = model.get("type") or ("BPE" if "merges" in model else "unknown")  # old files omit the type
+    if kind != "BPE":
+        raise DataError(f"tokenizer extend supports BPE models; {base.name} is a {kind} model")
+    if "ByteLevel" in json.dumps(data.get("pre_tokenizer")):
         raise DataError(
-            f"tokenizer extend supports BPE models; {base.name} is {data.get('model', {}).get('type')}"
+            f"{base.name} is a byte-level BPE (GPT-2 style); tokenizer extend supports SentencePiece-style BPE "
+            "(Llama-2, TinyLlama, Mistral: '▁' words with byte fallback)"
         )
     return data
 
