@@ -98,6 +98,23 @@ class DataConfig:
     """Optional tokenizer ('byte', a tokenizer.json/.model path or dir); must match the data manifest."""
     verify: bool = False
     """Check every shard's sha256 against the manifest at start-up (slow for big corpora)."""
+    sampling: Literal["random", "sequential"] = "random"
+    """random: nanoGPT windows, the batch of a step a pure function of (seed, step); sequential: every window
+    once per epoch, its position saved in checkpoints (resume continues with exactly the next sample)."""
+    shuffle: bool = True
+    """sequential: shuffle the windows of each epoch by (seed, epoch); false = file order."""
+    packing: bool = False
+    """Attention never crosses a document boundary inside a window and RoPE positions restart per document."""
+    mixture: dict[str, float] | None = None
+    """Several prepared datasets with weights, e.g. {data/tir: 0.7, data/eng: 0.3}; each has its own val loss."""
+    prefetch: int | None = None
+    """Micro-batches a background thread prepares ahead; null = 2 on CUDA, 0 on CPU."""
+
+    def __post_init__(self) -> None:
+        if self.prefetch is not None and self.prefetch < 0:
+            raise ConfigError(f"data.prefetch={self.prefetch} must be >= 0")
+        if self.mixture is not None and not self.mixture:
+            raise ConfigError("data.mixture is empty; give {path: weight, ...} or null")
 
 
 @dataclass
@@ -318,6 +335,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             except ConfigError as e:
                 errors.append(e)
         raise errors[0]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}={value!r} must be a mapping, e.g. {{data/a: 0.7, data/b: 0.3}}")
+        key_type, value_type = typing.get_args(tp)
+        return {_coerce(k, key_type, where): _coerce(v, value_type, f"{where}.{k}") for k, v in value.items()}
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hopperlm.config import Config, ModelConfig
+from hopperlm.data.train_data import describe as describe_data
 from hopperlm.errors import ConfigError
 from hopperlm.hardware import Hardware
 from hopperlm.memory import MemoryEstimate, estimate_memory
@@ -358,9 +359,8 @@ def make_plan(cfg: Config, model_cfg: ModelConfig, hw: Hardware, finder: Finder 
     fused_loss = _fused_loss(cfg, model_cfg, hw, why)
     optimizer, fused = _optimizer(cfg, cuda, why)
     pin = tc.pin_memory if tc.pin_memory is not None else cuda
-    why["data"] = (
-        "random windows read in-process from memory-mapped shards (microseconds per batch: no loader workers)"
-        + (", pinned host memory + non-blocking copies" if pin else "")
+    why["data"] = describe_data(cfg.data, hw.device, model_cfg.dropout) + (
+        ", pinned host memory + non-blocking copies" if pin else ""
     )
     if cuda:
         why["allocator"] = "expandable segments (less fragmentation when batch shapes change)"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from shared_data import DATA_DIR
 
-import hopperlm.data.prepare as prep
+import hopperlm.data.sources as sources
 from hopperlm.data.prepare import prepare, read_manifest, shard_dtype
 from hopperlm.data.tokenizer import ByteTokenizer, load_tokenizer
 from hopperlm.errors import DataError
@@ -37,7 +37,7 @@ def leftovers(parent: Path) -> list[str]:
 def test_shakespeare_byte_tail_split(tmp_path):
     out = tmp_path / "ts"
     manifest = prepare([SHAKESPEARE], out, progress=False)
-    assert manifest["format"] == "hopperlm-shards-v1"
+    assert manifest["format"] == "hopperlm-shards-v2"
     assert manifest["tokens"] == {"train": 1003855, "val": 111540}  # nanoGPT's split: last 10% is val
     assert manifest["dtype"] == "uint16" and manifest["vocab_size"] == 257 and manifest["eos_id"] == 256
     assert manifest["documents"] == 1
@@ -103,9 +103,8 @@ def test_tail_split_across_many_shards(tmp_path):
 
 def test_small_chunks_keep_multibyte_text_exact(tmp_path, monkeypatch):
     """Chunk and piece boundaries (forced tiny here) must never change the bytes, even mid-character."""
-    monkeypatch.setattr(prep, "READ_BYTES", 1000)
-    monkeypatch.setattr(prep, "PIECE_CHARS", 300)
-    monkeypatch.setattr(prep, "BATCH_CHARS", 5000)
+    monkeypatch.setattr(sources, "UNIT_BYTES", 1000)
+    monkeypatch.setattr(sources, "PIECE_CHARS", 300)
     tir = (DATA_DIR / "hornmt" / "tir.txt").read_bytes()[:200_000]
     tir = tir[: tir.rindex(b"\n") + 1]
     one_line = tir.replace(b"\n", b" ")  # no newline at all: chunks are cut inside characters
@@ -120,18 +119,25 @@ def test_small_chunks_keep_multibyte_text_exact(tmp_path, monkeypatch):
 
 
 def test_text_is_cut_at_newlines(monkeypatch):
-    """Chunks and batch pieces end at a newline when a line is shorter than the chunk, so tokenizers see
+    """Units and tokenizer pieces end at a newline when a line is shorter than the unit, so tokenizers see
     whole lines (a cut inside a word would change its tokens)."""
-    monkeypatch.setattr(prep, "READ_BYTES", 2000)
-    monkeypatch.setattr(prep, "PIECE_CHARS", 700)
+    monkeypatch.setattr(sources, "UNIT_BYTES", 2000)
+    monkeypatch.setattr(sources, "PIECE_CHARS", 700)
     eng = DATA_DIR / "hornmt" / "eng.txt"  # lines of at most 466 characters
-    seen = []
-    pieces = list(prep.iter_pieces([eng], "text", need_digest=True, advance=seen.append))
-    assert "".join(p.text for p in pieces) == eng.read_text(encoding="utf-8")
-    assert all(p.text.endswith("\n") for p in pieces[:-1]) and len(pieces) > 400
-    assert [p.doc_end for p in pieces].count(True) == 1 and pieces[-1].doc_end
-    assert {p.digest for p in pieces} == {hashlib.sha256(eng.read_bytes()).hexdigest()}
-    assert sum(seen) == eng.stat().st_size  # progress advanced by exactly the file's bytes
+    src = sources.find_sources([eng])
+    units = list(sources.iter_units(src))
+    texts = [sources.decode_unit(u, src[0], "text", "reject").texts[0] for u in units]
+    assert "".join(texts) == eng.read_text(encoding="utf-8")
+    assert all(u.payload.endswith(b"\n") for u in units) and len(units) > 100
+    assert [u.first for u in units].count(True) == 1 and units[0].first and units[-1].last
+    assert [u.last for u in units].count(True) == 1
+    assert sum(u.size for u in units) == eng.stat().st_size  # progress advances by exactly the file's bytes
+    pieces = [p for t in texts for p in sources.split_text(t)]
+    assert "".join(pieces) == eng.read_text(encoding="utf-8")
+    assert all(p.endswith("\n") for p in pieces) and len(pieces) > len(units)
+    # A unit starting mid-file (a resumed prepare) is cut exactly as in the full pass.
+    later = list(sources.iter_units(src, (0, units[5].start)))
+    assert [(u.start, u.end) for u in later] == [(u.start, u.end) for u in units[5:]]
 
 
 def write_gsm8k(path: Path, n: int = 200) -> list[str]:
@@ -163,11 +169,13 @@ def test_jsonl_with_text_field_and_hf_tokenizer(tmp_path):
 
 def test_jsonl_errors_name_the_line_and_leave_nothing(tmp_path):
     write_gsm8k(tmp_path / "gsm8k.jsonl", n=5)
-    with pytest.raises(DataError, match=r'gsm8k.jsonl:1 has no "text" field .*question.*--text-field'):
+    with pytest.raises(
+        DataError, match=r'gsm8k.jsonl \(byte 0\) has no "text" field .*question.*--text-field'
+    ):
         prepare([tmp_path / "gsm8k.jsonl"], tmp_path / "out", progress=False)
     with open(tmp_path / "gsm8k.jsonl", "a") as f:
         f.write('{"question": "fine"}\n{"question": oops}\n')
-    with pytest.raises(DataError, match=r"gsm8k.jsonl:8 is not valid JSON"):
+    with pytest.raises(DataError, match=r"gsm8k.jsonl \(byte \d+\) is not valid JSON"):
         prepare(
             [SHAKESPEARE, tmp_path / "gsm8k.jsonl"], tmp_path / "out", text_field="question", progress=False
         )
@@ -270,7 +278,7 @@ def test_option_and_input_errors(tmp_path):
     with pytest.raises(DataError, match="is a .json file"):
         prepare([tmp_path / "data.json"], out, progress=False)
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
-    with pytest.raises(DataError, match="latin1.txt is not UTF-8"):
+    with pytest.raises(DataError, match="latin1.txt: byte 3 is not valid UTF-8.*--bad-utf8 skip"):
         prepare([tmp_path / "latin1.txt"], out, progress=False)
     assert not out.exists() and leftovers(tmp_path) == []
 
@@ -291,5 +299,5 @@ def test_read_manifest_errors(tmp_path):
     with pytest.raises(DataError, match="unreadable"):
         read_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "something-else"}))
-    with pytest.raises(DataError, match="not a hopperlm-shards-v1 manifest"):
+    with pytest.raises(DataError, match="not a hopperlm-shards-v2 manifest"):
         read_manifest(tmp_path)

@@ -1,19 +1,45 @@
 """Reading prepared token shards for training: memory-mapped, stateless, reproducible.
 
-The training batch for (step, micro_step) is a pure function of (seed, step, micro_step), the nanoGPT recipe:
-random windows need no epoch bookkeeping, and a resumed run sees exactly the data it would have seen
-without the interruption, with nothing to save but the step.
+The default training batch for (step, micro_step) is a pure function of (seed, step, micro_step), the nanoGPT
+recipe: random windows need no epoch bookkeeping, and a resumed run sees exactly the data it would have seen
+without the interruption, with nothing to save but the step. Epoch order and mixtures (sampling.py) keep a
+position that goes into the checkpoint instead.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from hopperlm.data.prepare import file_sha256, read_manifest
+from hopperlm.data.shards import INDEX_DTYPE, REPREPARE, file_sha256, index_name, read_manifest
 from hopperlm.errors import DataError
+
+
+@dataclass
+class Batch:
+    """One micro-batch: x and y (B, T) int64, y = x shifted left by one token; doc_ids (B, T) numbers the
+    documents of each row when packing with document masks, else None."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    doc_ids: torch.Tensor | None = None
+
+    @property
+    def model_kwargs(self) -> dict:
+        """Keyword arguments for the model beyond (x, y): doc_ids only when packing, so the default call
+        stays model(x, y) for anything that wraps the forward."""
+        return {} if self.doc_ids is None else {"doc_ids": self.doc_ids}
+
+    def pin_memory(self) -> Batch:
+        pin = lambda t: None if t is None else t.pin_memory()
+        return Batch(pin(self.x), pin(self.y), pin(self.doc_ids))
+
+    def to(self, device: torch.device) -> Batch:
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)
+        return Batch(move(self.x), move(self.y), move(self.doc_ids))
 
 
 class TokenShards:
@@ -29,26 +55,55 @@ class TokenShards:
                 f"{self.data_dir}/manifest.json has no {split!r} split; re-run `hopperlm prepare`"
             )
         self.dtype = np.dtype(manifest["dtype"])
+        self.eos_id = manifest["eos_id"]
+        self.has_index = all("docs" in s for s in manifest["shards"][split])  # format v2
+        self.eos_marks_documents = bool(manifest.get("eos_marks_documents")) and self.has_index
         self._maps: list[np.memmap] = []
+        self._index: list[np.ndarray] = []  # per shard: where documents start, local offsets
         starts = [0]
         for shard in manifest["shards"][split]:
             path = self.data_dir / shard["file"]
-            fix = "re-run `hopperlm prepare --overwrite`"
-            if not path.is_file():
-                raise DataError(f"shard {path} listed in the manifest is missing; {fix}")
-            expected = shard["tokens"] * self.dtype.itemsize
-            if path.stat().st_size != expected:
-                raise DataError(
-                    f"shard {path} has {path.stat().st_size} bytes but the manifest says {shard['tokens']} "
-                    f"{self.dtype.name} tokens ({expected} bytes); it is truncated or was changed, {fix}"
-                )
+            self._check_file(
+                path, shard["tokens"] * self.dtype.itemsize, f"{shard['tokens']} {self.dtype.name} tokens"
+            )
             if verify and file_sha256(path) != shard["sha256"]:
-                raise DataError(f"shard {path} does not match its sha256 in the manifest (corrupt); {fix}")
+                raise DataError(
+                    f"shard {path} does not match its sha256 in the manifest (corrupt); {REPREPARE}"
+                )
+            if self.has_index:
+                index = self.data_dir / index_name(shard["file"])
+                self._check_file(
+                    index, shard["docs"] * INDEX_DTYPE.itemsize, f"{shard['docs']} document starts"
+                )
+                if verify and file_sha256(index) != shard.get("index_sha256"):
+                    raise DataError(
+                        f"{index} does not match its sha256 in the manifest (corrupt); {REPREPARE}"
+                    )
             if shard["tokens"] > 0:  # np.memmap cannot map an empty file
                 self._maps.append(np.memmap(path, dtype=self.dtype, mode="r"))
+                if self.has_index:
+                    self._index.append(self._read_index(index, shard))
                 starts.append(starts[-1] + shard["tokens"])
         self._starts = np.array(starts, dtype=np.int64)  # _starts[i] = first global index of shard i
         self._len = int(starts[-1])
+
+    @staticmethod
+    def _check_file(path: Path, expected: int, what: str) -> None:
+        if not path.is_file():
+            raise DataError(f"shard file {path} listed in the manifest is missing; {REPREPARE}")
+        size = path.stat().st_size
+        if size != expected:
+            raise DataError(
+                f"shard file {path} has {size} bytes but the manifest says {what} ({expected} bytes); "
+                f"it is truncated or does not belong to this manifest, {REPREPARE}"
+            )
+
+    def _read_index(self, path: Path, shard: dict) -> np.ndarray:
+        index = np.memmap(path, dtype=INDEX_DTYPE, mode="r") if shard["docs"] else np.zeros(0, INDEX_DTYPE)
+        # cheap sanity check of the ends: a corrupt index would silently mis-mask attention
+        if len(index) and (index[0] < 0 or index[-1] >= shard["tokens"]):
+            raise DataError(f"document index {path} points outside its shard (corrupt); {REPREPARE}")
+        return index
 
     def __len__(self) -> int:
         return self._len
@@ -70,6 +125,24 @@ class TokenShards:
             i += 1
         return out
 
+    def doc_starts(self, start: int, length: int) -> np.ndarray:
+        """Offsets in [0, length) of the window [start, start+length) where a document starts (sorted)."""
+        if not self.has_index:
+            raise DataError(
+                f"{self.data_dir} was prepared without a document index (format v1); data.packing needs it, "
+                f"{REPREPARE}"
+            )
+        out = []
+        i = int(np.searchsorted(self._starts, start, side="right")) - 1
+        end = start + length
+        while i < len(self._maps) and self._starts[i] < end:
+            base = int(self._starts[i])
+            index = self._index[i]
+            lo, hi = np.searchsorted(index, [max(start - base, 0), end - base])
+            out.append(np.asarray(index[lo:hi]) + (base - start))
+            i += 1
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
     def check_window(self, seq_len: int) -> None:
         """DataError unless the split holds at least one window of seq_len + 1 tokens."""
         if self._len < seq_len + 1:
@@ -80,22 +153,49 @@ class TokenShards:
             )
 
 
+def read_batch(shards: TokenShards, starts, seq_len: int, packing: bool = False) -> Batch:
+    """The windows of seq_len + 1 tokens at `starts` as a Batch (doc_ids only when packing)."""
+    windows = np.stack([shards.read(int(s), seq_len + 1) for s in starts])
+    return windows_batch(windows, [shards] * len(windows), starts, packing)
+
+
+def windows_batch(windows: np.ndarray, shards: list[TokenShards], starts, packing: bool) -> Batch:
+    """A Batch from windows (B, T + 1) read from shards[i] at starts[i]."""
+    x, y = torch.from_numpy(windows[:, :-1].copy()), torch.from_numpy(windows[:, 1:].copy())
+    if not packing:
+        return Batch(x, y)
+    from hopperlm.data.packing import batch_doc_ids
+
+    return Batch(x, y, torch.from_numpy(batch_doc_ids(shards, starts, windows[:, :-1])))
+
+
 class RandomWindows:
     """nanoGPT-style random windows: the batch for (step, micro_step) is a pure function of
     (seed, step, micro_step), so resuming at a step reproduces exactly the same data with no saved loader
-    state beyond the step."""
+    state beyond the step. With packing, each batch also carries the windows' document numbers."""
 
-    def __init__(self, shards: TokenShards, seq_len: int, micro_batch: int, seed: int) -> None:
+    def __init__(
+        self, shards: TokenShards, seq_len: int, micro_batch: int, seed: int, packing: bool = False
+    ) -> None:
         shards.check_window(seq_len)
         self.shards, self.seq_len, self.micro_batch, self.seed = shards, seq_len, micro_batch, seed
+        self.packing = packing
+
+    def starts(self, step: int, micro_step: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, step, micro_step])
+        last_start = len(self.shards) - self.seq_len - 1
+        return rng.integers(0, last_start, size=self.micro_batch, endpoint=True)
 
     def batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), int64 of shape (micro_batch, seq_len); y is x shifted left by one token."""
-        rng = np.random.default_rng([self.seed, step, micro_step])
-        last_start = len(self.shards) - self.seq_len - 1
-        starts = rng.integers(0, last_start, size=self.micro_batch, endpoint=True)
-        windows = np.stack([self.shards.read(int(s), self.seq_len + 1) for s in starts])
-        return torch.from_numpy(windows[:, :-1].copy()), torch.from_numpy(windows[:, 1:].copy())
+        b = read_batch(self.shards, self.starts(step, micro_step), self.seq_len)
+        return b.x, b.y
+
+    def get(self, step: int, micro_step: int) -> Batch:
+        """The same windows as batch(), as a Batch with doc_ids when packing."""
+        if not self.packing:
+            return Batch(*self.batch(step, micro_step))
+        return read_batch(self.shards, self.starts(step, micro_step), self.seq_len, packing=True)
 
 
 def eval_windows(shards: TokenShards, seq_len: int, max_windows: int) -> list[int]:

@@ -1,21 +1,24 @@
-"""`hopperlm prepare`: turn text corpora into memory-mappable token shards plus a manifest.
+"""`hopperlm prepare`: turn text corpora of any size into memory-mappable token shards plus a manifest.
 
-The corpus is streamed (text files in ~4 MB chunks cut at newlines, JSONL line by line) and tokenized in
-batches through the tokenizer's native multi-threaded batch encoder, so a corpus far larger than RAM is fine.
-Output goes to a temporary directory that is renamed into place only when complete: an interrupted prepare
-never leaves a directory that looks valid, and `--overwrite` replaces old data only once the new data exists.
+Inputs are read as units (sources.py) and tokenized in worker processes (encoding.py); the results come back in
+input order, so the shards do not depend on the number of workers. The main process decides, document by
+document, the train/val side (`tail`: the last fraction of tokens, nanoGPT's split; `docs`: by a hash of the
+document text), drops exact duplicates (`dedup`) and documents the filter rejects, and appends tokens, an EOS
+after each document, and the document-start index to the shards (shards.py).
+
+Resumable: the work happens in `OUT.partial/`, and after every few seconds of work and after every finished
+shard the position in the input and the shard sizes are saved to `progress.json` there. A prepare that is
+killed and started again with the same inputs and options cuts the shards back to the saved sizes and goes on
+from the saved position: finished shards are never redone, and the result is byte-identical to an
+uninterrupted run. Only a complete `OUT.partial/` is renamed to OUT, so nothing truncated ever looks valid.
 """
 
 from __future__ import annotations
 
-import codecs
-import hashlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,231 +32,46 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from hopperlm.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, train_bpe
-from hopperlm.errors import DataError
+from hopperlm.data.encoding import Encoded, EncodeOptions, UnitEncoder, encode_in_pool, start_pool
+from hopperlm.data.shards import (  # noqa: F401 - read_manifest/file_sha256/shard_dtype are imported from here
+    FORMAT,
+    INDEX_DTYPE,
+    MANIFEST,
+    ShardWriter,
+    file_sha256,
+    index_name,
+    read_manifest,
+    shard_dtype,
+)
+from hopperlm.data.sources import BAD_UTF8, decode_unit, find_sources, iter_units, source_bytes
+from hopperlm.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
+from hopperlm.errors import DataError, HopperError
 
-FORMAT = "hopperlm-shards-v1"
-MANIFEST = "manifest.json"
-MANIFEST_KEYS = ("tokenizer", "dtype", "vocab_size", "eos_id", "tokens", "shards")  # what readers rely on
 SPLIT_METHODS = ("tail", "docs")
-READ_BYTES = 4 << 20  # text file chunk, extended to the next newline
-PIECE_CHARS = 128 << 10  # one encode_batch item: small enough that a 4 MB chunk keeps all cores busy
-BATCH_CHARS = 4 << 20  # text per encode_batch call
+PROGRESS_FILE = "progress.json"
+SEEN_FILE = "seen.u64"  # 64-bit document hashes for dedup, appended at each save
 COPY_TOKENS = 4 << 20  # tokens per memmap copy when moving the tail of train into val
-HASH_BLOCK = 8 << 20
-
-Advance = Callable[[int], None]
-
-
-def shard_dtype(vocab_size: int) -> np.dtype:
-    """uint16 while every id fits (vocab <= 65536): half the disk and page-cache of uint32."""
-    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+SAVE_SECONDS = 2.0
+MAX_REPORTS = 100  # bad-UTF-8 reports kept in the manifest (all are counted)
 
 
-@dataclass
-class Piece:
-    """A run of text from one document; EOS goes after the piece that ends its document."""
-
-    text: str
-    doc_end: bool
-    digest: str | None = None  # sha256 of the whole document's text, only when split="docs" needs it
-
-
-# ---- reading inputs ----------------------------------------------------------------------------------------
-
-
-def find_input_files(inputs: list[Path]) -> list[Path]:
-    """Expand folders (all *.txt and *.jsonl inside, recursively, sorted) and check every input exists."""
-    files: list[Path] = []
-    for path in map(Path, inputs):
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".txt", ".jsonl"))
-            if not found:
-                raise DataError(
-                    f"input folder {path} holds no .txt or .jsonl files; point at the text itself"
-                )
-            files.extend(found)
-        elif path.is_file():
-            if path.suffix == ".json":
-                raise DataError(
-                    f"input {path} is a .json file; prepare reads plain text or .jsonl "
-                    "(one JSON object per line)"
-                )
-            files.append(path)
-        else:
-            raise DataError(f"input {path} does not exist; pass a .txt file, a .jsonl file or a folder")
-    if not files:
-        raise DataError("no inputs given; pass at least one .txt file, .jsonl file or folder")
-    return files
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, streamed (shards can be GBs)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _split_text(text: str, size: int) -> Iterator[str]:
-    """Cut text into pieces of about `size` chars, at a newline where there is one (tokenizers rarely merge
-    across a newline, so the tokens barely differ from encoding the text whole)."""
-    start = 0
-    while len(text) - start > size:
-        cut = text.rfind("\n", start, start + size)
-        end = cut + 1 if cut > start else start + size
-        yield text[start:end]
-        start = end
-    if start < len(text):
-        yield text[start:]
-
-
-def _text_pieces(path: Path, need_digest: bool, advance: Advance) -> Iterator[Piece]:
-    """One text file = one document, read in chunks so it never has to fit in memory."""
-    digest = file_sha256(path) if need_digest else None  # file bytes == UTF-8 of its text (decoded strictly)
-    decoder = codecs.getincrementaldecoder("utf-8")()  # holds a character split across two chunks
-    offset = 0
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(READ_BYTES)
-            if block and not block.endswith(b"\n"):
-                block += f.readline(READ_BYTES)  # bounded: a file with no newlines is still read in chunks
-            try:
-                text = decoder.decode(block, final=not block)
-            except UnicodeDecodeError as e:
-                raise DataError(
-                    f"{path} is not UTF-8 text (bad byte near offset {offset + e.start}); convert it to UTF-8"
-                ) from e
-            if not block:
-                break
-            offset += len(block)
-            advance(len(block))
-            for piece in _split_text(text, PIECE_CHARS):
-                yield Piece(piece, False, digest)
-    if offset:
-        yield Piece("", True, digest)  # an empty closing piece carries the document's EOS
-
-
-def _jsonl_pieces(path: Path, text_field: str, need_digest: bool, advance: Advance) -> Iterator[Piece]:
-    """One JSON object per line, document = obj[text_field]; blank lines and empty texts are skipped."""
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            advance(len(line))
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise DataError(
-                    f"{path}:{lineno} is not valid JSON ({e}); .jsonl inputs need one JSON object per line"
-                ) from e
-            if not isinstance(obj, dict) or text_field not in obj:
-                fields = ", ".join(map(str, obj)) if isinstance(obj, dict) else type(obj).__name__
-                raise DataError(
-                    f'{path}:{lineno} has no "{text_field}" field (it has: {fields}); '
-                    "pass --text-field with the field that holds the text"
-                )
-            text = obj[text_field]
-            if not isinstance(text, str):
-                raise DataError(
-                    f'{path}:{lineno} field "{text_field}" is a {type(text).__name__}, not a string; '
-                    "pass --text-field with the field that holds the text"
-                )
-            if text:
-                digest = hashlib.sha256(text.encode("utf-8")).hexdigest() if need_digest else None
-                yield Piece(text, True, digest)
-
-
-def iter_pieces(files: list[Path], text_field: str, need_digest: bool, advance: Advance) -> Iterator[Piece]:
-    for path in files:
-        if path.suffix == ".jsonl":
-            yield from _jsonl_pieces(path, text_field, need_digest, advance)
-        else:
-            yield from _text_pieces(path, need_digest, advance)
-
-
-def _batches(pieces: Iterator[Piece], limit: int = BATCH_CHARS) -> Iterator[list[Piece]]:
-    batch: list[Piece] = []
-    size = 0
-    for piece in pieces:
-        batch.append(piece)
-        size += len(piece.text)
-        if size >= limit:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
-def _encode(tokenizer: Tokenizer, texts: list[str]) -> list[np.ndarray]:
-    if isinstance(tokenizer, ByteTokenizer):
-        return [tokenizer.encode_to_array(t) for t in texts]
-    return [np.asarray(ids, dtype=np.int64) for ids in tokenizer.encode_batch(texts)]
-
-
-# ---- writing shards ----------------------------------------------------------------------------------------
-
-
-class ShardWriter:
-    """Appends tokens to `<split>_000000.bin`, `<split>_000001.bin`, ... of at most shard_tokens each."""
-
-    def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
-        self.directory, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
-        self.shards: list[dict] = []  # {"file", "tokens"}, in order
-        self._file = None
-        self._room = 0
-
-    @property
-    def tokens(self) -> int:
-        return sum(s["tokens"] for s in self.shards)
-
-    def write(self, tokens: np.ndarray) -> None:
-        tokens = tokens.astype(self.dtype, copy=False)
-        while len(tokens):
-            if self._room == 0:
-                self._next_shard()
-            take = tokens[: self._room]
-            self._file.write(take.tobytes())
-            self.shards[-1]["tokens"] += len(take)
-            self._room -= len(take)
-            tokens = tokens[len(take) :]
-
-    def _next_shard(self) -> None:
-        self.close()
-        name = f"{self.split}_{len(self.shards):06d}.bin"
-        self._file = open(self.directory / name, "wb", buffering=1 << 20)  # noqa: SIM115 - closed in close()
-        self.shards.append({"file": name, "tokens": 0})
-        self._room = self.shard_tokens
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-def _move_tail(directory: Path, train: ShardWriter, val: ShardWriter, boundary: int) -> None:
-    """Move tokens [boundary, N) of the train shards into val shards, chunk by chunk via memmap, then
-    truncate (or delete) the train shards they came from. Only the trailing shards are touched, so the
-    train shard names stay contiguous."""
-    kept, start = [], 0
-    for shard in train.shards:
-        path, end = directory / shard["file"], start + shard["tokens"]
-        if end > boundary:
-            cut = max(boundary - start, 0)
-            mm = np.memmap(path, dtype=train.dtype, mode="r")
-            for i in range(cut, shard["tokens"], COPY_TOKENS):
-                val.write(np.array(mm[i : i + COPY_TOKENS]))
-            del mm  # release the mapping before truncating the file under it
-            if cut == 0:
-                path.unlink()
-                start = end
-                continue
-            os.truncate(path, cut * train.dtype.itemsize)
-            shard = {**shard, "tokens": cut}
-        kept.append(shard)
-        start = end
-    train.shards = kept
+def _check_options(tokenizer, vocab_size, val_fraction, split, shard_tokens, bad_utf8, workers) -> None:
+    if not 0 <= val_fraction <= 0.5:
+        raise DataError(f"--val-fraction {val_fraction} is outside [0, 0.5]; 0.1 is the usual choice")
+    if split not in SPLIT_METHODS:
+        raise DataError(f"--split {split!r} is unknown; use 'tail' (last fraction of tokens) or 'docs'")
+    if shard_tokens < 1:
+        raise DataError(f"--shard-tokens {shard_tokens} must be a positive token count")
+    if tokenizer == "bpe" and vocab_size is None:
+        raise DataError("--vocab-size is required with --tokenizer bpe")
+    if tokenizer != "bpe" and vocab_size is not None:
+        raise DataError(f"--vocab-size only applies to --tokenizer bpe (this run uses {tokenizer}); drop it")
+    if bad_utf8 not in BAD_UTF8:
+        raise DataError(
+            f"--bad-utf8 {bad_utf8!r} is unknown; use 'reject' (stop) or 'skip' (leave the line out)"
+        )
+    if workers is not None and workers < 1:
+        raise DataError(f"--workers {workers} must be at least 1")
 
 
 # ---- the output directory ----------------------------------------------------------------------------------
@@ -277,7 +95,7 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
-    """Swap the finished tmp dir into place; the old data (if any) goes only after the new is in place."""
+    """Swap the finished dir into place; the old data (if any) goes only after the new is in place."""
     _check_out_dir(out_dir, overwrite)  # again: something may have appeared while we worked
     if out_dir.is_dir() and (out_dir / MANIFEST).is_file():
         old = out_dir.parent / f"{out_dir.name}.old-{os.getpid()}"
@@ -290,28 +108,21 @@ def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
     tmp.rename(out_dir)
 
 
-def read_manifest(data_dir: Path) -> dict:
-    """The manifest of a prepared data dir, with a DataError that says how to fix whatever is wrong."""
-    data_dir = Path(data_dir)
-    path = data_dir / MANIFEST
-    if not data_dir.is_dir():
-        raise DataError(f"data dir {data_dir} does not exist; run `hopperlm prepare --out {data_dir}` first")
-    if not path.is_file():
-        raise DataError(f"data dir {data_dir} has no {MANIFEST}; run `hopperlm prepare` first")
+def _lock(out_dir: Path):
+    """Hold `OUT.lock` (flock) while preparing: two prepares writing the same OUT.partial would corrupt it.
+    The OS releases the lock when the process dies, so a killed prepare never blocks the next one."""
+    import fcntl
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(out_dir.parent / f"{out_dir.name}.lock", "w")  # noqa: SIM115 - closed by the caller
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path} is unreadable ({e}); re-run `hopperlm prepare --overwrite`") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise DataError(f"{path} is not a {FORMAT} manifest (format={found!r}); re-run `hopperlm prepare`")
-    missing = [k for k in MANIFEST_KEYS if k not in manifest]
-    if missing:
-        raise DataError(f"{path} lacks {', '.join(missing)}; re-run `hopperlm prepare --overwrite`")
-    return manifest
-
-
-# ---- the pipeline ------------------------------------------------------------------------------------------
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise DataError(
+            f"another prepare is writing {out_dir} (it holds {out_dir}.lock); wait for it to finish"
+        ) from None
+    return handle
 
 
 def _progress_bar(enabled: bool) -> Progress:
@@ -320,23 +131,53 @@ def _progress_bar(enabled: bool) -> Progress:
     return Progress(*columns, TimeRemainingColumn(), disable=not enabled)
 
 
-def _check_options(
-    tokenizer: str, vocab_size: int | None, val_fraction: float, split: str, shard_tokens: int
-):
-    if not 0 <= val_fraction <= 0.5:
-        raise DataError(f"--val-fraction {val_fraction} is outside [0, 0.5]; 0.1 is the usual choice")
-    if split not in SPLIT_METHODS:
-        raise DataError(f"--split {split!r} is unknown; use 'tail' (last fraction of tokens) or 'docs'")
-    if shard_tokens < 1:
-        raise DataError(f"--shard-tokens {shard_tokens} must be a positive token count")
-    if tokenizer == "bpe" and vocab_size is None:
-        raise DataError("--vocab-size is required with --tokenizer bpe")
-    if tokenizer != "bpe" and vocab_size is not None:
-        raise DataError(f"--vocab-size only applies to --tokenizer bpe (this run uses {tokenizer}); drop it")
+# ---- resumable state ---------------------------------------------------------------------------------------
+
+
+def _fingerprint(sources, options: dict) -> dict:
+    """What must be unchanged for a saved partial prepare to be continued."""
+    files = []
+    for s in sources:
+        st = os.stat(s.path) if s.kind != "hub" else None
+        files.append(
+            [s.kind, str(Path(s.path).resolve()) if st else s.path, st and st.st_size, st and st.st_mtime_ns]
+        )
+    return {"sources": files, "options": options}
+
+
+def _save_state(work: Path, state: dict, train: ShardWriter, val: ShardWriter, new_seen: list[int]) -> None:
+    state["shards"] = {"train": train.state(), "val": val.state()}
+    if new_seen:
+        with open(work / SEEN_FILE, "ab") as f:
+            f.write(np.array(new_seen, dtype="<u8").tobytes())
+        state["seen"] += len(new_seen)
+        new_seen.clear()
+    tmp = work / f"{PROGRESS_FILE}.tmp"
+    tmp.write_text(json.dumps(state))
+    tmp.replace(work / PROGRESS_FILE)  # atomic: a kill leaves the previous state or this one
+
+
+def _load_state(work: Path, fingerprint: dict, log) -> dict | None:
+    """The saved state of an interrupted prepare of the same inputs and options, else None (and a clean dir)."""
+    path = work / PROGRESS_FILE
+    if not work.is_dir():
+        return None
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        state = None
+    if state is not None and state.get("fingerprint") == fingerprint:
+        return state
+    log(f"prepare: {work} holds an interrupted prepare of other inputs or options; starting afresh")
+    shutil.rmtree(work)
+    return None
+
+
+# ---- the pipeline ------------------------------------------------------------------------------------------
 
 
 def prepare(
-    inputs: list[Path],
+    inputs: list,
     out_dir: Path,
     tokenizer: str = "byte",
     vocab_size: int | None = None,
@@ -346,83 +187,116 @@ def prepare(
     shard_tokens: int = 100_000_000,
     progress: bool = True,
     overwrite: bool = False,
+    workers: int | None = 1,
+    dedup: bool = False,
+    bad_utf8: str = "reject",
+    filter: str | None = None,
+    log=print,
 ) -> dict:
-    """Tokenize inputs into train/val shards in out_dir and return the manifest written there."""
+    """Tokenize inputs into train/val shards in out_dir and return the manifest written there.
+    workers=None: one per core (1 for the byte tokenizer, which is faster than shipping text to a process)."""
     t0 = time.perf_counter()
     tokenizer = str(tokenizer)
-    _check_options(tokenizer, vocab_size, val_fraction, split, shard_tokens)
-    files = find_input_files(inputs)
+    _check_options(tokenizer, vocab_size, val_fraction, split, shard_tokens, bad_utf8, workers)
+    sources = find_sources(inputs)
     out_dir = Path(out_dir)
     _check_out_dir(out_dir, overwrite)
-    total_bytes = sum(f.stat().st_size for f in files)
-
-    tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)  # left by an earlier, interrupted prepare of ours with the same pid
-    tmp.mkdir(parents=True)
-    train = val = None
+    total_bytes = sum(source_bytes(s) for s in sources)
+    tok_identity = "bpe" if tokenizer == "bpe" else load_tokenizer(tokenizer).identity()
+    options = dict(
+        tokenizer=tok_identity,
+        vocab_size=vocab_size,
+        val_fraction=val_fraction,
+        split=split,
+        text_field=text_field,
+        shard_tokens=shard_tokens,
+        dedup=dedup,
+        bad_utf8=bad_utf8,
+        filter=filter,
+    )
+    fingerprint = _fingerprint(sources, options)
+    lock = _lock(out_dir)
     try:
-        with _progress_bar(progress) as bar:
-            if tokenizer == "bpe":
-                task = bar.add_task("training BPE", total=total_bytes)
-                texts = (
-                    p.text for p in iter_pieces(files, text_field, False, lambda n: bar.advance(task, n))
-                )
-                tok = train_bpe((t for t in texts if t), vocab_size)
-            else:
-                tok = load_tokenizer(tokenizer)
-            task = bar.add_task("tokenizing", total=total_bytes)
-            dtype = shard_dtype(tok.vocab_size)
-            train = ShardWriter(tmp, "train", dtype, shard_tokens)
-            val = ShardWriter(tmp, "val", dtype, shard_tokens)
-            by_docs = split == "docs" and val_fraction > 0
-            pieces = iter_pieces(files, text_field, by_docs, lambda n: bar.advance(task, n))
-            documents = _tokenize_into(pieces, tok, train, val, val_fraction if by_docs else 0.0)
-            train.close()
-        if documents == 0:
-            raise DataError(f"the inputs ({', '.join(map(str, inputs))}) hold no text; check the paths")
-        if split == "tail" and val_fraction > 0:
-            _move_tail(tmp, train, val, int(train.tokens * (1 - val_fraction)))
-        val.close()
-        if by_docs and (train.tokens == 0 or val.tokens == 0):
-            empty = "train" if train.tokens == 0 else "val"
-            raise DataError(
-                f"--split docs put all {documents} documents on one side ({empty} is empty); "
-                "use --split tail or add more documents"
-            )
-        if train.tokens == 0:
-            raise DataError(
-                "the corpus is too small: no tokens left for train; add text or lower --val-fraction"
-            )
-        tok.save(tmp)
-        manifest = {
-            "format": FORMAT,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "sources": [str(Path(p).resolve()) for p in inputs],
-            "tokenizer": tok.identity(),
-            "dtype": dtype.name,
-            "vocab_size": tok.vocab_size,
-            "eos_id": tok.eos_id,
-            "documents": documents,
-            "split": {"method": split, "val_fraction": val_fraction},
-            "tokens": {"train": train.tokens, "val": val.tokens},
-            "shards": {
-                name: [{**s, "sha256": file_sha256(tmp / s["file"])} for s in writer.shards]
-                for name, writer in (("train", train), ("val", val))
-            },
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        _publish(tmp, out_dir, overwrite)
-    except BaseException:
-        for writer in (train, val):
-            if writer is not None:
-                writer.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        work = out_dir.parent / f"{out_dir.name}.partial"
+        state = _load_state(work, fingerprint, log)
+        try:
+            with _progress_bar(progress) as bar:
+                if state is None:
+                    work.mkdir(parents=True)
+                    if tokenizer == "bpe":
+                        task = bar.add_task("training BPE", total=total_bytes)
+                        tok = train_bpe(_all_texts(sources, text_field, bad_utf8, bar, task), vocab_size)
+                    else:
+                        tok = load_tokenizer(tokenizer)
+                    tok.save(work)
+                    state = {
+                        "fingerprint": fingerprint,
+                        "phase": "encode",
+                        "cursor": [0, 0],
+                        "bytes": 0,
+                        "documents": 0,
+                        "duplicates": 0,
+                        "filtered": 0,
+                        "skipped": [],
+                        "skipped_count": 0,
+                        "seen": 0,
+                        "open_doc": None,  # the text file being read: kept? which side?
+                        "eos_inside": False,  # did any document's own text encode to the EOS id?
+                        "dtype": shard_dtype(tok.vocab_size).name,
+                        "tokenizer": tok.identity(),  # as named by the user, not by the partial dir it is saved in
+                    }
+                else:
+                    tok = load_tokenizer(work)
+                    done = sum(s["tokens"] for side in state["shards"].values() for s in side)
+                    log(
+                        f"prepare: resuming the interrupted run in {work} at {state['bytes'] / 1e6:,.1f} MB "
+                        f"of {total_bytes / 1e6:,.1f} MB ({done:,} tokens kept)"
+                    )
+                if workers is None:
+                    from hopperlm.hardware import cpu_cores
+
+                    workers = 1 if isinstance(tok, ByteTokenizer) else cpu_cores()
+                dtype = np.dtype(state["dtype"])
+                train = ShardWriter(work, "train", dtype, shard_tokens)
+                val = ShardWriter(work, "val", dtype, shard_tokens)
+                if "shards" in state:
+                    train.reopen(state["shards"]["train"])
+                    val.reopen(state["shards"]["val"])
+                if state["phase"] == "encode":
+                    task = bar.add_task("tokenizing", total=total_bytes, completed=state["bytes"])
+                    encode_options = EncodeOptions(str(work), text_field, bad_utf8, filter)
+                    _encode_all(
+                        work,
+                        sources,
+                        encode_options,
+                        workers,
+                        state,
+                        train,
+                        val,
+                        lambda n: bar.advance(task, n),
+                        log,
+                    )
+                    state["phase"] = "encoded"
+                    _save_state(work, state, train, val, [])
+                if split == "tail" and val_fraction > 0:
+                    _move_tail(work, state, train, val, int(train.tokens * (1 - val_fraction)))
+                train.close()
+                val.close()
+            manifest = _finish(work, state, tok, sources, split, val_fraction, train, val, inputs)
+            _publish(work, out_dir, overwrite)
+        except HopperError:
+            shutil.rmtree(work, ignore_errors=True)  # bad input or options: nothing worth resuming
+            raise
+    except KeyboardInterrupt:
+        log(f"prepare: interrupted; run the same command again to continue from {work}")
         raise
+    finally:
+        Path(lock.name).unlink(missing_ok=True)  # while still held: no other prepare can be between the two
+        lock.close()
     if progress:
         elapsed = time.perf_counter() - t0
-        print(
-            f"prepared {out_dir}: {documents:,} documents, "
+        log(
+            f"prepared {out_dir}: {manifest['documents']:,} documents, "
             f"{train.tokens:,} train / {val.tokens:,} val tokens, {dtype.name}, "
             f"{len(train.shards)} train + {len(val.shards)} val shards, "
             f"{total_bytes / 1e6 / max(elapsed, 1e-9):.1f} MB/s"
@@ -430,28 +304,187 @@ def prepare(
     return manifest
 
 
-def _tokenize_into(
-    pieces: Iterator[Piece], tok: Tokenizer, train: ShardWriter, val: ShardWriter, doc_val_fraction: float
-) -> int:
-    """Encode pieces batch by batch and append them (EOS after each document) to train, or to val for the
-    documents whose text hash falls under doc_val_fraction. Returns the number of documents."""
-    eos = np.array([tok.eos_id], dtype=np.int64)
-    documents = 0
-    for batch in _batches(pieces):
-        out: dict[int, list[np.ndarray]] = {0: [], 1: []}  # 0 = train, 1 = val
-        for piece, ids in zip(batch, _encode(tok, [p.text for p in batch]), strict=True):
-            side = int(piece.digest is not None and int(piece.digest[:8], 16) / 2**32 < doc_val_fraction)
-            out[side].append(ids)
-            if piece.doc_end:
-                out[side].append(eos)
-                documents += 1
-        for side, writer in ((0, train), (1, val)):
-            if out[side]:
-                tokens = np.concatenate(out[side])
-                if len(tokens) and int(tokens.max()) >= tok.vocab_size:
-                    raise DataError(
-                        f"tokenizer {tok.name} produced id {int(tokens.max())} >= its vocab_size "
-                        f"{tok.vocab_size}; the tokenizer file is inconsistent, use another one"
-                    )
-                writer.write(tokens)
-    return documents
+def _all_texts(sources, text_field, bad_utf8, bar, task):
+    """Every document's text (text files in pieces), for training a tokenizer on the inputs."""
+    for unit in iter_units(sources):
+        bar.advance(task, unit.size)
+        yield from (t for t in decode_unit(unit, sources[unit.source], text_field, bad_utf8).texts if t)
+
+
+def _encode_all(work, sources, options, workers, state, train, val, advance, log) -> None:
+    """Encode every unit from the saved cursor on and append it to the shards, saving progress as we go."""
+    opts = state["fingerprint"]["options"]
+    # whole text files are hashed (one extra read) only when the docs split or dedup needs it
+    need_digest = opts["dedup"] or (opts["split"] == "docs" and opts["val_fraction"] > 0)
+    digests: dict[int, str] = {}
+
+    def units():
+        for unit in iter_units(sources, tuple(state["cursor"])):
+            if sources[unit.source].kind == "text" and need_digest:
+                if unit.source not in digests:
+                    digests.clear()
+                    digests[unit.source] = file_sha256(Path(sources[unit.source].path))
+                unit.digest = digests[unit.source]
+            yield unit
+
+    seen: set[int] = set()
+    if opts["dedup"] and state["seen"]:
+        raw = np.fromfile(work / SEEN_FILE, dtype="<u8", count=state["seen"])
+        seen.update(raw.tolist())
+    new_seen: list[int] = []
+    pool = start_pool(workers, sources, options) if workers > 1 else None
+    try:
+        stream = (
+            encode_in_pool(pool, units(), 2 * workers + 2)
+            if pool
+            else map(UnitEncoder(sources, options), units())
+        )
+        last_save, shards_before = time.monotonic(), len(train.shards) + len(val.shards)
+        for encoded in stream:
+            _append(encoded, sources, state, seen, new_seen, train, val, log)
+            state["cursor"] = [encoded.unit.source, encoded.unit.end]
+            state["bytes"] += encoded.unit.size
+            advance(encoded.unit.size)
+            shards_now = len(train.shards) + len(val.shards)
+            if shards_now != shards_before or time.monotonic() - last_save > SAVE_SECONDS:
+                _save_state(work, state, train, val, new_seen)
+                last_save, shards_before = time.monotonic(), shards_now
+    finally:
+        if pool is not None:
+            pool.terminate()
+    _save_state(work, state, train, val, new_seen)
+
+
+def _append(encoded: Encoded, sources, state, seen, new_seen, train, val, log) -> None:
+    """Decide side, duplicate and filter for each document of a unit, then append the kept ones."""
+    unit, fraction = encoded.unit, state["fingerprint"]["options"]["val_fraction"]
+    by_docs = state["fingerprint"]["options"]["split"] == "docs" and fraction > 0
+    dedup = state["fingerprint"]["options"]["dedup"]
+    is_text = sources[unit.source].kind == "text"
+    state["eos_inside"] = state["eos_inside"] or encoded.eos_inside
+    for report in encoded.skipped:
+        state["skipped_count"] += 1
+        if len(state["skipped"]) < MAX_REPORTS:
+            state["skipped"].append(report)
+            log(f"prepare: {report}")
+    out = {0: ([], []), 1: ([], [])}  # side -> (token arrays, document starts), 0 = train, 1 = val
+    sizes = {0: 0, 1: 0}
+    offset = 0
+    for i, length in enumerate(encoded.lengths.tolist()):
+        tokens = encoded.tokens[offset : offset + length]
+        offset += length
+        starts = not is_text or unit.first
+        if starts:
+            keep, digest = encoded.kept[i], encoded.digests[i]
+            if not keep:
+                state["filtered"] += 1
+            elif dedup:
+                key = int(digest[:16], 16)
+                if key in seen:
+                    keep = False
+                    state["duplicates"] += 1
+                else:
+                    seen.add(key)
+                    new_seen.append(key)
+            side = int(by_docs and int(digest[:8], 16) / 2**32 < fraction)
+            if is_text:
+                state["open_doc"] = {"keep": keep, "side": side}
+            if keep:
+                state["documents"] += 1
+        else:
+            keep, side = state["open_doc"]["keep"], state["open_doc"]["side"]
+        if not keep:
+            continue
+        arrays, doc_starts = out[side]
+        if starts:
+            doc_starts.append(sizes[side])
+        arrays.append(tokens)
+        sizes[side] += len(tokens)
+    for side, writer in ((0, train), (1, val)):
+        arrays, doc_starts = out[side]
+        if arrays:
+            writer.write(np.concatenate(arrays), np.array(doc_starts, dtype=np.int64))
+
+
+def _move_tail(work: Path, state: dict, train: ShardWriter, val: ShardWriter, boundary: int) -> None:
+    """Move tokens [boundary, N) of train into val, then cut the train shards back. Each phase is saved, so a
+    kill in the middle resumes: the copy is redone from intact train shards, the cut is idempotent."""
+    if state["phase"] == "encoded":
+        val.reopen([])
+        kept, start = [], 0
+        for shard in train.shards:
+            path, end = work / shard["file"], start + shard["tokens"]
+            if end > boundary:
+                cut = max(boundary - start, 0)
+                mm = np.memmap(path, dtype=train.dtype, mode="r")
+                idx = np.fromfile(work / index_name(shard["file"]), dtype=INDEX_DTYPE)
+                for i in range(cut, shard["tokens"], COPY_TOKENS):
+                    chunk = np.array(mm[i : i + COPY_TOKENS])
+                    local = idx[(idx >= i) & (idx < i + len(chunk))] - i
+                    val.write(chunk, local)
+                del mm  # release the mapping before the file is truncated
+                if cut > 0:
+                    kept.append({**shard, "tokens": cut, "docs": int(np.searchsorted(idx, cut))})
+            else:
+                kept.append(shard)
+            start = end
+        state["phase"], state["train_after_tail"] = "tail-copied", kept
+        _save_state(work, state, train, val, [])
+    if state["phase"] == "tail-copied":
+        train.reopen(state["train_after_tail"])
+        state["phase"] = "tail-done"
+        _save_state(work, state, train, val, [])
+
+
+def _finish(work, state, tok, sources, split, val_fraction, train, val, inputs) -> dict:
+    """Check the result and write manifest.json (the last file: its presence marks a complete directory)."""
+    documents = state["documents"]
+    if documents == 0:
+        raise DataError(f"the inputs ({', '.join(map(str, inputs))}) hold no text; check the paths")
+    if split == "docs" and val_fraction > 0 and (train.tokens == 0 or val.tokens == 0):
+        empty = "train" if train.tokens == 0 else "val"
+        raise DataError(
+            f"--split docs put all {documents} documents on one side ({empty} is empty); "
+            "use --split tail or add more documents"
+        )
+    if train.tokens == 0:
+        raise DataError("the corpus is too small: no tokens left for train; add text or lower --val-fraction")
+    for name in (PROGRESS_FILE, SEEN_FILE, f"{PROGRESS_FILE}.tmp"):
+        (work / name).unlink(missing_ok=True)
+    options = state["fingerprint"]["options"]
+    manifest = {
+        "format": FORMAT,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "sources": [str(Path(p).resolve()) if not str(p).startswith("hf:") else str(p) for p in inputs],
+        "tokenizer": state["tokenizer"],
+        "dtype": state["dtype"],
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "documents": documents,
+        # true: EOS ids appear only after documents, so packing may find boundaries from the tokens alone
+        "eos_marks_documents": not state["eos_inside"],
+        "split": {"method": split, "val_fraction": val_fraction},
+        "tokens": {"train": train.tokens, "val": val.tokens},
+        "filters": {
+            "dedup": options["dedup"],
+            "duplicates_removed": state["duplicates"],
+            "filter": options["filter"],
+            "filtered_out": state["filtered"],
+            "bad_utf8": options["bad_utf8"],
+            "bad_utf8_skipped": state["skipped_count"],
+            "bad_utf8_reports": state["skipped"],
+        },
+        "shards": {
+            name: [
+                {
+                    **s,
+                    "sha256": file_sha256(work / s["file"]),
+                    "index_sha256": file_sha256(work / index_name(s["file"])),
+                }
+                for s in writer.shards
+            ]
+            for name, writer in (("train", train), ("val", val))
+        },
+    }
+    (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 
 from hopperlm.errors import DataError
-from hopperlm.hardware import cpu_cores
 
 BYTE_IDENTITY = "hopperlm-byte-v1"
 BYTE_MARKER = "hopperlm-byte.json"
@@ -46,6 +45,7 @@ class Tokenizer:
     bos_id: int | None
     file: str | None  # the file name save() writes
     sha256: str
+    encode_threads: int | None = None  # threads for encode_batch; None = all cores (prepare's workers set 1)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text, with no BOS/EOS added (prepare adds EOS between documents itself)."""
@@ -188,6 +188,37 @@ class HFTokenizer(Tokenizer):
         encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
         return [e.ids for e in encode(texts, add_special_tokens=False)]
 
+    def continuation(self) -> HFTokenizer | None:
+        """This tokenizer minus the "▁" it puts before the start of every text (SentencePiece style: a Prepend
+        normalizer, or a Metaspace pre-tokenizer with a prepend scheme), for encoding text that continues a
+        document after a newline: the pieces then give exactly the ids of the whole document. None when the
+        tokenizer adds nothing at the start (byte-level BPE), so any piece can be encoded as it is."""
+        if hasattr(self, "_continuation"):
+            return self._continuation
+        data = json.loads(self._raw)
+        changed = False
+
+        def strip(component: dict | None, key: str) -> dict | None:
+            nonlocal changed
+            if component is None:
+                return None
+            if component.get("type") == "Sequence":
+                parts = [strip(c, key) for c in component[key]]
+                return {**component, key: [c for c in parts if c is not None]}
+            if component.get("type") == "Prepend":
+                changed = True
+                return None
+            if component.get("type") == "Metaspace" and component.get("prepend_scheme", "always") != "never":
+                changed = True
+                return {**component, "prepend_scheme": "never", "add_prefix_space": False}
+            return component
+
+        data["normalizer"] = strip(data.get("normalizer"), "normalizers")
+        data["pre_tokenizer"] = strip(data.get("pre_tokenizer"), "pretokenizers")
+        raw = json.dumps(data).encode("utf-8")
+        self._continuation = HFTokenizer(raw, self.name, self._configs) if changed else None
+        return self._continuation
+
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
 
@@ -236,7 +267,9 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.encode(text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._sp.encode(texts, num_threads=cpu_cores())
+        from hopperlm.hardware import cpu_cores  # here, not at the top: prepare's workers never import torch
+
+        return self._sp.encode(texts, num_threads=self.encode_threads or cpu_cores())
 
     def decode(self, ids: list[int]) -> str:
         # sentencepiece raises on out-of-range ids; control pieces (BOS/EOS) already decode to nothing.

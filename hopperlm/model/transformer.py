@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from hopperlm.config import ModelConfig
+from hopperlm.model.attention import DocumentMask, document_mask, masked_attention, positions_from_doc_ids
 from hopperlm.model.loss import linear_cross_entropy, standard_cross_entropy
 
 
@@ -26,7 +27,8 @@ def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device 
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, H, T, hd); cos/sin: (T, hd). Rotates pairs (i, i + hd/2) by position-dependent angles."""
+    """x: (B, H, T, hd); cos/sin: (T, hd), or (B, 1, T, hd) for per-row positions (packed documents).
+    Rotates pairs (i, i + hd/2) by position-dependent angles."""
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     return (x.float() * cos + rotated.float() * sin).type_as(x)
@@ -59,12 +61,23 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self.cache: KVCache | None = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        pos: int = 0,
+        docs: DocumentMask | None = None,
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
         k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if docs is not None:  # packed documents: attention stays inside each one (model/attention.py)
+            dropout = self.dropout if self.training else 0.0
+            y = masked_attention(q, k, v, docs, dropout, enable_gqa=self.kv_heads != self.n_heads)
+            return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
         mask, causal = None, True
         if self.cache is not None:
             k, v = self.cache.update(pos, k, v)  # (B, nkv, pos+T, hd)
@@ -106,13 +119,22 @@ class Block(nn.Module):
         # recompute(fn, *args) runs fn while saving less for the backward (speed/checkpointing.py sets it)
         self.recompute: Callable | None = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        pos: int = 0,
+        docs: DocumentMask | None = None,
+    ) -> torch.Tensor:
         if self.recompute is not None and torch.is_grad_enabled():
-            return self.recompute(self._forward, x, cos, sin, pos)
-        return self._forward(x, cos, sin, pos)
+            return self.recompute(self._forward, x, cos, sin, pos, docs)
+        return self._forward(x, cos, sin, pos, docs)
 
-    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, pos))
+    def _forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int, docs: DocumentMask | None
+    ) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, pos, docs))
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
 
@@ -159,15 +181,30 @@ class Transformer(nn.Module):
                 nn.init.ones_(module.weight)
 
     def forward(
-        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, pos: int = 0
+        self,
+        tokens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        pos: int = 0,
+        doc_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, V), or the mean cross-entropy when targets (B, T) are given.
-        `pos` is the position of tokens[:, 0]; nonzero only when decoding with a KV cache."""
+        `pos` is the position of tokens[:, 0]; nonzero only when decoding with a KV cache.
+        `doc_ids` (B, T): packed documents; attention stays within each and RoPE `positions` (B, T; by default
+        derived from doc_ids) restart per document."""
         T = tokens.shape[1]
         cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]
+        docs = None
+        if doc_ids is not None:
+            positions = positions_from_doc_ids(doc_ids) if positions is None else positions
+            cos, sin = (
+                self.rope_cos[positions].unsqueeze(1),
+                self.rope_sin[positions].unsqueeze(1),
+            )  # (B,1,T,hd)
+            docs = document_mask(doc_ids, self.cfg.dropout if self.training else 0.0)
         x = self.drop(self.embed(tokens))  # (B, T, d)
         for layer in self.layers:
-            x = layer(x, cos, sin, pos)
+            x = layer(x, cos, sin, pos, docs)
         if targets is None:
             return self.lm_head(self.norm(x))  # (B, T, V)
         return self.output_loss(x, targets)

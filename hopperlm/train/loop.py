@@ -18,9 +18,16 @@ from pathlib import Path
 import torch
 
 from hopperlm.config import Config, ModelConfig, save_config
-from hopperlm.data.loader import RandomWindows, TokenShards, eval_windows
-from hopperlm.data.prepare import read_manifest
+from hopperlm.data.loader import TokenShards, read_batch
 from hopperlm.data.tokenizer import load_tokenizer
+from hopperlm.data.train_data import (
+    TrainBatches,
+    combined_val_loss,
+    default_prefetch,
+    open_train_shards,
+    open_val_sets,
+    resolve_datasets,
+)
 from hopperlm.errors import CheckpointError, ConfigError, DataError, HopperError
 from hopperlm.hardware import detect_for
 from hopperlm.model.transformer import build_model, flops_per_token
@@ -73,17 +80,16 @@ def check_tokenizer(spec: str | None, manifest: dict, data_dir: Path) -> None:
 
 
 @torch.no_grad()
-def evaluate(model, data: TokenShards, starts: list[int], plan: Plan) -> float:
+def evaluate(model, data: TokenShards, starts: list[int], plan: Plan, packing: bool = False) -> float:
     """Mean loss over fixed validation windows (the same windows every time, in every run)."""
     was_training = model.training
     model.eval()
     T, B = plan.seq_len, plan.micro_batch
     total = torch.zeros((), device=plan.device)
     for i in range(0, len(starts), B):
-        chunk = torch.stack([torch.from_numpy(data.read(s, T + 1)) for s in starts[i : i + B]])
-        chunk = chunk.to(plan.device, non_blocking=True)
+        batch = read_batch(data, starts[i : i + B], T, packing).to(plan.device)
         with plan.autocast(), plan.sdpa_backends():
-            total += model(chunk[:, :-1], chunk[:, 1:]) * chunk.shape[0]
+            total += model(batch.x, batch.y, **batch.model_kwargs) * batch.x.shape[0]
     model.train(was_training)
     return total.item() / len(starts)
 
@@ -112,24 +118,18 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         )
 
     # ---- data --------------------------------------------------------------------------------------------
-    if not cfg.data.path:
-        raise ConfigError(
-            "data.path is not set; point it at a `hopperlm prepare` output, e.g. --data.path DIR"
-        )
-    data_dir = Path(cfg.data.path)
-    manifest = read_manifest(data_dir)
+    datasets = resolve_datasets(cfg.data)  # data.path, or every dataset of data.mixture
+    data_dir, manifest = datasets[0].path, datasets[0].manifest
     check_tokenizer(cfg.data.tokenizer, manifest, data_dir)
     model_cfg = resolve_model_config(cfg.model, manifest["vocab_size"])
     tc = cfg.train
-    train_data = TokenShards(data_dir, "train", verify=cfg.data.verify)
-    val_data = TokenShards(data_dir, "val", verify=cfg.data.verify) if manifest["tokens"]["val"] > 0 else None
-    if tc.target_loss is not None and val_data is None:
+    train_shards = open_train_shards(datasets, tc.seq_len, cfg.data.verify)
+    val_sets = open_val_sets(datasets, tc.seq_len, tc.eval_windows, cfg.data.verify)
+    if tc.target_loss is not None and not val_sets:
         raise ConfigError(
             f"train.target_loss is set but {data_dir} has no validation split; "
             "re-prepare with --val-fraction above 0 or drop train.target_loss"
         )
-    train_data.check_window(tc.seq_len)
-    val_starts = eval_windows(val_data, tc.seq_len, tc.eval_windows) if val_data is not None else []
 
     # ---- the plan: hardware, precision, kernels, batch -------------------------------------------------------
     hw = detect_for(tc.device)
@@ -185,7 +185,20 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
     fpt = flops_per_token(model_cfg, tc.seq_len)
     predicted = predicted_tokens_per_s(plan, fpt)
     print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
-    batches = RandomWindows(train_data, tc.seq_len, plan.micro_batch, tc.seed)
+    prefetch = default_prefetch(cfg.data, device)
+    batches = TrainBatches(
+        cfg.data,
+        datasets,
+        train_shards,
+        tc.seq_len,
+        plan.micro_batch,
+        plan.grad_accum,
+        tc.seed,
+        plan.pin_memory,
+        prefetch,
+    )
+    if resume_state is not None:
+        batches.load_state_dict(resume_state.get("data"))  # sequential/mixture: exactly the next sample
 
     # ---- the loop ------------------------------------------------------------------------------------------
     t0 = time.perf_counter()
@@ -213,6 +226,7 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
             "config": cfg.to_dict(),
             "data_manifest_tokenizer": manifest["tokenizer"],
             "guard": guard.to_dict(),
+            "data": batches.state_dict(),
         }
         try:
             path = ckpt_io.save_checkpoint(
@@ -237,14 +251,11 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         set_lr(optimizer, lr)
         step_loss = torch.zeros((), device=device)
         for micro in range(plan.grad_accum):
-            x, y = batches.batch(step + guard.state.data_offset, micro)
-            if plan.pin_memory:
-                x, y = x.pin_memory(), y.pin_memory()
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            batch = batches.next(step + guard.state.data_offset, micro).to(device)  # pinned when planned
             if mark_step is not None:  # CUDA graphs: the previous step's outputs may be overwritten now
                 mark_step()
             with plan.autocast(), plan.sdpa_backends():
-                loss = model(x, y) / plan.grad_accum
+                loss = model(batch.x, batch.y, **batch.model_kwargs) / plan.grad_accum
             (scaler.scale(loss) if scaler else loss).backward()
             step_loss += loss.detach()
         if scaler:
@@ -312,7 +323,7 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
                         "activation_checkpointing full, a shorter train.seq_len, or a smaller model / FSDP"
                     ) from None
                 plan.micro_batch, plan.grad_accum = plan.micro_batch // 2, plan.grad_accum * 2
-                batches = RandomWindows(train_data, tc.seq_len, plan.micro_batch, tc.seed)
+                batches.set_micro_batch(plan.micro_batch, plan.grad_accum)
                 log(
                     f"out of memory at step {step + 1}: micro-batch halved to {plan.micro_batch}, accumulation "
                     f"doubled to {plan.grad_accum} (global batch unchanged); redoing the step"
@@ -346,8 +357,11 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
                 continue
             good = [x for x, ok in zip(losses, flags, strict=True) if ok]
             evaluated = False
-            if val_starts and ((tc.eval_every and step % tc.eval_every == 0) or stopped_by):
-                val_loss, evaluated = evaluate(model, val_data, val_starts, plan), True
+            if val_sets and ((tc.eval_every and step % tc.eval_every == 0) or stopped_by):
+                val_losses = {
+                    v.name: evaluate(model, v.shards, v.starts, plan, cfg.data.packing) for v in val_sets
+                }
+                val_loss, evaluated = combined_val_loss(val_losses, val_sets), True
                 best_val = val_loss if best_val is None else min(best_val, val_loss)
                 if tc.target_loss is not None and val_loss <= tc.target_loss and stopped_by is None:
                     stopped_by = "target_loss"
@@ -355,6 +369,11 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
             record = {"step": step, "tokens": tokens, "loss": sum(good) / len(good) if good else float("nan")}
             if evaluated:
                 record["val_loss"] = val_loss
+                if (
+                    len(val_sets) > 1
+                ):  # a mixture: each dataset's own loss (e.g. watch English being forgotten)
+                    record["val_losses"] = val_losses
+                    log("val by dataset: " + " | ".join(f"{k} {v:.4f}" for k, v in val_losses.items()))
             record.update(
                 lr=lr,
                 grad_norm=grad_norm.item(),
@@ -375,6 +394,7 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
             if (tc.ckpt_every and step % tc.ckpt_every == 0) or stopped_by:
                 save(val_loss)
 
+    batches.close()
     total = elapsed()
     log(
         f"done: {stopped_by} after {step:,} steps, {human_count(tokens)} tokens, {total:.1f} s"

@@ -1,0 +1,180 @@
+"""The on-disk format of prepared data: token shards, their document index, and manifest.json.
+
+A split ("train" / "val") is a list of shards `<split>_000000.bin`, ... of raw little-endian token ids (uint16 while
+the vocabulary fits, else uint32). Beside each shard `<split>_000000.idx` holds the int64 offsets, within that
+shard, where a document starts (a document that continues from the previous shard has no entry), so packing
+knows where documents begin without trusting EOS ids that a tokenizer may also emit for literal text.
+manifest.json lists every shard with its token count, document-start count and sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from hopperlm.errors import DataError
+
+FORMAT = "hopperlm-shards-v2"  # v2 adds the per-shard document index (.idx)
+READABLE_FORMATS = ("hopperlm-shards-v1", FORMAT)
+MANIFEST = "manifest.json"
+MANIFEST_KEYS = ("tokenizer", "dtype", "vocab_size", "eos_id", "tokens", "shards")  # what readers rely on
+INDEX_DTYPE = np.dtype("<i8")
+HASH_BLOCK = 8 << 20
+REPREPARE = "re-run `hopperlm prepare --overwrite`"
+
+
+def shard_dtype(vocab_size: int) -> np.dtype:
+    """uint16 while every id fits (vocab <= 65536): half the disk and page-cache of uint32."""
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+
+
+def index_name(shard_file: str) -> str:
+    return shard_file[: -len(".bin")] + ".idx"
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, streamed (shards can be GBs)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+class ShardWriter:
+    """Appends tokens (and where documents start) to `<split>_000000.bin/.idx`, ... of at most shard_tokens
+    each. `shards` describes what is written: {"file", "tokens", "docs"}; `state()` / `reopen()` let an
+    interrupted prepare continue from exactly that point."""
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
+        self.directory, self.split, self.dtype, self.shard_tokens = (
+            Path(directory),
+            split,
+            dtype,
+            shard_tokens,
+        )
+        self.shards: list[dict] = []
+        self._bin = self._idx = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(s["tokens"] for s in self.shards)
+
+    def write(self, tokens: np.ndarray, doc_starts: np.ndarray | None = None) -> None:
+        """Append tokens; doc_starts are offsets into `tokens` where a document begins (sorted)."""
+        tokens = tokens.astype(self.dtype, copy=False)
+        starts = np.zeros(0, dtype=np.int64) if doc_starts is None else np.asarray(doc_starts, dtype=np.int64)
+        done = 0
+        while done < len(tokens):
+            if not self.shards or self.shards[-1]["tokens"] == self.shard_tokens:
+                self._next_shard()
+            shard = self.shards[-1]
+            take = min(len(tokens) - done, self.shard_tokens - shard["tokens"])
+            self._bin.write(tokens[done : done + take].tobytes())
+            lo, hi = np.searchsorted(starts, [done, done + take])
+            if hi > lo:
+                local = starts[lo:hi] - done + shard["tokens"]
+                self._idx.write(local.astype(INDEX_DTYPE).tobytes())
+                shard["docs"] += int(hi - lo)
+            shard["tokens"] += take
+            done += take
+
+    def _open_last(self, mode: str) -> None:
+        name = self.shards[-1]["file"]
+        # closed in close(); 1 MB buffers: shards are written in large appends
+        self._bin = open(self.directory / name, mode, buffering=1 << 20)  # noqa: SIM115
+        self._idx = open(self.directory / index_name(name), mode, buffering=1 << 16)  # noqa: SIM115
+
+    def _next_shard(self) -> None:
+        self.close()
+        self.shards.append({"file": f"{self.split}_{len(self.shards):06d}.bin", "tokens": 0, "docs": 0})
+        self._open_last("wb")
+
+    def flush(self) -> None:
+        for f in (self._bin, self._idx):
+            if f is not None:
+                f.flush()
+
+    def close(self) -> None:
+        for f in (self._bin, self._idx):
+            if f is not None:
+                f.close()
+        self._bin = self._idx = None
+
+    def state(self) -> list[dict]:
+        self.flush()
+        return [dict(s) for s in self.shards]
+
+    def reopen(self, shards: list[dict]) -> None:
+        """Continue after `shards` (a state()): cut anything written after it, append from there."""
+        self.close()
+        for path in self.directory.glob(f"{self.split}_*"):
+            if path.stem not in {Path(s["file"]).stem for s in shards}:
+                path.unlink()  # a shard started after the last saved state
+        self.shards = [dict(s) for s in shards]
+        for s in self.shards:
+            for name, size in (
+                (s["file"], s["tokens"] * self.dtype.itemsize),
+                (index_name(s["file"]), s["docs"] * 8),
+            ):
+                path = self.directory / name
+                if not path.is_file() or path.stat().st_size < size:
+                    raise DataError(
+                        f"{path} is shorter than the saved prepare state; delete {self.directory}"
+                    )
+                os.truncate(path, size)
+        if self.shards:
+            self._open_last("ab")
+
+
+# ---- reading the manifest ----------------------------------------------------------------------------------
+
+
+def read_manifest(data_dir: Path) -> dict:
+    """The manifest of a prepared data dir, with a DataError that says how to fix whatever is wrong."""
+    data_dir = Path(data_dir)
+    path = data_dir / MANIFEST
+    if not data_dir.is_dir():
+        raise DataError(f"data dir {data_dir} does not exist; run `hopperlm prepare --out {data_dir}` first")
+    if not path.is_file():
+        raise DataError(f"data dir {data_dir} has no {MANIFEST}; run `hopperlm prepare` first")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is unreadable ({e}); {REPREPARE}") from e
+    if not isinstance(manifest, dict) or manifest.get("format") not in READABLE_FORMATS:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise DataError(f"{path} is not a {FORMAT} manifest (format={found!r}); re-run `hopperlm prepare`")
+    missing = [k for k in MANIFEST_KEYS if k not in manifest]
+    if missing:
+        raise DataError(f"{path} lacks {', '.join(missing)}; {REPREPARE}")
+    _check_manifest_shape(manifest, path)
+    return manifest
+
+
+def _check_manifest_shape(manifest: dict, path: Path) -> None:
+    """The counts must add up and every shard entry must be well-formed: a hand-edited or mismatched manifest
+    is caught here, naming the file, rather than as an IndexError deep in training."""
+    try:
+        np.dtype(manifest["dtype"])
+    except TypeError:
+        raise DataError(f"{path}: dtype {manifest['dtype']!r} is not a numpy dtype; {REPREPARE}") from None
+    shards, tokens = manifest["shards"], manifest["tokens"]
+    if not isinstance(shards, dict) or not isinstance(tokens, dict):
+        raise DataError(f"{path}: 'shards' and 'tokens' must be mappings by split; {REPREPARE}")
+    for split, entries in shards.items():
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("file"), str) and isinstance(e.get("tokens"), int)
+            for e in entries
+        ):
+            raise DataError(f"{path}: shard list of split {split!r} is malformed; {REPREPARE}")
+        total = sum(e["tokens"] for e in entries)
+        if tokens.get(split) != total:
+            raise DataError(
+                f"{path}: split {split!r} says {tokens.get(split)} tokens but its shards hold {total}; "
+                f"the manifest does not match its shards, {REPREPARE}"
+            )

@@ -1,0 +1,83 @@
+"""The training loop with sequential sampling, packing and a Tigrinya + English mixture: exact resume from the
+checkpointed data position, one validation loss per dataset."""
+
+import json
+import shutil
+
+import pytest
+from shared_data import DATA_DIR
+from test_train import QUIET, debug_config
+
+from hopperlm.data.prepare import prepare
+from hopperlm.errors import ConfigError, DataError
+from hopperlm.train.checkpoint import list_checkpoints, read_state
+from hopperlm.train.loop import train
+from hopperlm.train.metrics import read_metrics
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mix")
+    out = {}
+    for name, src in (("tir", DATA_DIR / "hornmt" / "tir.txt"), ("eng", DATA_DIR / "hornmt" / "eng.txt")):
+        lines = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()]
+        (root / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in lines))
+        prepare([root / f"{name}.jsonl"], root / name, progress=False)
+        out[name] = root / name
+    return out
+
+
+def mixture_overrides(corpora, *extra):
+    mixture = "{" + f"{corpora['tir']}: 0.7, {corpora['eng']}: 0.3" + "}"
+    return [
+        "--data.mixture", mixture, "--data.sampling", "sequential", "--data.packing", "true",
+        "--train.max_steps", "8", "--train.ckpt_every", "4", "--train.eval_every", "4", "--train.log_every", "1",
+        "--train.eval_windows", "8", *extra,
+    ]  # fmt: skip
+
+
+def test_mixture_with_packing_resumes_exactly(corpora, tmp_path):
+    overrides = mixture_overrides(corpora)
+    full = tmp_path / "full"
+    lines = []
+    train(debug_config(corpora["tir"], full, *overrides), log=lines.append)
+    assert any(
+        line.startswith("data: sequential epochs read")
+        and "; mixture tir 0.7 + eng 0.3; packing with" in line
+        for line in lines
+    )
+    assert any(line.startswith("val by dataset: tir ") and "| eng " in line for line in lines)
+    state = read_state(list_checkpoints(full)[0])
+    assert state["data"]["position"] == 4 * 16 and sum(state["data"]["counts"]) == 64
+
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_000008")
+    train(debug_config(corpora["tir"], cut, *overrides), resume=True, log=QUIET)
+    a, b = read_metrics(full / "metrics.jsonl"), read_metrics(cut / "metrics.jsonl")
+    assert [r["step"] for r in b] == list(range(1, 9))
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["loss"] == rb["loss"] and ra.get("val_loss") == rb.get("val_loss")
+    evals = [r for r in a if "val_loss" in r]
+    assert len(evals) == 2
+    for r in evals:
+        per = r["val_losses"]
+        assert set(per) == {"tir", "eng"}
+        assert r["val_loss"] == pytest.approx(0.7 * per["tir"] + 0.3 * per["eng"])
+
+
+def test_resume_needs_the_data_position(corpora, tmp_path):
+    run = tmp_path / "run"
+    base = ["--train.max_steps", "2", "--train.ckpt_every", "2", "--train.eval_every", "0"]
+    train(debug_config(corpora["eng"], run, *base), log=QUIET)  # random sampling: no position saved
+    with pytest.raises(DataError, match="holds no data position"):
+        train(
+            debug_config(corpora["eng"], run, *base[:1], "4", *base[2:], "--data.sampling", "sequential"),
+            resume=True,
+            log=QUIET,
+        )
+    with pytest.raises(ConfigError, match="data.mixture weight"):
+        train(
+            debug_config(corpora["eng"], tmp_path / "x", "--data.mixture", f"{{{corpora['eng']}: 0}}"),
+            log=QUIET,
+        )
