@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from hopperlm.provenance import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_LOSS, TARGET_SECONDS = 1.88, 120.0
@@ -57,12 +57,8 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     results = [one_run(extra) for _ in range(args.runs)]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     report = {
-        "command": " ".join([sys.executable, *sys.argv]),
-        "commit": commit.stdout.strip() or "unknown",
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance(),
         "runs": results,
     }
     for r in results:

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +32,7 @@ from hopperlm.data.loader import TokenShards  # noqa: E402
 from hopperlm.data.prepare import prepare  # noqa: E402
 from hopperlm.data.train_data import TrainBatches, resolve_datasets  # noqa: E402
 from hopperlm.hardware import cpu_cores  # noqa: E402
+from hopperlm.provenance import provenance  # noqa: E402
 
 H100_350M_TOKENS_PER_S = 250_000
 TARGET_TOKENIZE_RATIO, TARGET_LOADER_RATIO = 2.0, 50.0
@@ -168,12 +167,8 @@ def main() -> None:
         ]
         loader = [bench_loader(tmp / "shards", *m, args.seq_len, args.micro_batch) for m in modes]
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     report = {
-        "command": " ".join([sys.executable, *sys.argv]),
-        "commit": commit.stdout.strip() or "unknown",
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance(),
         "tokenize": tokenize,
         "loader": {"seq_len": args.seq_len, "micro_batch": args.micro_batch, "cores": 1, "modes": loader},
         "h100_350m_tokens_per_s": H100_350M_TOKENS_PER_S,

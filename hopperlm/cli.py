@@ -184,7 +184,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     from hopperlm.hardware import detect_for
     from hopperlm.presets import PRESETS
-    from hopperlm.speed.bench import DEFAULT_PRESETS, format_table, provenance, run_bench
+    from hopperlm.provenance import provenance
+    from hopperlm.speed.bench import DEFAULT_PRESETS, format_table, run_bench
 
     presets = args.presets.split(",") if args.presets else list(DEFAULT_PRESETS)
     unknown = [p for p in presets if p not in PRESETS]
@@ -217,7 +218,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         record = {
-            **provenance(sys.argv[1:]),
+            **provenance("hopperlm " + " ".join(sys.argv[1:])),
             "device": hw.name,
             "peak_16bit_tflops": hw.peak_16bit / 1e12 if hw.peak_16bit else None,
             "rows": [dataclasses.asdict(r) for r in rows],

@@ -16,3 +16,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 hl() { python3 -m hopperlm "$@"; }
+speedrun() {  # NAME OVERRIDES...: Tiny Shakespeare (prepared in /tmp/shakespeare-byte) to the recipe's target;
+  # wall time of the whole command, start-up and compile included
+  local name=$1; shift
+  local t0=$(date +%s.%N)
+  timeout "${SPEEDRUN_TIMEOUT:-120}" python3 -m hopperlm train shakespeare-char-gpu --data.path /tmp/shakespeare-byte \
+    --run.out_dir /tmp/run-$name "$@" > "$OUT/speedrun-$name.log" 2>&1
+  local rc=$? t1=$(date +%s.%N)
+  echo "speedrun $name: rc $rc, $(python3 -c "print(f'{$t1 - $t0:.1f}')") s wall | $(grep -E '^done' "$OUT/speedrun-$name.log")"
+}

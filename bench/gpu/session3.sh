@@ -5,14 +5,6 @@ source bench/gpu/env.sh
 python3 bench/gpu/profile_step.py h100-350m --micro-batch 16 --seq-len 1024 --steps 5 \
   --trace "$OUT/trace-h100-350m.json.gz" 2>&1 | tee "$OUT/profile-h100-350m.txt"
 hl prepare "$HOPPERLM_DATA_DIR/tinyshakespeare/input.txt" --out /tmp/shakespeare-byte > /dev/null
-speedrun() {  # NAME OVERRIDES...: wall time of the whole command, start-up and compile included
-  local name=$1; shift
-  local t0=$(date +%s.%N)
-  timeout 120 python3 -m hopperlm train shakespeare-char-gpu --data.path /tmp/shakespeare-byte \
-    --run.out_dir /tmp/run-$name "$@" > "$OUT/speedrun-$name.log" 2>&1
-  local rc=$? t1=$(date +%s.%N)
-  echo "speedrun $name: rc $rc, $(python3 -c "print(f'{$t1 - $t0:.1f}')") s wall | $(grep -E '^done' "$OUT/speedrun-$name.log")"
-}
 {
 speedrun nanogpt-shape
 speedrun mb128-lr2e-3 --train.micro_batch 128 --optim.lr 2e-3 --train.max_steps 2500

@@ -3,14 +3,7 @@
 # (2,000-step cosine, CUDA graphs chosen by the plan) and a 1,500-step variant; h100-350m with autotuning.
 source bench/gpu/env.sh
 hl prepare "$HOPPERLM_DATA_DIR/tinyshakespeare/input.txt" --out /tmp/shakespeare-byte > /dev/null
-speedrun() {  # NAME OVERRIDES...: wall time of the whole command, start-up and compile included
-  local name=$1; shift
-  local t0=$(date +%s.%N)
-  timeout 100 python3 -m hopperlm train shakespeare-char-gpu --data.path /tmp/shakespeare-byte \
-    --run.out_dir /tmp/run-$name "$@" > "$OUT/speedrun-$name.log" 2>&1
-  local rc=$? t1=$(date +%s.%N)
-  echo "speedrun $name: rc $rc, $(python3 -c "print(f'{$t1 - $t0:.1f}')") s wall | $(grep -E '^done' "$OUT/speedrun-$name.log")"
-}
+export SPEEDRUN_TIMEOUT=100
 {
 speedrun recipe
 speedrun steps1500 --train.max_steps 1500

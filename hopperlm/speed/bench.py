@@ -395,37 +395,3 @@ def format_table(rows: list[Row], hw: Hardware) -> list[str]:
                 f"TFLOP/s ({fpt / 1e9:.2f} GFLOP/token)"
             )
     return lines
-
-
-def provenance(argv: list[str]) -> dict:
-    """What a result needs to be reproduced: the command, the commit (and whether the tree was dirty),
-    the device and the library versions."""
-    import importlib.metadata
-    import platform
-    import subprocess
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10)
-            return out.stdout.strip() if out.returncode == 0 else None
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    versions = {}
-    for package in ("torch", "transformers", "torchao", "triton"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {
-        "command": "hopperlm " + " ".join(argv),
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(status) if status is not None else None,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "host": platform.node(),
-        "versions": versions,
-    }
