@@ -181,3 +181,23 @@ def test_summary_before_the_first_log_and_with_mfu():
     assert rows["MFU"] == "36.4% mean over the run, 40.0% median"
     assert rows["tokens/s"] == "909 mean over the run, 1.00K median interval"
     assert rows["peak memory"] == "1.50 GB"
+
+
+def test_gpu_readings_and_mfu_get_their_plots_and_summary(short_run, tmp_path):
+    """What a GPU run records (MFU, NVML readings), laid on the real run's curve."""
+    run = tmp_path / "gpu-run"
+    run.mkdir()
+    records = [
+        {**r, "mfu": 0.4, "gpu_util": 97.0, "gpu_power_w": 650.0, "gpu_temp_c": 70.0 + i, "gpu_mem_gb": 74.0}
+        for i, r in enumerate(read_metrics(short_run[0] / "metrics.jsonl"))
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    written = {p.name: p for p in plot_runs([run], run / "plots")}
+    assert set(written) == PLOTS | {"gpu.png"}
+    assert_real_png(written["gpu.png"])
+    width, height = png_size(written["throughput.png"])
+    assert width > 2.2 * height  # tokens/s and MFU side by side
+    plan = {"flops_per_token": 1e6, "hardware": {"peak_16bit_flops": 1e12}}
+    rows = dict(summarize(records, plan))
+    assert rows["GPU"] == f"97% mean utilisation, 650 W mean, {69 + len(records):.0f} C max"
+    assert rows["MFU"].endswith("40.0% median")

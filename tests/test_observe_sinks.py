@@ -173,3 +173,21 @@ def test_tensorboard_missing_is_one_line_and_training_goes_on(tmp_path, monkeypa
     sinks = open_sinks(load_config(DEBUG, []), tmp_path, 0, "", lines.append)
     assert [s.name for s in sinks] == ["metrics.jsonl"]
     assert lines == ["tensorboard: off (the tensorboard package is not installed: pip install tensorboard)"]
+
+
+@pytest.mark.slow
+def test_real_wandb_offline(shakespeare_bytes, tmp_path, monkeypatch):
+    """With wandb installed (it is optional: CI skips this), a run logs offline and a resume keeps its id."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    cfg = lambda steps: load_config(  # noqa: E731
+        DEBUG,
+        ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(run), "--train.max_steps", str(steps)]
+        + ["--train.log_every", "5", "--log.wandb", "true", "--log.tensorboard", "false", "--log.report", "false"],
+    )
+    train(cfg(10), log=QUIET)
+    train(cfg(15), resume=True, log=QUIET)
+    run_id = (run / "wandb_id").read_text().strip()
+    offline = sorted((run / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(p.name.endswith(run_id) for p in offline)

@@ -221,7 +221,10 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
             ax.plot(xs, ys, "--", color=color[run.label], lw=1.2, label=f"{prefix}device in use (NVML)")
     ax.set_title("memory (GB): CUDA max allocated, or the CPU process's peak RSS")
     ax.set_xlabel("step")
-    ax.set_ylim(bottom=0)
+    highest = max(
+        max(run.series("step", k)[1], default=0.0) for run in runs for k in ("peak_mem_gb", "gpu_mem_gb")
+    )
+    ax.set_ylim(0, 1.15 * highest if highest > 0 else 1.0)  # a flat line must not sit on the frame
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save(fig, "memory.png")
@@ -243,6 +246,8 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
             ax.set_title(title)
             ax.set_xlabel(time_label)
             ax.grid(alpha=0.3)
+        axes[0].set_ylim(0, 105)  # a percentage: 95-99% must not look like a cliff
+        axes[1].set_ylim(bottom=0)
         if several:
             axes[0].legend(fontsize=8)
         save(fig, "gpu.png")

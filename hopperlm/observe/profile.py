@@ -131,16 +131,18 @@ def profile_config(
 def kernel_rows(prof: torch.profiler.profile, cuda: bool) -> tuple[list[KernelRow], float]:
     """Rows per op (CPU) or kernel (CUDA) over the recorded steps, plus idle/host time; and the steps' total
     wall time in microseconds, which the shares are of."""
+    cpu = torch.autograd.DeviceType.CPU
     events = prof.events()
-    steps = [e for e in events if e.name.startswith("ProfilerStep")]
+    steps = [e for e in events if e.name.startswith("ProfilerStep") and e.device_type == cpu]
     if not steps:
         raise ConfigError("profile: no step was recorded; raise --steps")
     window = (min(e.time_range.start for e in steps), max(e.time_range.end for e in steps))
     wall_us = window[1] - window[0]
     rows: list[KernelRow] = []
     for avg in prof.key_averages():
-        on_device = avg.device_type != torch.autograd.DeviceType.CPU
-        if cuda != on_device or avg.key.startswith("ProfilerStep"):
+        on_device = avg.device_type != cpu
+        # user annotations (ProfilerStep#, record_function labels) are mirrored on the GPU timeline: not kernels
+        if cuda != on_device or avg.key.startswith("ProfilerStep") or (on_device and avg.is_user_annotation):
             continue
         time_us = avg.self_device_time_total if cuda else avg.self_cpu_time_total
         if time_us > 0:
@@ -149,7 +151,7 @@ def kernel_rows(prof: torch.profiler.profile, cuda: bool) -> tuple[list[KernelRo
         intervals = [
             (max(e.time_range.start, window[0]), min(e.time_range.end, window[1]))
             for e in events
-            if e.device_type != torch.autograd.DeviceType.CPU and e.time_range.end > e.time_range.start
+            if e.device_type != cpu and not e.is_user_annotation and e.time_range.end > e.time_range.start
         ]
         idle = max(0.0, wall_us - busy_time([i for i in intervals if i[1] > i[0]]))
         rows.append(KernelRow("(GPU idle within the steps)", IDLE, idle, len(steps)))

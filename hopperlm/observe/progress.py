@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -84,46 +85,33 @@ def steps_to_target(val_points: list[tuple[int, float]], target: float) -> float
     return max(0.0, math.exp(log_step) - points[-1][0])
 
 
+def _budget(rule: str, used: float, budget: float, per_s: float | None, detail: str) -> RuleProgress:
+    """A counted budget: the fraction used, and the seconds left at `per_s` units a second (None: no speed)."""
+    remaining = max(0.0, budget - used) / per_s if per_s else None
+    return RuleProgress(rule, min(1.0, used / budget), remaining, detail)
+
+
 def rule_progress(
     step: int,
     tokens: int,
     elapsed_s: float,
     tc: TrainConfig,
     rate: Rate | None,
-    val_points: list[tuple[int, float]] = (),
+    val_points: Sequence[tuple[int, float]] = (),
 ) -> list[RuleProgress]:
     """Where each budget of the run stands, in the order max_steps, max_tokens, max_hours, target_loss."""
     out = []
     if tc.max_steps is not None:
-        left = max(0, tc.max_steps - step)
-        out.append(
-            RuleProgress(
-                "max_steps",
-                min(1.0, step / tc.max_steps),
-                left / rate.steps_per_s if rate and rate.steps_per_s > 0 else None,
-                f"step {step:,}/{tc.max_steps:,}",
-            )
-        )
+        per_s = rate and rate.steps_per_s
+        out.append(_budget("max_steps", step, tc.max_steps, per_s, f"step {step:,}/{tc.max_steps:,}"))
     if tc.max_tokens is not None:
-        left = max(0, tc.max_tokens - tokens)
-        out.append(
-            RuleProgress(
-                "max_tokens",
-                min(1.0, tokens / tc.max_tokens),
-                left / rate.tokens_per_s if rate and rate.tokens_per_s > 0 else None,
-                f"{human_count(tokens)}/{human_count(tc.max_tokens)} tokens",
-            )
-        )
-    if tc.max_hours is not None:
+        per_s = rate and rate.tokens_per_s
+        detail = f"{human_count(tokens)}/{human_count(tc.max_tokens)} tokens"
+        out.append(_budget("max_tokens", tokens, tc.max_tokens, per_s, detail))
+    if tc.max_hours is not None:  # the clock runs at one second per second, whatever the machine's speed
         budget = tc.max_hours * 3600
-        out.append(
-            RuleProgress(
-                "max_hours",
-                min(1.0, elapsed_s / budget),
-                max(0.0, budget - elapsed_s),
-                f"{format_duration(elapsed_s)}/{format_duration(budget)}",
-            )
-        )
+        detail = f"{format_duration(elapsed_s)}/{format_duration(budget)}"
+        out.append(_budget("max_hours", elapsed_s, budget, 1.0, detail))
     if tc.target_loss is not None:
         val_points = list(val_points)
         fraction = remaining = None
