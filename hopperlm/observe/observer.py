@@ -88,15 +88,19 @@ class RunObserver:
         self.val_points = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
         self.best_val = min((v for _, v in self.val_points), default=None)
         self.rates = RateMeter(step, tokens, elapsed_s)
-        self.mode, why = choose_progress(cfg.log.progress)
-        self.display = RichProgress() if self.mode == "rich" else None
-        self.device = plan.device
+        mode, why = choose_progress(cfg.log.progress)
+        self.display = RichProgress() if mode == "rich" else None
         self.gpu = open_gpu_monitor(plan.device, log) if cfg.log.gpu_monitor else None
+        names = [s.name for s in self.sinks]
+        parts = [
+            ", ".join(names) + (f" (tensorboard --logdir {self.run_dir})" if "tensorboard" in names else "")
+        ]
+        parts.append(f"progress: {why}")
+        if self.gpu is not None:
+            parts.append("GPU monitor: NVML")
         if cuda_memory.dump_on_oom(plan.device, self.run_dir / "oom_snapshot.pickle", log):
-            why += "; CUDA memory snapshot on out-of-memory"
-        sinks = ", ".join(s.name for s in self.sinks)
-        tb = " (tensorboard --logdir " + str(self.run_dir) + ")" if cfg.log.tensorboard else ""
-        log(f"observe: {sinks}{tb} | progress: {why}" + (" | GPU monitor: NVML" if self.gpu else ""))
+            parts.append("out of memory: allocator snapshot to oom_snapshot.pickle")
+        log("observe: " + " | ".join(parts))
 
     def __enter__(self) -> RunObserver:
         if self.gpu is not None:
@@ -142,6 +146,7 @@ class RunObserver:
         for sink in self.sinks:
             sink.restart_at(step)
         self.val_points = [(s, v) for s, v in self.val_points if s <= step]
+        self.best_val = min((v for _, v in self.val_points), default=None)
         self.rates.mark(step, tokens, elapsed_s)
 
     def finish(self, result: Any) -> None:

@@ -190,7 +190,8 @@ class RichProgress:
     def __init__(self, console: Any = None) -> None:
         from rich.console import Console
 
-        self.console = console or Console()
+        # forced on (log.progress rich) even where stdout is not a terminal: draw as on one
+        self.console = console or Console(force_terminal=True)
         self.snapshot: Snapshot | None = None
         self.live = None
 
