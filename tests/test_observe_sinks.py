@@ -181,11 +181,8 @@ def test_real_wandb_offline(shakespeare_bytes, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     run = tmp_path / "run"
-    cfg = lambda steps: load_config(  # noqa: E731
-        DEBUG,
-        ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(run), "--train.max_steps", str(steps)]
-        + ["--train.log_every", "5", "--log.wandb", "true", "--log.tensorboard", "false", "--log.report", "false"],
-    )
+    extra = ["--log.wandb", "true", "--log.tensorboard", "false"]  # report off and csv on: OVERRIDES
+    cfg = lambda steps: config(shakespeare_bytes, run, "--train.max_steps", str(steps), *extra)  # noqa: E731
     train(cfg(10), log=QUIET)
     train(cfg(15), resume=True, log=QUIET)
     run_id = (run / "wandb_id").read_text().strip()
