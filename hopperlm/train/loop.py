@@ -371,9 +371,8 @@ def train(
             )
             if guard.state.skipped:
                 record["skipped_steps"] = guard.state.skipped
-            observer.log_step(
-                record
-            )  # adds the GPU readings, writes every sink, prints the line with the ETA
+            # the GPU readings are added, every sink written, the line printed with the ETA
+            observer.log_step(record)
             if first_log:
                 print_preflight_check(log, record, plan, predicted[0])
                 first_log = False
