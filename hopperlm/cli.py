@@ -231,6 +231,36 @@ def cmd_bench(args: argparse.Namespace) -> None:
         log(line)
 
 
+def cmd_plot(args: argparse.Namespace) -> None:
+    from hopperlm.observe.plot import plot_runs
+
+    out = Path(args.out) if args.out else Path(args.runs[0]) / "plots"
+    for path in plot_runs([Path(r) for r in args.runs], out):
+        log(f"wrote {path}")
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from hopperlm.observe.report import write_report
+
+    md, html = write_report(Path(args.run))
+    log(f"wrote {md} and {html}")
+
+
+def cmd_profile(args: argparse.Namespace, overrides: list[str]) -> None:
+    from hopperlm.config import load_config
+    from hopperlm.observe.profile import profile_config
+
+    cfg = load_config(resolve_recipe(args.config), overrides)
+    result = profile_config(cfg, args.steps, args.wait, args.warmup, args.out, args.memory_snapshot, log=log)
+    kind = "GPU kernels, device time" if result.device == "cuda" else "CPU ops, self time"
+    log(f"\n--- where the time goes ({kind}) ---")
+    for line in result.table:
+        log(line)
+    log(f"time: {result.summary}")
+    log(f"trace: {result.trace} (open in https://ui.perfetto.dev or chrome://tracing)")
+    log(f"table: {result.out_dir / 'kernels.txt'}, {result.out_dir / 'profile.json'}")
+
+
 def cmd_presets(args: argparse.Namespace) -> None:
     from hopperlm.model.transformer import count_params, flops_per_token
     from hopperlm.presets import PRESETS
@@ -443,6 +473,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the results as JSON here (e.g. bench/results/DATE-GPU.json)")
 
     verbs.add_parser("presets", parents=[common], help="list model presets with exact sizes")
+
+    p = verbs.add_parser("plot", parents=[common], help="PNG plots of one run, or several overlaid")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (holding metrics.jsonl)")
+    p.add_argument("--out", help="folder for the PNGs (default: FIRST_RUN_DIR/plots)")
+
+    p = verbs.add_parser("report", parents=[common], help="write RUN_DIR/report.md and report.html")
+    p.add_argument("run", metavar="RUN_DIR")
+
+    p = verbs.add_parser(
+        "profile",
+        parents=[common],
+        help="profile training steps: trace, top-kernels table, where the time goes",
+        description="Runs the real training loop of CONFIG under torch.profiler in RUN_DIR/profile (no "
+        "checkpoints). Extra --section.key value overrides apply to CONFIG.",
+    )
+    p.add_argument("config", help="YAML recipe, or a name from configs/")
+    p.add_argument("--steps", type=int, default=5, help="steps recorded (default 5)")
+    p.add_argument("--wait", type=int, default=1, help="steps run before the profiler starts (compilation)")
+    p.add_argument("--warmup", type=int, default=2, help="steps profiled but discarded (profiler warm-up)")
+    p.add_argument("--out", help="output folder (default RUN_DIR/profile)")
+    p.add_argument(
+        "--memory-snapshot",
+        action="store_true",
+        help="record every CUDA allocation and write memory_snapshot.pickle (GPU only)",
+    )
     return parser
 
 
@@ -451,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     try:
-        if extra and args.verb not in ("train", "demo", "diagnose"):
+        if extra and args.verb not in ("train", "demo", "diagnose", "profile"):
             raise ConfigError(f"unrecognised arguments: {' '.join(extra)}; see hopperlm {args.verb} --help")
         if args.verb == "train":
             cmd_train(args, extra)
@@ -459,6 +514,8 @@ def main(argv: list[str] | None = None) -> None:
             cmd_demo(args, extra)
         elif args.verb == "diagnose":
             cmd_diagnose(args, extra)
+        elif args.verb == "profile":
+            cmd_profile(args, extra)
         else:
             verbs = {
                 "prepare": cmd_prepare,
@@ -467,6 +524,8 @@ def main(argv: list[str] | None = None) -> None:
                 "presets": cmd_presets,
                 "bench": cmd_bench,
                 "tokenizer": cmd_tokenizer,
+                "plot": cmd_plot,
+                "report": cmd_report,
             }
             verbs[args.verb](args)
     except HopperError as e:

@@ -1,8 +1,8 @@
 """Typed run configuration: dataclasses with one docstring per field, YAML loading and strict CLI overrides.
 
-A config file has up to six sections (model, data, optim, train, guard, run). `model.preset` starts the model section
-from a preset in presets.py; keys beside it override the preset. Every key is checked against the dataclass:
-an unknown key, a wrong type or an impossible shape raises ConfigError naming the field and the fix.
+A config file has up to seven sections (model, data, optim, train, guard, log, run). `model.preset` starts the
+model section from a preset in presets.py; keys beside it override the preset. Every key is checked against the
+dataclass: an unknown key, a wrong type or an impossible shape raises ConfigError naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -284,6 +284,27 @@ class GuardConfig:
 
 
 @dataclass
+class LogConfig:
+    progress: Literal["auto", "rich", "plain"] = "auto"
+    """Console progress: auto = a live rich display when stdout is a terminal, plain lines otherwise (CI, SLURM);
+    both show the ETA of whichever stopping rule ends the run first."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to RUN_DIR/tensorboard (view with `tensorboard --logdir RUN_DIR`)."""
+    wandb: bool = False
+    """Also log to Weights & Biases (`pip install wandb`); the run id is kept in RUN_DIR so resumes continue it."""
+    wandb_project: str = "hopperlm"
+    """W&B project name."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """offline writes RUN_DIR/wandb/ for a later `wandb sync`; online needs `wandb login`."""
+    csv: bool = False
+    """Also write RUN_DIR/metrics.csv: the metrics.jsonl fields as columns, one row per log step."""
+    gpu_monitor: bool = True
+    """On CUDA, sample GPU utilisation, power, temperature and memory with NVML (`pip install nvidia-ml-py`)."""
+    report: bool = True
+    """At the end of training write RUN_DIR/report.md and report.html (summary, plan, events, plots)."""
+
+
+@dataclass
 class RunConfig:
     out_dir: str = "runs/default"
     """Run directory: config.yaml, metrics.jsonl, tokenizer and checkpoints/ go here."""
@@ -296,6 +317,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
     guard: GuardConfig = field(default_factory=GuardConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
@@ -315,6 +337,7 @@ SECTIONS: dict[str, type] = {
     "optim": OptimConfig,
     "train": TrainConfig,
     "guard": GuardConfig,
+    "log": LogConfig,
     "run": RunConfig,
 }
 
@@ -396,7 +419,9 @@ def _build_section(name: str, values: dict[str, Any]) -> Any:
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Build and validate a Config from nested plain data (as read from YAML)."""
     if not isinstance(raw, dict):
-        raise ConfigError("a config must be a mapping of sections (model, data, optim, train, guard, run)")
+        raise ConfigError(
+            "a config must be a mapping of sections (model, data, optim, train, guard, log, run)"
+        )
     sections = {}
     for name, values in raw.items():
         if name not in SECTIONS:
@@ -462,7 +487,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"config file {path} must hold a mapping of sections (model, data, optim, train, guard, run)"
+            f"config file {path} must hold a mapping of sections (model, data, optim, train, guard, log, run)"
         )
     return raw
 

@@ -7,7 +7,6 @@ only on log steps. The data for step s is a pure function of (seed, s), so resum
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -31,6 +30,7 @@ from hopperlm.data.train_data import (
 from hopperlm.errors import CheckpointError, ConfigError, DataError, HopperError
 from hopperlm.hardware import detect_for
 from hopperlm.model.transformer import build_model, flops_per_token
+from hopperlm.observe.observer import RunObserver
 from hopperlm.plan import Plan, make_plan
 from hopperlm.speed import apply_speedups
 from hopperlm.speed.compile import uses_cuda_graphs
@@ -39,7 +39,7 @@ from hopperlm.train.banner import predicted_tokens_per_s, print_banner, print_pr
 from hopperlm.train.batch_finder import make_gpu_finder
 from hopperlm.train.checkpoint import CheckpointSaveError
 from hopperlm.train.guard import Guard, GuardStop
-from hopperlm.train.metrics import Interval, MetricsFile, format_record, human_count, mfu, peak_memory_gb
+from hopperlm.train.metrics import Interval, human_count, mfu, peak_memory_gb
 from hopperlm.train.optim import budget_progress, build_optimizer, lr_at, set_lr
 from hopperlm.train.preemption import Preemption
 
@@ -98,7 +98,13 @@ class OutOfMemory(HopperError):
     """Out of memory even at micro-batch 1."""
 
 
-def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = print) -> TrainResult:
+def train(
+    cfg: Config,
+    resume: bool | str = False,
+    log: Callable[[str], None] = print,
+    on_step: Callable[[int], None] | None = None,
+) -> TrainResult:
+    """Train until a budget ends. `on_step(steps_done)` runs before every step (the profiler's step marks)."""
     run_dir = Path(cfg.run.out_dir)
     # ---- where we start: fresh, or from a checkpoint -------------------------------------------------------
     resume_from = None
@@ -174,17 +180,17 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
 
     # ---- run directory and banner --------------------------------------------------------------------------
     check_writable(run_dir)
-    truncate_metrics(
-        run_dir / "metrics.jsonl", step
-    )  # a run killed before its first checkpoint restarts clean
     save_config(cfg, run_dir / "config.yaml")
     tokenizer_dir = run_dir / "tokenizer"
     if not tokenizer_dir.exists():
         load_tokenizer(data_dir).save(tokenizer_dir)
-    metrics = MetricsFile(run_dir / "metrics.jsonl")
     fpt = flops_per_token(model_cfg, tc.seq_len)
     predicted = predicted_tokens_per_s(plan, fpt)
     print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
+    # metrics.jsonl (truncated to the checkpoint's step), TensorBoard, W&B, CSV, progress, GPU monitor, plan.json
+    observer = RunObserver(
+        cfg, run_dir, log, hw, plan, model_cfg, fpt, predicted, step, tokens, elapsed_before
+    )
     prefetch = default_prefetch(cfg.data, device)
     batches = TrainBatches(
         cfg.data,
@@ -303,11 +309,13 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
             f"LR x{guard.state.lr_scale:g}",
         )
         step, tokens = state["step"], state["tokens"]
-        truncate_metrics(run_dir / "metrics.jsonl", step)  # the curve restarts there; events.jsonl keeps why
+        observer.restart_at(step, tokens, elapsed())  # the curve restarts there; events.jsonl keeps why
 
     model.train()
-    with Preemption(log) as preemption:
+    with Preemption(log) as preemption, observer:
         while stopped_by is None:
+            if on_step is not None:
+                on_step(step)
             progress = budget_progress(step, tokens, elapsed(), tc, cfg.optim.warmup_steps)
             lr = lr_at(step, progress, cfg.optim) * guard.state.lr_scale
             try:
@@ -385,8 +393,8 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
             )
             if guard.state.skipped:
                 record["skipped_steps"] = guard.state.skipped
-            metrics.write(record)
-            log(format_record(record, tc.max_steps))
+            # the GPU readings are added, every sink written, the line printed with the ETA
+            observer.log_step(record)
             if first_log:
                 print_preflight_check(log, record, plan, predicted[0])
                 first_log = False
@@ -400,7 +408,9 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         f"done: {stopped_by} after {step:,} steps, {human_count(tokens)} tokens, {total:.1f} s"
         + (f" | val loss {val_loss:.4f} (best {best_val:.4f})" if val_loss is not None else "")
     )
-    return TrainResult(run_dir, step, tokens, total, val_loss, best_val, stopped_by)
+    result = TrainResult(run_dir, step, tokens, total, val_loss, best_val, stopped_by)
+    observer.finish(result)
+    return result
 
 
 def check_writable(run_dir: Path) -> None:
@@ -414,15 +424,3 @@ def check_writable(run_dir: Path) -> None:
         raise CheckpointError(
             f"run dir {run_dir} is not writable ({e.strerror}); choose another --run.out_dir"
         ) from None
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records past the checkpoint a run resumes from: they are about to be recomputed, identically."""
-    if not path.is_file():
-        return
-    kept = [
-        line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step
-    ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    tmp.replace(path)

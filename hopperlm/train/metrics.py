@@ -10,7 +10,11 @@ metrics.jsonl schema (one JSON object per line; a key is absent when it was not 
   peak_mem_gb   CUDA: max allocated by tensors; CPU: peak resident memory of the process
   elapsed_s     wall seconds of training so far (across resumes; what max_hours counts)
   skipped_steps updates the stability guard dropped so far (present once there is one)
+  gpu_util      CUDA with NVML: mean GPU utilisation since the last log, percent
+  gpu_power_w   mean board power since the last log, watts      gpu_temp_c   highest GPU temperature, Celsius
+  gpu_mem_gb    most device memory in use since the last log (all processes, the allocator's cache included)
   loss is the mean over the finite steps of the interval (NaN only if every one of them was bad)
+The same fields go to TensorBoard and W&B under the tags in hopperlm/observe/sinks.py and to metrics.csv.
 """
 
 from __future__ import annotations
@@ -22,6 +26,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# every field metrics.jsonl may hold, in the order above (the columns of metrics.csv)
+FIELDS = (
+    "step",
+    "tokens",
+    "loss",
+    "val_loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "mfu",
+    "step_time_s",
+    "peak_mem_gb",
+    "elapsed_s",
+    "skipped_steps",
+    "gpu_util",
+    "gpu_power_w",
+    "gpu_temp_c",
+    "gpu_mem_gb",
+)
 
 
 def peak_memory_gb(device: torch.device) -> float:

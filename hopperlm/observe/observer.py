@@ -1,0 +1,172 @@
+"""The one object the training loop talks to: it records the plan, sends each log step's record to every sink,
+adds the GPU monitor's readings, keeps the progress display and the ETA, and writes the report at the end.
+
+    observer = RunObserver(cfg, run_dir, log, hw, plan, model_cfg, fpt, predicted, step, tokens, elapsed)
+    with observer:                      # live display, GPU sampling thread; sinks closed even on errors
+        ... observer.log_step(record)   # every log step
+        ... observer.restart_at(...)    # after a rollback to a checkpoint
+    observer.finish(result)             # result.json and the report
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hopperlm.config import Config, ModelConfig
+from hopperlm.hardware import Hardware
+from hopperlm.model.transformer import count_params
+from hopperlm.observe import cuda_memory
+from hopperlm.observe.gpu_monitor import open_gpu_monitor
+from hopperlm.observe.progress import (
+    RateMeter,
+    RichProgress,
+    Snapshot,
+    choose_progress,
+    ending_rule,
+    eta_text,
+    rule_progress,
+)
+from hopperlm.observe.sinks import open_sinks
+from hopperlm.plan import Plan
+from hopperlm.train.metrics import format_record, read_metrics
+
+
+def plan_record(
+    hw: Hardware, plan: Plan, model_cfg: ModelConfig, fpt: int, predicted: tuple[float, float]
+) -> dict[str, Any]:
+    """What RUN_DIR/plan.json holds: the hardware, every choice with its reason, the model's size."""
+    return {
+        "hardware": {"name": hw.name, "summary": hw.summary(), "peak_16bit_flops": hw.peak_16bit},
+        "plan": {
+            "reasons": dict(plan.reasons),
+            "precision": plan.precision,
+            "compile": plan.compile,
+            "micro_batch": plan.micro_batch,
+            "grad_accum": plan.grad_accum,
+            "tokens_per_step": plan.tokens_per_step,
+            "memory_estimate_gb": plan.memory.total(plan.micro_batch) / 1e9 if plan.memory else None,
+        },
+        "model": {**dataclasses.asdict(model_cfg), "parameters": count_params(model_cfg)},
+        "flops_per_token": fpt,
+        "predicted_tokens_per_s": predicted[0],
+        "matmul_flops_measured": predicted[1],
+    }
+
+
+class RunObserver:
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        log: Callable[[str], None],
+        hw: Hardware,
+        plan: Plan,
+        model_cfg: ModelConfig,
+        fpt: int,
+        predicted: tuple[float, float],
+        step: int,
+        tokens: int,
+        elapsed_s: float,
+    ) -> None:
+        self.cfg, self.run_dir, self.log = cfg, Path(run_dir), log
+        (self.run_dir / "plan.json").write_text(
+            json.dumps(plan_record(hw, plan, model_cfg, fpt, predicted), indent=2, default=str) + "\n"
+        )
+        (self.run_dir / "result.json").unlink(missing_ok=True)  # the run is going again: not finished
+        self.sinks = open_sinks(cfg, self.run_dir, step, yaml.safe_dump(cfg.to_dict(), sort_keys=False), log)
+        # the validation history so far (a resumed run's ETA to target_loss needs it), after truncation
+        metrics = self.run_dir / "metrics.jsonl"
+        records = read_metrics(metrics) if metrics.is_file() else []
+        self.val_points = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
+        self.best_val = min((v for _, v in self.val_points), default=None)
+        self.rates = RateMeter(step, tokens, elapsed_s)
+        mode, why = choose_progress(cfg.log.progress)
+        self.display = RichProgress() if mode == "rich" else None
+        self.gpu = open_gpu_monitor(plan.device, log) if cfg.log.gpu_monitor else None
+        names = [s.name for s in self.sinks]
+        parts = [
+            ", ".join(names) + (f" (tensorboard --logdir {self.run_dir})" if "tensorboard" in names else "")
+        ]
+        parts.append(f"progress: {why}")
+        if self.gpu is not None:
+            parts.append("GPU monitor: NVML")
+        if cuda_memory.dump_on_oom(plan.device, self.run_dir / "oom_snapshot.pickle", log):
+            parts.append("out of memory: allocator snapshot to oom_snapshot.pickle")
+        log("observe: " + " | ".join(parts))
+
+    def __enter__(self) -> RunObserver:
+        if self.gpu is not None:
+            self.gpu.start()
+        if self.display is not None:
+            self.display.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.display is not None:
+            self.display.stop()
+        if self.gpu is not None:
+            self.gpu.stop()
+        for sink in self.sinks:
+            sink.close()
+
+    def log_step(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Complete the record (GPU readings), write it everywhere, print the line and refresh the display."""
+        if self.gpu is not None:
+            record.update(self.gpu.read())
+        for sink in self.sinks:
+            sink.write(record)
+        val = record.get("val_loss")
+        if val is not None and math.isfinite(val):
+            self.val_points.append((record["step"], val))
+            self.best_val = val if self.best_val is None else min(self.best_val, val)
+        self.rates.mark(record["step"], record["tokens"], record["elapsed_s"])
+        tc = self.cfg.train
+        rules = rule_progress(
+            record["step"], record["tokens"], record["elapsed_s"], tc, self.rates.rate(), self.val_points
+        )
+        ending = ending_rule(rules)
+        self.log(format_record(record, tc.max_steps) + " | " + eta_text(ending))
+        if self.display is not None:
+            last_val = self.val_points[-1][1] if self.val_points else None
+            self.display.update(
+                Snapshot(record, rules, ending, self.best_val, last_val, taken_at=time.perf_counter())
+            )
+        return record
+
+    def restart_at(self, step: int, tokens: int, elapsed_s: float) -> None:
+        """The run went back to the checkpoint of `step` (the guard's rollback)."""
+        for sink in self.sinks:
+            sink.restart_at(step)
+        self.val_points = [(s, v) for s, v in self.val_points if s <= step]
+        self.best_val = min((v for _, v in self.val_points), default=None)
+        self.rates.mark(step, tokens, elapsed_s)
+
+    def finish(self, result: Any) -> None:
+        """result.json (how the run ended) and, unless preempted or switched off, the report."""
+        summary = {
+            "stopped_by": result.stopped_by,
+            "step": result.step,
+            "tokens": result.tokens,
+            "elapsed_s": result.elapsed_s,
+            "val_loss": result.val_loss,
+            "best_val_loss": result.best_val_loss,
+            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        (self.run_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if not self.cfg.log.report:
+            return
+        if result.stopped_by.startswith("signal"):
+            self.log(f"report: skipped (preempted); `hopperlm report {self.run_dir}` writes it")
+            return
+        from hopperlm.observe.report import write_report
+
+        md, html = write_report(self.run_dir)
+        self.log(f"report: {md} and {html}")

@@ -1,0 +1,271 @@
+"""`hopperlm plot RUN_DIR [RUN_DIR ...]`: PNGs from metrics.jsonl, several runs overlaid for comparison.
+
+  loss.png        train (solid) and validation (dashed, dots) loss against steps, tokens and wall time
+  throughput.png  tokens/s and MFU against wall time
+  lr.png          the learning-rate schedule
+  grad_norm.png   gradient norm before clipping (log scale)
+  memory.png      peak memory (and, on GPUs with NVML, device memory in use)
+  gpu.png         GPU utilisation, power and temperature (only when the GPU monitor recorded them)
+matplotlib draws off-screen (Agg), so this works on headless machines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hopperlm.errors import DataError
+from hopperlm.train.metrics import read_metrics
+
+DPI = 110
+
+
+@dataclass
+class Run:
+    label: str
+    records: list[dict[str, Any]]
+
+    def series(self, x: str, y: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
+        """(xs, ys) over the records that have a finite, non-null y."""
+        xs, ys = [], []
+        for r in self.records:
+            value = r.get(y)
+            if isinstance(value, (int, float)) and math.isfinite(value) and r.get(x) is not None:
+                xs.append(r[x])
+                ys.append(value * scale)
+        return xs, ys
+
+
+def load_runs(run_dirs: list[Path]) -> list[Run]:
+    runs = []
+    for run_dir, label in zip(run_dirs, run_labels(run_dirs), strict=True):
+        path = Path(run_dir) / "metrics.jsonl"
+        if not path.is_file():
+            raise DataError(
+                f"{run_dir} has no metrics.jsonl; pass a run directory written by `hopperlm train`"
+            )
+        records = read_metrics(path)
+        if not records:
+            raise DataError(f"{path} is empty: the run has not reached its first log step yet")
+        runs.append(Run(label, records))
+    return runs
+
+
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    """Each run's directory name, with as many parent folders as it takes to tell them apart."""
+    parts = [Path(p).resolve().parts for p in run_dirs]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(p) for p in run_dirs]
+
+
+def time_axis(runs: list[Run]) -> tuple[str, float]:
+    """(label, divisor) for wall time: seconds, minutes or hours, whichever reads best."""
+    longest = max((r.get("elapsed_s") or 0.0) for run in runs for r in run.records)
+    if longest < 300:
+        return "wall time (s)", 1.0
+    if longest < 3 * 3600:
+        return "wall time (min)", 60.0
+    return "wall time (h)", 3600.0
+
+
+def loss_limits(runs: list[Run]) -> tuple[float, float] | None:
+    """y-limits that show the interesting part: the first records' very high losses are cut off."""
+    values, tails = [], []
+    for run in runs:
+        for key in ("loss", "val_loss"):
+            _, ys = run.series("step", key)
+            values += ys
+            tails += ys[max(1, len(ys) // 20) :] if len(ys) > 2 else ys
+    if not values:
+        return None
+    low, high = min(values), max(tails or values)
+    pad = 0.05 * max(high - low, 1e-3)
+    return low - pad, high + pad
+
+
+def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
+    """Write the PNGs for these runs into out_dir; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = load_runs([Path(p) for p in run_dirs])
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {run.label: colors[i % len(colors)] for i, run in enumerate(runs)}
+    several = len(runs) > 1
+    time_label, time_div = time_axis(runs)
+    written = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        path = out_dir / name
+        fig.savefig(path, dpi=DPI)
+        plt.close(fig)
+        written.append(path)
+
+    def elapsed(run: Run, y: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
+        xs, ys = run.series("elapsed_s", y, scale)
+        return [x / time_div for x in xs], ys
+
+    # ---- loss against steps, tokens and wall time
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), sharey=True)
+    for ax, (x, xlabel) in zip(
+        axes, (("step", "step"), ("tokens", "tokens"), ("elapsed_s", time_label)), strict=True
+    ):
+        for run in runs:
+            div = time_div if x == "elapsed_s" else 1.0
+            xs, ys = run.series(x, "loss")
+            prefix = f"{run.label} " if several else ""
+            ax.plot(
+                [v / div for v in xs], ys, color=color[run.label], lw=1.2, alpha=0.8, label=f"{prefix}train"
+            )
+            xs, ys = run.series(x, "val_loss")
+            if xs:
+                ax.plot(
+                    [v / div for v in xs],
+                    ys,
+                    "--o",
+                    color=color[run.label],
+                    ms=4,
+                    lw=1.5,
+                    label=f"{prefix}val",
+                )
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+        if x == "tokens":
+            _eng(ax.xaxis)
+    axes[0].set_ylabel("loss (nats/token)")
+    limits = loss_limits(runs)
+    if limits:
+        axes[0].set_ylim(*limits)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("train and validation loss")
+    save(fig, "loss.png")
+
+    # ---- throughput and MFU against wall time (each value holds over its log interval: a step plot)
+    any_mfu = any(run.series("elapsed_s", "mfu")[0] for run in runs)
+    if any_mfu:
+        fig, (ax_tok, ax_mfu) = plt.subplots(1, 2, figsize=(13, 4.2))
+    else:
+        fig, ax_tok = plt.subplots(figsize=(7.5, 4.2))
+    for run in runs:
+        ax_tok.plot(
+            *elapsed(run, "tokens_per_s"),
+            color=color[run.label],
+            lw=1.2,
+            drawstyle="steps-pre",
+            label=run.label,
+        )
+        if any_mfu:
+            ax_mfu.plot(
+                *elapsed(run, "mfu", 100.0),
+                color=color[run.label],
+                lw=1.2,
+                drawstyle="steps-pre",
+                label=run.label,
+            )
+    ax_tok.set_title(
+        "training tokens/s per log interval" + ("" if any_mfu else " (MFU n/a: CPU or unknown GPU)")
+    )
+    _eng(ax_tok.yaxis)
+    axes = [ax_tok]
+    if any_mfu:
+        ax_mfu.set_title("MFU (% of the GPU's dense bf16 peak)")
+        axes.append(ax_mfu)
+    for ax in axes:
+        ax.set_xlabel(time_label)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    if several:
+        ax_tok.legend(fontsize=8)
+    save(fig, "throughput.png")
+
+    # ---- learning rate and gradient norm against steps
+    for key, name, title, log_y in (
+        ("lr", "lr.png", "learning rate (at each log step)", False),
+        ("grad_norm", "grad_norm.png", "gradient norm before clipping (at each log step)", True),
+    ):
+        fig, ax = plt.subplots(figsize=(7.5, 4.2))
+        for run in runs:
+            xs, ys = run.series("step", key)
+            ax.plot(
+                xs, ys, marker="." if len(xs) <= 60 else None, color=color[run.label], lw=1.2, label=run.label
+            )
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_xlim(left=0)
+        if log_y:
+            _log_scale(ax.yaxis)
+        else:
+            ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3, which="both")
+        if several:
+            ax.legend(fontsize=8)
+        save(fig, name)
+
+    # ---- memory
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for run in runs:
+        prefix = f"{run.label} " if several else ""
+        ax.plot(*run.series("step", "peak_mem_gb"), color=color[run.label], lw=1.5, label=f"{prefix}peak")
+        xs, ys = run.series("step", "gpu_mem_gb")
+        if xs:
+            ax.plot(xs, ys, "--", color=color[run.label], lw=1.2, label=f"{prefix}device in use (NVML)")
+    ax.set_title("memory (GB): CUDA max allocated, or the CPU process's peak RSS")
+    ax.set_xlabel("step")
+    highest = max(
+        max(run.series("step", k)[1], default=0.0) for run in runs for k in ("peak_mem_gb", "gpu_mem_gb")
+    )
+    ax.set_ylim(0, 1.15 * highest if highest > 0 else 1.0)  # a flat line must not sit on the frame
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save(fig, "memory.png")
+
+    # ---- the GPU's state, when the monitor recorded it
+    if any(run.series("elapsed_s", "gpu_util")[0] for run in runs):
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+        for ax, (key, title) in zip(
+            axes,
+            (
+                ("gpu_util", "GPU utilisation (%)"),
+                ("gpu_power_w", "power (W)"),
+                ("gpu_temp_c", "temperature (C)"),
+            ),
+            strict=True,
+        ):
+            for run in runs:
+                ax.plot(*elapsed(run, key), color=color[run.label], lw=1.2, label=run.label)
+            ax.set_title(title)
+            ax.set_xlabel(time_label)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylim(0, 105)  # a percentage: 95-99% must not look like a cliff
+        axes[1].set_ylim(bottom=0)
+        if several:
+            axes[0].legend(fontsize=8)
+        save(fig, "gpu.png")
+    return written
+
+
+def _eng(axis) -> None:
+    from matplotlib.ticker import EngFormatter
+
+    axis.set_major_formatter(EngFormatter(sep=""))
+
+
+def _log_scale(axis) -> None:
+    """Log scale with plain numbers (0.5, 1, 2) on major and minor ticks, not 6x10^-1."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    axis.axes.set_yscale("log")
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_minor_locator(LogLocator(base=10, subs=(1.5, 3.0, 4.0, 6.0, 7.0, 8.0, 9.0)))
+    axis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda y, _: ""))

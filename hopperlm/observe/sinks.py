@@ -1,0 +1,224 @@
+"""Where metrics go: metrics.jsonl (always), TensorBoard, Weights & Biases, CSV, behind one interface.
+
+One schema: the fields of metrics.jsonl (hopperlm/train/metrics.py documents them). TensorBoard and W&B get the
+same values under the tags in TAGS (grouped: loss/, optim/, speed/, memory/, gpu/, progress/); metrics.csv has
+one column per field. A sink is told `restart_at(step)` when the run goes back to a checkpoint (resume or the
+guard's rollback): the records after it are about to be recomputed, so no sink keeps them twice.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from hopperlm.config import Config
+from hopperlm.errors import ConfigError
+from hopperlm.train.metrics import FIELDS, MetricsFile, read_metrics
+
+TAGS = {
+    "loss": "loss/train",
+    "val_loss": "loss/val",
+    "lr": "optim/lr",
+    "grad_norm": "optim/grad_norm",
+    "skipped_steps": "optim/skipped_steps",
+    "tokens_per_s": "speed/tokens_per_s",
+    "mfu": "speed/mfu",
+    "step_time_s": "speed/step_time_s",
+    "peak_mem_gb": "memory/peak_mem_gb",
+    "gpu_mem_gb": "gpu/mem_gb",
+    "gpu_util": "gpu/util",
+    "gpu_power_w": "gpu/power_w",
+    "gpu_temp_c": "gpu/temp_c",
+    "tokens": "progress/tokens",
+    "elapsed_s": "progress/elapsed_s",
+}
+
+
+def tagged(record: dict[str, Any]) -> dict[str, float]:
+    """The record's numeric values under their TensorBoard / W&B tags (null and NaN left out)."""
+    out = {}
+    for key, tag in TAGS.items():
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[tag] = value
+    return out
+
+
+class Sink(Protocol):
+    name: str
+
+    def write(self, record: dict[str, Any]) -> None: ...
+
+    def restart_at(self, step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records past the checkpoint a run resumes from: they are about to be recomputed, identically."""
+    if not path.is_file():
+        return
+    kept = [
+        line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+
+
+class JsonlSink:
+    """RUN_DIR/metrics.jsonl: the record of the run that plots and reports read."""
+
+    name = "metrics.jsonl"
+
+    def __init__(self, run_dir: Path, start_step: int) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        truncate_metrics(self.path, start_step)  # a run killed before its first checkpoint restarts clean
+        self.file = MetricsFile(self.path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.file.write(record)
+
+    def restart_at(self, step: int) -> None:
+        truncate_metrics(self.path, step)
+
+    def close(self) -> None:
+        pass
+
+
+class CsvSink:
+    """RUN_DIR/metrics.csv: the metrics.jsonl fields as columns (empty where a field was not measured)."""
+
+    name = "metrics.csv"
+
+    def __init__(self, run_dir: Path, start_step: int) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.csv"
+        self.restart_at(start_step)
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, FIELDS, extrasaction="ignore").writerow(_csv_row(record))
+
+    def restart_at(self, step: int) -> None:
+        """Rewrite from metrics.jsonl up to `step` (the source of truth; also upgrades an older header)."""
+        jsonl = self.run_dir / "metrics.jsonl"
+        records = [r for r in read_metrics(jsonl) if r["step"] <= step] if jsonl.is_file() else []
+        write_csv(records, self.path)
+
+    def close(self) -> None:
+        pass
+
+
+def _csv_row(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: ("" if v is None else v) for k, v in record.items()}
+
+
+def write_csv(records: list[dict[str, Any]], path: Path) -> None:
+    tmp = Path(path).with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(_csv_row(r) for r in records)
+    tmp.replace(path)
+
+
+class TensorBoardSink:
+    """RUN_DIR/tensorboard/: scalars under TAGS, plus the config as text. After a resume or rollback a new event
+    file starts with purge_step, so TensorBoard hides the old file's records past the checkpoint."""
+
+    name = "tensorboard"
+
+    def __init__(self, run_dir: Path, start_step: int, config_text: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+        self.SummaryWriter = SummaryWriter
+        self.log_dir = Path(run_dir) / "tensorboard"
+        self.writer = self._open(start_step)
+        if start_step == 0:
+            self.writer.add_text("config", "```\n" + config_text + "\n```", 0)
+
+    def _open(self, step: int):
+        earlier = sorted(self.log_dir.glob("events.out.tfevents.*")) if self.log_dir.is_dir() else []
+        if earlier:
+            # TensorBoard reads event files in name order, and names start with the creation second: the new
+            # file must sort after the old ones for its purge to apply to them
+            newest = max(
+                (int(p.name.split(".")[3]) for p in earlier if p.name.split(".")[3].isdigit()), default=0
+            )
+            while int(time.time()) <= newest:
+                time.sleep(0.05)
+        purge = step + 1 if earlier else None
+        return self.SummaryWriter(str(self.log_dir), purge_step=purge, flush_secs=30)
+
+    def write(self, record: dict[str, Any]) -> None:
+        for tag, value in tagged(record).items():
+            self.writer.add_scalar(tag, value, record["step"])
+
+    def restart_at(self, step: int) -> None:
+        self.writer.close()
+        self.writer = self._open(step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """Weights & Biases, offline by default (RUN_DIR/wandb/, `wandb sync` later). The run id is kept in
+    RUN_DIR/wandb_id so a resumed run continues the same W&B run. W&B keeps the first value logged at a step,
+    so after a resume it shows the values from before the kill (identical: resume is exact) and after a
+    rollback the curve from before it up to the rollback's step."""
+
+    name = "wandb"
+
+    def __init__(self, run_dir: Path, cfg: Config) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError(
+                "log.wandb is true but wandb is not installed; pip install wandb, or set --log.wandb false"
+            ) from None
+        id_file = Path(run_dir) / "wandb_id"
+        if id_file.is_file():
+            run_id = id_file.read_text().strip()
+        else:
+            run_id = secrets.token_hex(4)
+            id_file.write_text(run_id + "\n")
+        self.run = wandb.init(
+            project=cfg.log.wandb_project,
+            name=Path(run_dir).name,
+            id=run_id,
+            resume="allow",
+            dir=str(run_dir),
+            mode=cfg.log.wandb_mode,
+            config=cfg.to_dict(),
+        )
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.run.log(tagged(record), step=record["step"])
+
+    def restart_at(self, step: int) -> None:
+        pass  # see the class docstring
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def open_sinks(cfg: Config, run_dir: Path, start_step: int, config_text: str, log) -> list[Sink]:
+    """metrics.jsonl first (the CSV is rebuilt from it), then the optional sinks the config asks for."""
+    sinks: list[Sink] = [JsonlSink(run_dir, start_step)]
+    if cfg.log.csv:
+        sinks.append(CsvSink(run_dir, start_step))
+    if cfg.log.tensorboard:
+        try:
+            sinks.append(TensorBoardSink(run_dir, start_step, config_text))
+        except ImportError:
+            log("tensorboard: off (the tensorboard package is not installed: pip install tensorboard)")
+    if cfg.log.wandb:
+        sinks.append(WandbSink(run_dir, cfg))
+    return sinks
