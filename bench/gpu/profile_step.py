@@ -2,7 +2,7 @@
 
     python3 bench/gpu/profile_step.py h100-350m --micro-batch 16 --seq-len 1024 --steps 5 --trace OUT.json.gz
 
-Top CUDA kernels by time with a category each (GEMM, attention, elementwise/fused, optimizer, memory, other),
+Top CUDA kernels by time with a category each (hopperlm.observe.kernels.classify, as `hopperlm profile`),
 the share of each category, and GPU-busy time against the wall time of the profiled steps (the rest is idle:
 launch gaps or host work). The Chrome trace opens in chrome://tracing or Perfetto.
 """
@@ -11,30 +11,14 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import re
 import shutil
 import time
 
 import torch
 
 from hopperlm.hardware import detect_for
+from hopperlm.observe.kernels import classify as category
 from hopperlm.speed.bench import batch_source, bench_model_config, hopperlm_case
-
-CATEGORIES = [  # first match wins; names as CUDA reports them on Hopper with torch 2.11
-    ("attention", r"flash|fmha|attention|sdpa|cudnn.*(mha|attn)"),
-    ("gemm", r"gemm|nvjet|cutlass|sm90_xmma|cublas|matmul|_mm_|triton_tem"),
-    ("optimizer", r"adam|multi_tensor|foreach"),
-    ("memory", r"memcpy|memset|copy_kernel|cat_|CatArray"),
-    ("elementwise/fused", r"triton_|elementwise|vectorized|reduce|softmax|norm|silu|mul|add"),
-]
-
-
-def category(name: str) -> str:
-    lowered = name.lower()
-    for label, pattern in CATEGORIES:
-        if re.search(pattern, lowered):
-            return label
-    return "other"
 
 
 def main() -> None:
