@@ -10,6 +10,8 @@ metrics.jsonl schema (one JSON object per line; a key is absent when it was not 
   peak_mem_gb   CUDA: max allocated by tensors; CPU: peak resident memory of the process
   elapsed_s     wall seconds of training so far (across resumes; what max_hours counts)
   skipped_steps updates the stability guard dropped so far (present once there is one)
+  world_size    data-parallel ranks (present with more than one; tokens_per_s and mfu are then the run's: all
+                ranks' tokens, MFU against all ranks' peak)      tokens_per_s_per_rank  tokens_per_s / world_size
   loss is the mean over the finite steps of the interval (NaN only if every one of them was bad)
 """
 
@@ -79,6 +81,8 @@ def format_record(r: dict[str, Any], max_steps: int | None) -> str:
     if "val_loss" in r:
         parts.append(f"val {r['val_loss']:.4f}")
     parts += [f"lr {r['lr']:.2e}", f"gnorm {r['grad_norm']:.2f}", f"{_si(r['tokens_per_s'])} tok/s"]
+    if "tokens_per_s_per_rank" in r:
+        parts[-1] += f" ({_si(r['tokens_per_s_per_rank'])}/rank x {r['world_size']})"
     parts.append("MFU n/a" if r["mfu"] is None else f"MFU {100 * r['mfu']:.1f}%")
     parts += [f"{1000 * r['step_time_s']:.0f} ms/step", f"mem {r['peak_mem_gb']:.2f} GB"]
     return " | ".join(parts)
