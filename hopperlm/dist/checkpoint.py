@@ -117,6 +117,8 @@ class Checkpointer:
         self.async_save = cfg.async_checkpoint
         self._pending: tuple | None = None
         self._group = None
+        if self.async_save and not rt.active:  # the background writer would say so on every save
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninit")
         if self.async_save and rt.backend == "nccl":
             import torch.distributed as dist
 
