@@ -19,7 +19,6 @@ checkpoint before a corrupt one. The run directory must be on a filesystem that 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import warnings
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from hopperlm.train.checkpoint import (
     STATE_FILE,
     CheckpointSaveError,
     checkpoint_dir,
+    fsync_path,
     is_sharded,
     publish_checkpoint,
     read_model_config,
@@ -75,14 +75,6 @@ def _first_line(e: BaseException) -> str:
         return e.strerror
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextmanager
@@ -143,12 +135,8 @@ class Checkpointer:
         any rank could not write its part (the previous checkpoints are untouched)."""
         self.finish()
         rt = self.rt
-        if self.format == "single" and rt.world_size == 1:
-            return ckpt_io.save_checkpoint(
-                run_dir, step, model, model_cfg, optimizer, scaler, state, tokenizer_dir, keep_last, keep_every
-            )
         rank_rng = rt.all_gather_object(rng_state()[1]) if rt.world_size > 1 else None
-        if self.format == "single":
+        if self.format == "single":  # rank 0 holds the whole state (one process, DDP) and writes it
             error = None
             if rt.is_main:
                 try:
@@ -230,7 +218,7 @@ class Checkpointer:
         try:
             for name in names[rt.rank :: rt.world_size]:
                 digests[name] = file_sha256(tmp / name)
-                _fsync(tmp / name)
+                fsync_path(tmp / name)
         except OSError as e:  # e.g. a node that does not see the run dir
             error = f"rank {rt.rank}: {e.strerror or e} ({e.filename})"
         gathered = rt.all_gather_object((digests, error))
@@ -239,9 +227,9 @@ class Checkpointer:
             try:
                 checksums = dict(sorted((k, v) for d, _ in gathered for k, v in d.items()))
                 (tmp / CHECKSUM_FILE).write_text(json.dumps(checksums, indent=1))
-                _fsync(tmp / CHECKSUM_FILE)
+                fsync_path(tmp / CHECKSUM_FILE)
                 for directory in sorted({(tmp / n).parent for n in names} | {tmp}):
-                    _fsync(directory)
+                    fsync_path(directory)
                 publish_checkpoint(tmp, final, run_dir, keep_last, keep_every)
             except OSError as e:
                 error = e.strerror or str(e)
