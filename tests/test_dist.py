@@ -233,6 +233,37 @@ def test_async_sharded_checkpoint_completes_and_resumes(shakespeare_bytes, tmp_p
     assert [losses(resumed)[s] for s in (3, 4)] == [losses(run)[s] for s in (3, 4)]
 
 
+def test_resume_auto_starts_then_continues(shakespeare_bytes, tmp_path):
+    """What a requeued SLURM job runs: `train --resume auto` starts a new run, then continues it."""
+    run = tmp_path / "run"
+    args = [
+        "train",
+        str(REPO / "configs" / "debug.yaml"),
+        "--resume",
+        "auto",
+        "--data.path",
+        str(shakespeare_bytes),
+    ]
+    args += ["--run.out_dir", str(run), "--train.eval_every", "0", "--train.eval_windows", "8"]
+    cli.main([*args, "--train.max_steps", "2"])
+    cli.main([*args, "--train.max_steps", "4"])
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")][-1] == 4
+    assert [c.name for c in list_checkpoints(run)] == ["step_000002", "step_000004"]
+
+
+def test_float8_conversion_prepares_fsdp_float8_all_gather():
+    pytest.importorskip("torchao")
+    from hopperlm.config import ModelConfig
+    from hopperlm.model.transformer import build_model
+    from hopperlm.speed.float8 import apply_fp8
+
+    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, ffn_dim=128, vocab_size=128)
+    model = build_model(cfg)
+    assert apply_fp8(model, "tensorwise", only_if_pays=False, fsdp_float8_all_gather=True) == 14
+    converted = [m for m in model.modules() if type(m).__name__ == "Float8Linear"]
+    assert converted and all(m.config.enable_fsdp_float8_all_gather for m in converted)
+
+
 def test_diagnose_plans_for_a_cluster(capsys):
     cli.main([
         "diagnose", "owt-350m-h100", "--model.preset", "llama3-8b", "--simulate", "H100 80GB",

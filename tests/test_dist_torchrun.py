@@ -41,10 +41,10 @@ def curve(run_dir: Path) -> dict[int, tuple[float, float | None]]:
 def assert_same_curve(got: dict, want: dict, steps) -> None:
     for step in steps:
         (loss, val), (ref_loss, ref_val) = got[step], want[step]
-        assert loss == pytest.approx(ref_loss, rel=2e-5), (step, loss, ref_loss)
+        assert loss == pytest.approx(ref_loss, rel=1e-6), (step, loss, ref_loss)
         assert (val is None) == (ref_val is None)
         if val is not None:
-            assert val == pytest.approx(ref_val, rel=2e-5), (step, val, ref_val)
+            assert val == pytest.approx(ref_val, rel=1e-6), (step, val, ref_val)
 
 
 def copy_checkpoint(src_run: Path, step: int, dst_run: Path) -> None:
