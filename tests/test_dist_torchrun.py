@@ -1,7 +1,7 @@
 """Data parallelism for real: torchrun with 2 and 4 gloo processes on the CPU, the `debug` preset on Tiny
 Shakespeare. DDP and FSDP2 train the same loss curve as one process with the same global batch; checkpoints
 saved by 2 ranks (single-file from DDP, sharded from FSDP) resume on 1 and on 4 ranks (FSDP, HSDP, DDP) and
-continue that curve; a rank that raises makes every rank exit non-zero, well within the timeout.
+continue that curve; gradient accumulation (DDP's no_sync, HSDP's deferred all-reduce) keeps the curve too; a rank that raises makes every rank exit non-zero, well within the timeout.
 
 Few launches on purpose (each starts 2-4 Python processes on a small machine): one worker process runs
 several trainings in one process group (tests/dist_worker.py).
@@ -52,27 +52,37 @@ def copy_checkpoint(src_run: Path, step: int, dst_run: Path) -> None:
     shutil.copytree(src_run / "checkpoints" / name, dst_run / "checkpoints" / name)
 
 
+ACCUM = [
+    "--train.batch_tokens",
+    str(16 * 64),
+]  # 16 sequences per step in micro-steps of 8, all ranks together
+
+
 @pytest.fixture(scope="module")
 def two_ranks(shakespeare_bytes, tmp_path_factory):
-    """One process (global micro-batch 16) as the reference; DDP and FSDP on 2 ranks of 8 each."""
+    """References in one process: micro-batch 16, and 8 x 2 accumulation steps. On 2 ranks: DDP and FSDP with
+    8 each, DDP with 4 x 2 accumulation steps each (no_sync on the first)."""
     root = tmp_path_factory.mktemp("dist")
     data = ["--data.path", str(shakespeare_bytes)]
-    reference = root / "one-process"
-    train(
-        load_config(REPO / "configs/debug.yaml", [*data, *STEPS, "--run.out_dir", str(reference)]), log=QUIET
-    )
+    for name, args in (("one-process", []), ("one-process-accum", ["--train.micro_batch", "8", *ACCUM])):
+        cfg = load_config(
+            REPO / "configs/debug.yaml", [*data, *STEPS, *args, "--run.out_dir", str(root / name)]
+        )
+        train(cfg, log=QUIET)
     runs = {
         "ddp": [*data, *STEPS, "--train.micro_batch", "8", "--parallel.strategy", "ddp"],
         "fsdp": [*data, *STEPS, "--train.micro_batch", "8", "--parallel.strategy", "fsdp"],
+        "ddp-accum": [*data, *STEPS, "--train.micro_batch", "4", *ACCUM, "--parallel.strategy", "ddp"],
     }
     spec = {"runs": [{"args": [*args, "--run.out_dir", str(root / name)]} for name, args in runs.items()]}
     result = torchrun(2, spec)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return root, data, curve(reference)
+    return root, data, curve(root / "one-process")
 
 
 def test_ddp_and_fsdp_on_two_ranks_match_one_process(two_ranks):
     root, _, reference = two_ranks
+    assert_same_curve(curve(root / "ddp-accum"), curve(root / "one-process-accum"), range(1, 7))
     for name in ("ddp", "fsdp"):
         assert_same_curve(curve(root / name), reference, range(1, 7))
         records = read_metrics(root / name / "metrics.jsonl")
@@ -89,7 +99,7 @@ def test_ddp_and_fsdp_on_two_ranks_match_one_process(two_ranks):
     assert (state["micro_batch"], state["world_size"]) == (16, 2)  # saved for all ranks together
 
 
-def test_checkpoints_from_two_ranks_resume_on_one_and_four(two_ranks):
+def test_checkpoints_from_two_ranks_resume_on_one_and_four_and_hsdp_accumulates(two_ranks):
     root, data, reference = two_ranks
     # one process, from the sharded (FSDP) checkpoint and from the single-file (DDP) one
     for source in ("fsdp", "ddp"):
@@ -98,22 +108,27 @@ def test_checkpoints_from_two_ranks_resume_on_one_and_four(two_ranks):
         cfg = load_config(REPO / "configs/debug.yaml", [*data, *STEPS, "--run.out_dir", str(run)])
         train(cfg, resume=True, log=QUIET)
         assert_same_curve(curve(run), reference, range(4, 7))
-    # four ranks: FSDP and DDP from the sharded checkpoint, HSDP (2 x 2) from the single-file one
+    # four ranks: FSDP and DDP from the sharded checkpoint, HSDP (2 x 2) from the single-file one; and a
+    # fresh HSDP run with 2 x 2 accumulation steps per rank (the cross-replica all-reduce on the last only)
+    hsdp = ["--parallel.strategy", "hsdp", "--parallel.shard_size", "2"]
     runs = {
         "fsdp4-from-fsdp": ("fsdp", ["--parallel.strategy", "fsdp"]),
         "ddp4-from-fsdp": ("fsdp", ["--parallel.strategy", "ddp"]),
-        "hsdp4-from-ddp": ("ddp", ["--parallel.strategy", "hsdp", "--parallel.shard_size", "2"]),
+        "hsdp4-from-ddp": ("ddp", hsdp),
+        "hsdp4-accum": (None, [*hsdp, "--train.micro_batch", "2", *ACCUM]),
     }
     spec = {"runs": []}
     for name, (source, args) in runs.items():
-        copy_checkpoint(root / source, 3, root / name)
-        spec["runs"].append(
-            {"args": [*data, *STEPS, *args, "--run.out_dir", str(root / name)], "resume": True}
-        )
+        if source:
+            copy_checkpoint(root / source, 3, root / name)
+        run = {"args": [*data, *STEPS, *args, "--run.out_dir", str(root / name)], "resume": bool(source)}
+        spec["runs"].append(run)
     result = torchrun(4, spec)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert_same_curve(curve(root / "hsdp4-accum"), curve(root / "one-process-accum"), range(1, 7))
     for name in runs:
-        assert_same_curve(curve(root / name), reference, range(4, 7))
+        if name != "hsdp4-accum":
+            assert_same_curve(curve(root / name), reference, range(4, 7))
         assert read_metrics(root / name / "metrics.jsonl")[-1]["world_size"] == 4
     assert (root / "hsdp4-from-ddp" / "checkpoints" / "step_000006" / "sharded").is_dir()
     assert (root / "ddp4-from-fsdp" / "checkpoints" / "step_000006" / "model.safetensors").is_file()

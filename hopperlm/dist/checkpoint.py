@@ -190,19 +190,17 @@ class Checkpointer:
         self._raise_if_any(rt.broadcast_object(error), tmp, run_dir, final)
         model_sd, optim_sd = get_state_dict(model, optimizers_of(optimizer))
         content = {"model": model_sd, "optim": optim_sd}
+        alone = {} if rt.active else {"no_dist": True}  # (passed only when needed: older torch lacks it)
         try:
             if self.async_save:
                 with _single_process_ok():
                     future = dcp.async_save(
-                        content,
-                        checkpoint_id=tmp / SHARDED_DIR,
-                        process_group=self._group,
-                        no_dist=not rt.active,
+                        content, checkpoint_id=tmp / SHARDED_DIR, process_group=self._group, **alone
                     )
                 self._pending = (future, tmp, final, run_dir, keep_last, keep_every)
                 return final
             with _single_process_ok():
-                dcp.save(content, checkpoint_id=tmp / SHARDED_DIR, no_dist=not rt.active)
+                dcp.save(content, checkpoint_id=tmp / SHARDED_DIR, **alone)
         except Exception as e:  # DCP raises on every rank when any rank's write failed
             self._raise_if_any(_first_line(e), tmp, run_dir, final)
         return self._complete(tmp, final, run_dir, keep_last, keep_every)
@@ -291,7 +289,7 @@ class Checkpointer:
         content = {"model": model_sd, "optim": optim_sd}
         try:
             with _single_process_ok():
-                dcp.load(content, checkpoint_id=ckpt / SHARDED_DIR, no_dist=not self.rt.active)
+                dcp.load(content, checkpoint_id=ckpt / SHARDED_DIR, **({} if self.rt.active else {"no_dist": True}))
         except Exception as e:
             raise CheckpointError(
                 f"cannot load {ckpt / SHARDED_DIR} into this model/optimizer ({_first_line(e)}); resume with "
