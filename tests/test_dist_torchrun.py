@@ -61,7 +61,8 @@ ACCUM = [
 @pytest.fixture(scope="module")
 def two_ranks(shakespeare_bytes, tmp_path_factory):
     """References in one process: micro-batch 16, and 8 x 2 accumulation steps. On 2 ranks: DDP and FSDP with
-    8 each, DDP with 4 x 2 accumulation steps each (no_sync on the first)."""
+    8 each, DDP with 4 x 2 accumulation steps each (no_sync on the first), FSDP with full activation
+    checkpointing."""
     root = tmp_path_factory.mktemp("dist")
     data = ["--data.path", str(shakespeare_bytes)]
     for name, args in (("one-process", []), ("one-process-accum", ["--train.micro_batch", "8", *ACCUM])):
@@ -73,6 +74,9 @@ def two_ranks(shakespeare_bytes, tmp_path_factory):
         "ddp": [*data, *STEPS, "--train.micro_batch", "8", "--parallel.strategy", "ddp"],
         "fsdp": [*data, *STEPS, "--train.micro_batch", "8", "--parallel.strategy", "fsdp"],
         "ddp-accum": [*data, *STEPS, "--train.micro_batch", "4", *ACCUM, "--parallel.strategy", "ddp"],
+        # activation checkpointing inside FSDP units: the recompute must see gathered weights
+        "fsdp-ac": [*data, *STEPS, "--train.micro_batch", "8", "--parallel.strategy", "fsdp"]
+        + ["--train.activation_checkpointing", "full"],
     }
     spec = {"runs": [{"args": [*args, "--run.out_dir", str(root / name)]} for name, args in runs.items()]}
     result = torchrun(2, spec)
@@ -83,7 +87,7 @@ def two_ranks(shakespeare_bytes, tmp_path_factory):
 def test_ddp_and_fsdp_on_two_ranks_match_one_process(two_ranks):
     root, _, reference = two_ranks
     assert_same_curve(curve(root / "ddp-accum"), curve(root / "one-process-accum"), range(1, 7))
-    for name in ("ddp", "fsdp"):
+    for name in ("ddp", "fsdp", "fsdp-ac"):
         assert_same_curve(curve(root / name), reference, range(1, 7))
         records = read_metrics(root / name / "metrics.jsonl")
         assert records[-1]["world_size"] == 2 and records[-1]["tokens"] == 6 * 16 * 64  # the global batch
