@@ -90,9 +90,69 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from hopperlm.train.loop import train
 
     cfg = load_config(resolve_recipe(args.config), overrides)
-    result = train(cfg, resume=args.resume, log=log)
+    resume = args.resume
+    if resume == "auto":  # a (re)queued job: continue the run if it has checkpoints, else start it
+        from hopperlm.train.checkpoint import list_checkpoints
+
+        resume = bool(list_checkpoints(cfg.run.out_dir))
+    result = train(cfg, resume=resume, log=log)
     if result.stopped_by.startswith("signal"):  # preempted: checkpointed; the scheduler may requeue us
         sys.exit(cfg.train.requeue_exit_code)
+
+
+def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Print the exact torchrun command for CONFIG, then become it (signals reach torchrun directly)."""
+    import os
+    import shlex
+
+    from hopperlm.config import load_config
+    from hopperlm.dist.launch import launch_command
+
+    config = resolve_recipe(args.config)
+    cfg = load_config(config, overrides)  # a bad config fails here, once, not on every rank
+    command = launch_command(
+        str(config),
+        args.nproc_per_node,
+        args.nnodes,
+        args.rdzv_endpoint,
+        args.rdzv_id or f"hopperlm-{Path(cfg.run.out_dir).name}",
+        args.resume,
+        overrides,
+    )
+    log(f"launch: {shlex.join(command)}")
+    if args.nnodes > 1:
+        log(f"launch: run this same command on each of the {args.nnodes} nodes")
+    if not args.dry_run:
+        sys.stdout.flush()
+        os.execv(command[0], command)
+
+
+def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Write an sbatch script that runs CONFIG on NODES x GPUS ranks and requeues itself before its time limit."""
+    from hopperlm.config import load_config
+    from hopperlm.dist.launch import sbatch_script
+
+    config = resolve_recipe(args.config)
+    cfg = load_config(config, overrides)
+    run_dir = Path(cfg.run.out_dir).resolve()
+    out = Path(args.out) if args.out else run_dir / "job.sbatch"
+    script = sbatch_script(
+        str(config),
+        args.nodes,
+        args.gpus_per_node,
+        str(run_dir),
+        overrides,
+        time_limit=args.time,
+        job_name=args.job_name,
+        partition=args.partition,
+        account=args.account,
+        cpus_per_task=args.cpus_per_task,
+        python=sys.executable,
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)  # SLURM opens the --output log there before the job starts
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(script)
+    log(f"wrote {out} ({args.nodes} node(s) x {args.gpus_per_node} GPU(s)); submit with: sbatch {out}")
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -161,7 +221,10 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
         finder = None
         if hw.device_type == "cuda" and not args.simulate and cfg.train.micro_batch is None:
             finder = make_gpu_finder(Path(cfg.run.out_dir), cfg.train.memory_target * hw.free_memory, log)
-        plan = make_plan(cfg, model_cfg, hw, finder)
+        from hopperlm.dist.runtime import World
+
+        world = World(args.world_size, args.gpus_per_node or args.world_size)
+        plan = make_plan(cfg, model_cfg, hw, finder if world.size == 1 else None, world)
         lines += [f"== plan for {args.config}{vocab_note}", *plan.lines()]
         report["plan"] = {**dataclasses.asdict(plan), "memory_bytes": plan.memory.total(plan.micro_batch)}
     if not args.simulate and not args.no_selftest:
@@ -412,8 +475,40 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         default=False,
         metavar="PATH",
-        help="continue from the run's latest checkpoint, or from PATH",
+        help="continue from the run's latest checkpoint, or from PATH; `auto`: only if it has checkpoints",
     )
+
+    p = verbs.add_parser(
+        "launch",
+        parents=[common],
+        help="print and run the torchrun command that trains CONFIG on several GPUs / nodes",
+        description="Extra --section.key value overrides go to `hopperlm train` on every rank.",
+    )
+    p.add_argument("config", help="YAML recipe, or a name from configs/")
+    p.add_argument("--nproc-per-node", type=int, required=True, help="ranks per node (usually its GPUs)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes; run the same command on each")
+    p.add_argument(
+        "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous every node reaches (several nodes)"
+    )
+    p.add_argument("--rdzv-id", help="job id shared by the nodes (default: hopperlm-RUN_DIR_NAME)")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH", help="as for train")
+    p.add_argument("--dry-run", action="store_true", help="print the command only")
+
+    p = verbs.add_parser(
+        "slurm",
+        parents=[common],
+        help="write an sbatch script (srun + torchrun) that checkpoints and requeues before its time limit",
+        description="Extra --section.key value overrides go to `hopperlm train` on every rank.",
+    )
+    p.add_argument("config", help="YAML recipe, or a name from configs/")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument("--out", help="where to write the script (default RUN_DIR/job.sbatch)")
+    p.add_argument("--time", default="24:00:00", help="time limit of one job (it requeues itself)")
+    p.add_argument("--job-name", help="default hopperlm-CONFIG")
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--cpus-per-task", type=int, help="CPU cores per node for the training processes")
 
     p = verbs.add_parser("generate", parents=[common], help="sample text from a trained run")
     p.add_argument("run", help="run dir (latest checkpoint), checkpoint dir or exported model dir")
@@ -445,6 +540,8 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(["'H100 80GB'", "H200", "'A100 40GB'", "'RTX 4050 6GB'", "T4", "CPU"]),
     )
     p.add_argument("--no-selftest", action="store_true", help="skip the matmul/copy/attention/compile checks")
+    p.add_argument("--world-size", type=int, default=1, help="plan for this many ranks (DDP/FSDP choice)")
+    p.add_argument("--gpus-per-node", type=int, help="ranks per node for --world-size (default: all)")
 
     p = verbs.add_parser(
         "bench",
@@ -506,7 +603,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     try:
-        if extra and args.verb not in ("train", "demo", "diagnose", "profile"):
+        if extra and args.verb not in ("train", "demo", "diagnose", "profile", "launch", "slurm"):
             raise ConfigError(f"unrecognised arguments: {' '.join(extra)}; see hopperlm {args.verb} --help")
         if args.verb == "train":
             cmd_train(args, extra)
@@ -516,6 +613,8 @@ def main(argv: list[str] | None = None) -> None:
             cmd_diagnose(args, extra)
         elif args.verb == "profile":
             cmd_profile(args, extra)
+        elif args.verb in ("launch", "slurm"):
+            (cmd_launch if args.verb == "launch" else cmd_slurm)(args, extra)
         else:
             verbs = {
                 "prepare": cmd_prepare,

@@ -1,8 +1,8 @@
 """Typed run configuration: dataclasses with one docstring per field, YAML loading and strict CLI overrides.
 
-A config file has up to seven sections (model, data, optim, train, guard, log, run). `model.preset` starts the
-model section from a preset in presets.py; keys beside it override the preset. Every key is checked against the
-dataclass: an unknown key, a wrong type or an impossible shape raises ConfigError naming the field and the fix.
+A config file has up to eight sections (model, data, optim, train, guard, log, parallel, run). `model.preset` starts
+the model section from a preset in presets.py; keys beside it override the preset. Every key is checked against
+the dataclass: an unknown key, a wrong type or an impossible shape raises ConfigError naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -305,6 +305,36 @@ class LogConfig:
 
 
 @dataclass
+class ParallelConfig:
+    strategy: Literal["auto", "ddp", "fsdp", "hsdp", "none"] = "auto"
+    """Data parallelism under torchrun: ddp (a replica per rank), fsdp (FSDP2: parameters, gradients and
+    optimizer state sharded over all ranks), hsdp (sharded within groups of shard_size ranks, replicated
+    across them); auto = none for one process, else ddp when the model and its AdamW state fit one GPU,
+    fsdp otherwise."""
+    shard_size: int | None = None
+    """hsdp: ranks that share one copy of the model; null = the processes of one node (LOCAL_WORLD_SIZE)."""
+    checkpoint: Literal["auto", "single", "sharded"] = "auto"
+    """single: model.safetensors + optimizer.pt, written by rank 0; sharded: every rank writes its part through
+    torch.distributed.checkpoint; auto = sharded for fsdp/hsdp (and async saves), single otherwise. Both load
+    at any world size."""
+    async_checkpoint: bool = False
+    """Sharded checkpoints: copy the state to CPU memory and write the files in a background thread while
+    training goes on; the checkpoint is completed (checksums, rename) at the next save or at the end."""
+    timeout_s: float = 600.0
+    """Seconds a collective waits for the other ranks before the run is aborted (no hung ranks)."""
+
+    def __post_init__(self) -> None:
+        if self.shard_size is not None and self.shard_size < 1:
+            raise ConfigError(f"parallel.shard_size={self.shard_size} must be >= 1 (or null)")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"parallel.timeout_s={self.timeout_s} must be positive")
+        if self.async_checkpoint and self.checkpoint == "single":
+            raise ConfigError(
+                "parallel.async_checkpoint needs the sharded format; set parallel.checkpoint sharded or auto"
+            )
+
+
+@dataclass
 class RunConfig:
     out_dir: str = "runs/default"
     """Run directory: config.yaml, metrics.jsonl, tokenizer and checkpoints/ go here."""
@@ -318,6 +348,7 @@ class Config:
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
     guard: GuardConfig = field(default_factory=GuardConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
@@ -338,6 +369,7 @@ SECTIONS: dict[str, type] = {
     "train": TrainConfig,
     "guard": GuardConfig,
     "log": LogConfig,
+    "parallel": ParallelConfig,
     "run": RunConfig,
 }
 
@@ -419,9 +451,7 @@ def _build_section(name: str, values: dict[str, Any]) -> Any:
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Build and validate a Config from nested plain data (as read from YAML)."""
     if not isinstance(raw, dict):
-        raise ConfigError(
-            "a config must be a mapping of sections (model, data, optim, train, guard, log, run)"
-        )
+        raise ConfigError(f"a config must be a mapping of sections ({', '.join(SECTIONS)})")
     sections = {}
     for name, values in raw.items():
         if name not in SECTIONS:
@@ -486,9 +516,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             f"config file {path}{where} is not valid YAML: {getattr(e, 'problem', e)}"
         ) from None
     if not isinstance(raw, dict):
-        raise ConfigError(
-            f"config file {path} must hold a mapping of sections (model, data, optim, train, guard, log, run)"
-        )
+        raise ConfigError(f"config file {path} must hold a mapping of sections ({', '.join(SECTIONS)})")
     return raw
 
 

@@ -22,10 +22,12 @@ class MemoryEstimate:
     optimizer: int  # bytes: AdamW's two fp32 moments
     activations_per_seq: int  # bytes saved for backward per sequence of seq_len tokens
     logits_per_seq: int  # bytes of the logits, their fp32 copy and log-softmax per sequence
+    shards: int = 1  # FSDP: weights, grads and optimizer state are split over this many ranks
+    gathered: int = 0  # bytes: FSDP's unsharded working set (see estimate_memory)
 
     @property
     def static(self) -> int:
-        return self.weights + self.grads + self.optimizer
+        return self.weights + self.grads + self.optimizer + self.gathered
 
     def total(self, micro_batch: int) -> int:
         return self.static + micro_batch * (self.activations_per_seq + self.logits_per_seq)
@@ -36,9 +38,12 @@ class MemoryEstimate:
         return max(0, int((budget_bytes - self.static) // per_seq))
 
     def describe(self, micro_batch: int) -> str:
+        sharded = (
+            f" (sharded over {self.shards}) + gathered {self.gathered / GB:.2f}" if self.shards > 1 else ""
+        )
         return (
             f"{self.total(micro_batch) / GB:.2f} GB = weights {self.weights / GB:.2f} + grads "
-            f"{self.grads / GB:.2f} + AdamW {self.optimizer / GB:.2f} + activations "
+            f"{self.grads / GB:.2f} + AdamW {self.optimizer / GB:.2f}{sharded} + activations "
             f"{micro_batch * (self.activations_per_seq + self.logits_per_seq) / GB:.2f} "
             f"({micro_batch} x {(self.activations_per_seq + self.logits_per_seq) / 1e6:.1f} MB)"
         )
@@ -121,15 +126,27 @@ def estimate_memory(
     fused_loss: bool = False,
     optimizer: str = "adamw",
     every: int = 2,
+    shards: int = 1,
 ) -> MemoryEstimate:
+    """With FSDP (`shards` > 1) each rank keeps 1/shards of the weights, gradients and optimizer state, plus
+    what is unsharded while it runs: the root's weights (embedding, head; gathered for the whole step) and two
+    blocks' (the running one and the prefetched next) in the compute dtype, and the fp32 gradients of the
+    largest of them before the reduce-scatter."""
     counts = count_params(cfg)
     n = counts["total"]
     acts, logits = activation_bytes_per_token(cfg, precision, checkpointing, fused_loss, every)
+    gathered = 0
+    if shards > 1:
+        e = 4 if precision == "fp32" else 2
+        block, root = counts["blocks"] // cfg.n_layers, n - counts["blocks"]
+        gathered = e * (root + 2 * block) + 4 * max(block, root)
     return MemoryEstimate(
         params=n,
-        weights=4 * n,
-        grads=4 * n + (fused_loss_workspace(cfg) if fused_loss else 0),
-        optimizer=optimizer_bytes(cfg, optimizer),
+        weights=-(-4 * n // shards),
+        grads=-(-4 * n // shards) + (fused_loss_workspace(cfg) if fused_loss else 0),
+        optimizer=-(-optimizer_bytes(cfg, optimizer) // shards),
         activations_per_seq=acts * seq_len,
         logits_per_seq=logits * seq_len,
+        shards=shards,
+        gathered=gathered,
     )

@@ -1,8 +1,8 @@
 """The plan: the concrete choices for one run on one machine, each with a one-line reason.
 
-`make_plan(config, model_config, hardware)` turns every `auto` in the config into a choice (precision, TF32,
-attention kernel, compile and its mode, activation checkpointing, fused AdamW, pinned memory, allocator
-settings, micro-batch and accumulation). Explicit config values always win and are reported as such.
+`make_plan(config, model_config, hardware, world=...)` turns every `auto` in the config into a choice (precision,
+TF32, attention kernel, compile and its mode, activation checkpointing, fused AdamW, pinned memory, allocator
+settings, data parallelism over the world's ranks, micro-batch per rank and accumulation). Explicit config values always win and are reported as such.
 Hardware can be simulated, so the choices for an H100 or a T4 are tested on a CPU.
 """
 
@@ -16,6 +16,7 @@ import torch
 
 from hopperlm.config import Config, ModelConfig
 from hopperlm.data.train_data import describe as describe_data
+from hopperlm.dist.runtime import World
 from hopperlm.errors import ConfigError
 from hopperlm.hardware import Hardware
 from hopperlm.memory import MemoryEstimate, estimate_memory
@@ -55,14 +56,19 @@ class Plan:
     fp8: str = "off"  # "off" | "tensorwise" | "rowwise" | "native"
     fused_loss: bool = False
     optimizer: str = "adamw"  # "adamw" | "adamw8bit" | "muon"
-    micro_batch: int = 0
+    micro_batch: int = 0  # per rank
     grad_accum: int = 1
     memory: MemoryEstimate | None = None
+    strategy: str = "none"  # "none" | "ddp" | "fsdp" | "hsdp" (dist/parallelize.py)
+    world_size: int = 1
+    dp_shard: int = 1  # ranks one copy of the weights/grads/optimizer state is sharded over
+    fp8_all_gather: bool = False  # FSDP all-gathers float8 weights (tensorwise fp8 only)
     reasons: dict[str, str] = field(default_factory=dict)
 
     @property
     def tokens_per_step(self) -> int:
-        return self.micro_batch * self.seq_len * self.grad_accum
+        """Tokens of one optimizer step, all ranks together."""
+        return self.micro_batch * self.seq_len * self.grad_accum * self.world_size
 
     def lines(self) -> list[str]:
         return [f"{key}: {reason}" for key, reason in self.reasons.items()]
@@ -268,7 +274,7 @@ def _compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | None, st
 
 def _micro_batch(cfg: Config, plan: Plan, hw: Hardware, model_cfg: ModelConfig, finder: Finder | None):
     tc = cfg.train
-    seqs = tc.batch_seqs
+    seqs = _per_rank(cfg, plan.world_size)
     est = plan.memory
     if hw.device_type == "cuda":
         budget = tc.memory_target * hw.free_memory
@@ -285,7 +291,7 @@ def _micro_batch(cfg: Config, plan: Plan, hw: Hardware, model_cfg: ModelConfig, 
             cap = seqs or max(1, GPU_MICRO_BATCH_CAP_TOKENS // tc.seq_len)
         else:
             cap = seqs or CPU_MICRO_BATCH_CAP
-        if finder is not None:
+        if finder is not None and plan.dp_shard == 1:  # the finder measures an unsharded replica
             micro, reason = finder(model_cfg, plan, cap)
         else:
             fit = est.largest_micro_batch(budget)
@@ -301,10 +307,30 @@ def _micro_batch(cfg: Config, plan: Plan, hw: Hardware, model_cfg: ModelConfig, 
         if seqs is not None:
             while seqs % micro:  # accumulation must reach the global batch exactly
                 micro -= 1
+    if seqs is not None and seqs % micro:
+        raise ConfigError(
+            f"train.micro_batch={micro} does not divide the {seqs} sequences each of the {plan.world_size} "
+            f"ranks takes per step; use a divisor of {seqs}"
+        )
     accum = 1 if seqs is None else seqs // micro
     plan.micro_batch, plan.grad_accum = micro, accum
     global_note = "" if seqs is None else f" -> {accum} accumulation step(s) for {seqs} sequences"
+    if plan.world_size > 1:
+        global_note += f" per rank, x {plan.world_size} ranks"
     plan.reasons["micro_batch"] = f"{micro} ({reason}){global_note}"
+
+
+def _per_rank(cfg: Config, world_size: int) -> int | None:
+    """Sequences per step on each rank: the global batch split evenly (None: one micro-batch per rank)."""
+    seqs = cfg.train.batch_seqs
+    if seqs is None or world_size == 1:
+        return seqs
+    if seqs % world_size:
+        raise ConfigError(
+            f"train.batch_tokens={cfg.train.batch_tokens} is {seqs} sequences, which {world_size} ranks cannot "
+            f"share equally; use a multiple of {world_size * cfg.train.seq_len} tokens"
+        )
+    return seqs // world_size
 
 
 def _checkpointing(cfg: Config, plan: Plan, model_cfg: ModelConfig, hw: Hardware) -> None:
@@ -315,7 +341,14 @@ def _checkpointing(cfg: Config, plan: Plan, model_cfg: ModelConfig, hw: Hardware
 
     def estimate(mode: str) -> MemoryEstimate:
         return estimate_memory(
-            model_cfg, tc.seq_len, plan.precision, mode, plan.fused_loss, plan.optimizer, tc.ac_every
+            model_cfg,
+            tc.seq_len,
+            plan.precision,
+            mode,
+            plan.fused_loss,
+            plan.optimizer,
+            tc.ac_every,
+            plan.dp_shard,
         )
 
     if tc.activation_checkpointing != "auto":
@@ -339,9 +372,15 @@ def _checkpointing(cfg: Config, plan: Plan, model_cfg: ModelConfig, hw: Hardware
     plan.memory = estimate(plan.activation_checkpointing)
 
 
-def make_plan(cfg: Config, model_cfg: ModelConfig, hw: Hardware, finder: Finder | None = None) -> Plan:
+def make_plan(
+    cfg: Config,
+    model_cfg: ModelConfig,
+    hw: Hardware,
+    finder: Finder | None = None,
+    world: World | None = None,
+) -> Plan:
     """Every choice for this run, with reasons. `finder` measures the micro-batch on a real GPU; without it
-    (CPU, simulated hardware) the memory estimate decides."""
+    (CPU, simulated hardware) the memory estimate decides. `world`: the ranks of a torchrun launch."""
     tc = cfg.train
     why: dict[str, str] = {"device": hw.summary()[0].removeprefix("device: ")}
     precision, autocast_dtype = _precision(cfg, model_cfg, hw, why)
@@ -386,6 +425,7 @@ def make_plan(cfg: Config, model_cfg: ModelConfig, hw: Hardware, finder: Finder 
         optimizer=optimizer,
         reasons=why,
     )
+    _parallel(cfg, plan, model_cfg, hw, world or World())
     _checkpointing(cfg, plan, model_cfg, hw)
     _micro_batch(cfg, plan, hw, model_cfg, finder)
     _cuda_graphs(cfg, plan, model_cfg)
@@ -396,8 +436,8 @@ def make_plan(cfg: Config, model_cfg: ModelConfig, hw: Hardware, finder: Finder 
 def _cuda_graphs(cfg: Config, plan: Plan, model_cfg: ModelConfig) -> None:
     """CUDA graphs (compile mode reduce-overhead) when a micro-batch is so small that launching its kernels
     takes longer than running them; shapes are static here (fixed windows), which graphs need."""
-    if not plan.compile or cfg.train.compile_mode != "auto" or plan.fp8 != "off":
-        return
+    if not plan.compile or cfg.train.compile_mode != "auto" or plan.fp8 != "off" or plan.world_size > 1:
+        return  # (several ranks: graphs would capture the gradient collectives too; not attempted)
     from hopperlm.model.transformer import flops_per_token
 
     step_flops = flops_per_token(model_cfg, plan.seq_len) * plan.seq_len * plan.micro_batch
@@ -407,3 +447,14 @@ def _cuda_graphs(cfg: Config, plan: Plan, model_cfg: ModelConfig) -> None:
             f"on, mode reduce-overhead (CUDA graphs: one micro-batch is {step_flops / 1e12:.1f} TFLOP, too little "
             f"to hide the launch overhead of its kernels), scope {plan.compile_scope}"
         )
+
+
+def _parallel(cfg: Config, plan: Plan, model_cfg: ModelConfig, hw: Hardware, world: World) -> None:
+    """Data parallelism over the world's ranks (dist/parallelize.py), and float8 all-gather under FSDP."""
+    from hopperlm.dist.parallelize import SHARDED, choose_strategy
+
+    budget = cfg.train.memory_target * (hw.free_memory if hw.device_type == "cuda" else hw.ram * 0.5)
+    choose_strategy(cfg, model_cfg, hw, world, plan, budget)
+    if plan.fp8 == "tensorwise" and plan.strategy in SHARDED:
+        plan.fp8_all_gather = True
+        plan.reasons["fp8"] += "; FSDP all-gathers the weights in float8 (half of bf16's bytes)"

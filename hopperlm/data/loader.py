@@ -172,19 +172,31 @@ def windows_batch(windows: np.ndarray, shards: list[TokenShards], starts, packin
 class RandomWindows:
     """nanoGPT-style random windows: the batch for (step, micro_step) is a pure function of
     (seed, step, micro_step), so resuming at a step reproduces exactly the same data with no saved loader
-    state beyond the step. With packing, each batch also carries the windows' document numbers."""
+    state beyond the step. With packing, each batch also carries the windows' document numbers.
+
+    Data-parallel ranks split one global micro-batch of micro_batch * world_size windows: rank r reads the
+    block [r * micro_batch, (r + 1) * micro_batch) of it, so N ranks of micro-batch m see exactly the windows
+    one process of micro-batch N * m sees."""
 
     def __init__(
-        self, shards: TokenShards, seq_len: int, micro_batch: int, seed: int, packing: bool = False
+        self,
+        shards: TokenShards,
+        seq_len: int,
+        micro_batch: int,
+        seed: int,
+        packing: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         shards.check_window(seq_len)
         self.shards, self.seq_len, self.micro_batch, self.seed = shards, seq_len, micro_batch, seed
-        self.packing = packing
+        self.packing, self.rank, self.world_size = packing, rank, world_size
 
     def starts(self, step: int, micro_step: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, step, micro_step])
         last_start = len(self.shards) - self.seq_len - 1
-        return rng.integers(0, last_start, size=self.micro_batch, endpoint=True)
+        every_rank = rng.integers(0, last_start, size=self.micro_batch * self.world_size, endpoint=True)
+        return every_rank[self.rank * self.micro_batch : (self.rank + 1) * self.micro_batch]
 
     def batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y), int64 of shape (micro_batch, seq_len); y is x shifted left by one token."""

@@ -111,10 +111,10 @@ class TrainBatches:
         world_size: int = 1,
     ) -> None:
         self.cfg, self.seq_len, self.seed, self.pin, self.depth = cfg, seq_len, seed, pin, prefetch
-        self.grad_accum = grad_accum
+        self.grad_accum, self.rank, self.world_size = grad_accum, rank, world_size
         self.stateless = cfg.sampling == "random" and len(datasets) == 1
         if self.stateless:
-            self.windows = RandomWindows(shards[0], seq_len, micro_batch, seed, packing=cfg.packing)
+            self.windows = RandomWindows(shards[0], seq_len, micro_batch, seed, cfg.packing, rank, world_size)
         else:
             sources = [Source(d.name, s, d.weight) for d, s in zip(datasets, shards, strict=True)]
             self.stream = SampleStream(
@@ -198,7 +198,13 @@ class TrainBatches:
         self.grad_accum = grad_accum
         if self.stateless:
             self.windows = RandomWindows(
-                self.windows.shards, self.seq_len, micro_batch, self.seed, self.cfg.packing
+                self.windows.shards,
+                self.seq_len,
+                micro_batch,
+                self.seed,
+                self.cfg.packing,
+                self.rank,
+                self.world_size,
             )
         else:
             self.stream.micro_batch = micro_batch

@@ -170,3 +170,22 @@ class RunObserver:
 
         md, html = write_report(self.run_dir)
         self.log(f"report: {md} and {html}")
+
+
+class NullObserver:
+    """What ranks other than 0 get: the observer's interface, doing nothing (rank 0 writes for the run)."""
+
+    def __enter__(self) -> NullObserver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def log_step(self, record: dict[str, Any]) -> dict[str, Any]:
+        return record
+
+    def restart_at(self, step: int, tokens: int, elapsed_s: float) -> None:
+        return None
+
+    def finish(self, result: Any) -> None:
+        return None

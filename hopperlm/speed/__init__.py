@@ -1,10 +1,12 @@
 """Speed-ups, each an `apply_*` function, applied by `apply_speedups` in one fixed order (torchtitan's):
 
     float8 (swap linear layers)  ->  fused loss  ->  activation checkpointing  ->  torch.compile
+    ->  DDP / FSDP2 (dist/parallelize.py, called by the loop right after apply_speedups)
 
-Swapping modules comes first so that checkpointing and compile see the final modules; compile comes last so
-that it traces through the recompute wrappers and fuses the float8 casts. Distributed wrapping (FSDP), when
-it is added, goes after compile. Each step is chosen by the plan (plan.py) and can be overridden from config.
+Swapping modules comes first so that checkpointing and compile see the final modules; compile comes before
+the data-parallel wrapping, so that it traces through the recompute wrappers and fuses the float8 casts while
+FSDP2's hooks stay outside the compiled blocks (torchtitan's order). Each step is chosen by the plan (plan.py)
+and can be overridden from config.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def apply_speedups(model: torch.nn.Module, plan, log: Callable[[str], None]) -> 
     (training continues in bf16) and `plan.fp8` is set to "off", with one line saying why."""
     if plan.fp8 != "off":
         try:
-            n = apply_fp8(model, plan.fp8)
+            n = apply_fp8(model, plan.fp8, fsdp_float8_all_gather=getattr(plan, "fp8_all_gather", False))
             if n == 0:
                 raise RuntimeError("no linear layer is large enough, with dims divisible by 16, to gain")
             _probe(model, plan)

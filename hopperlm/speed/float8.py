@@ -116,9 +116,13 @@ class Float8NativeLinear(nn.Linear):
 
 
 # ---- applying it ---------------------------------------------------------------------------------------
-def apply_fp8(model: nn.Module, backend: str, only_if_pays: bool = True) -> int:
+def apply_fp8(
+    model: nn.Module, backend: str, only_if_pays: bool = True, fsdp_float8_all_gather: bool = False
+) -> int:
     """Convert the block linears that pay off to float8 with `backend`; returns how many were converted.
-    Raises (ImportError, RuntimeError, ...) when the backend cannot run: the caller falls back to bf16."""
+    `fsdp_float8_all_gather` (torchao tensorwise, before FSDP2 shards the model): FSDP all-gathers these
+    weights already cast to float8. Raises (ImportError, RuntimeError, ...) when the backend cannot run: the
+    caller falls back to bf16."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown fp8 backend {backend!r}; one of {BACKENDS}")
     recipe = "rowwise" if backend == "rowwise" else "tensorwise"
@@ -136,5 +140,9 @@ def apply_fp8(model: nn.Module, backend: str, only_if_pays: bool = True) -> int:
     if not targets:
         return 0
     config = Float8LinearConfig.from_recipe_name(backend)
+    if fsdp_float8_all_gather:
+        import dataclasses
+
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn in targets)
     return len(targets)

@@ -49,14 +49,15 @@ def print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manif
         f"ffn {model_cfg.hidden_dim}, vocab {model_cfg.vocab_size}, ctx {tc.seq_len}"
     )
     log(f"FLOPs/token: {fpt / 1e9:.3f} GFLOP (6N + 12*L*d*T) | {peak}")
+    ranks = f" x {plan.world_size} ranks" if plan.world_size > 1 else ""
     log(
-        f"batch: {plan.micro_batch} x {tc.seq_len} tokens x {plan.grad_accum} accumulation = "
+        f"batch: {plan.micro_batch} x {tc.seq_len} tokens x {plan.grad_accum} accumulation{ranks} = "
         f"{plan.tokens_per_step:,} tokens/step | data: {manifest['tokens']['train']:,} train / "
         f"{manifest['tokens']['val']:,} val tokens ({manifest['tokenizer']['kind']} tokenizer)"
     )
     tok_s, rate = predicted
     log(
-        f"preflight: speed at most {human_count(tok_s)} tokens/s (matmul measured here at "
+        f"preflight: speed at most {human_count(tok_s)} tokens/s{' per rank' if ranks else ''} (matmul measured here at "
         f"{rate / 1e12:.2f} TFLOP/s) | memory {plan.memory.total(plan.micro_batch) / 1e9:.2f} GB estimated"
     )
     log(f"plan: {' or '.join(planned)}" + (f" | target val loss {tc.target_loss}" if tc.target_loss else ""))
@@ -64,9 +65,9 @@ def print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manif
 
 def print_preflight_check(log, record: dict, plan: Plan, predicted: float) -> None:
     """After the first log step: the measured numbers beside the preflight estimate."""
-    speed = (
-        f"speed {human_count(record['tokens_per_s'])} tokens/s = {record['tokens_per_s'] / predicted:.0%} "
-    )
+    per_rank = record.get("tokens_per_s_per_rank", record["tokens_per_s"])  # the prediction is per device
+    speed = f"speed {human_count(per_rank)} tokens/s{' per rank' if 'world_size' in record else ''} = "
+    speed += f"{per_rank / predicted:.0%} "
     speed += "of the matmul-bound prediction"
     if plan.device.type == "cuda":
         memory = f"memory {record['peak_mem_gb']:.2f} GB measured vs {plan.memory.total(plan.micro_batch) / 1e9:.2f}"

@@ -7,6 +7,9 @@ Layout of RUN_DIR/checkpoints/step_000100/:
   tokenizer/         the tokenizer, so a checkpoint alone can generate and export
 A checkpoint is written under a temporary name, fsynced, then renamed: a kill during saving leaves the previous
 checkpoint as the latest. The model part (model.safetensors + config.json + tokenizer/) is also the export format.
+The sharded format of FSDP runs (dist/checkpoint.py) has `sharded/` (torch.distributed.checkpoint: model,
+optimizer and scaler state, one file per rank) in place of model.safetensors + optimizer.pt; the rest is alike,
+and everything here that reads a checkpoint reads both.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ PREFIX = "step_"
 MODEL_FILE, CONFIG_FILE, STATE_FILE = "model.safetensors", "config.json", "state.json"
 OPTIM_FILE, RNG_FILE, TOKENIZER_DIR = "optimizer.pt", "rng.pt", "tokenizer"
 CHECKSUM_FILE = "checksums.json"  # written last: sha256 of every other file, checked before a resume
+SHARDED_DIR = "sharded"  # the sharded format's torch.distributed.checkpoint directory
 
 
 class CheckpointSaveError(CheckpointError):
@@ -65,13 +69,18 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def verify_checkpoint(ckpt: Path) -> str | None:
-    """None when every file matches the checksums written with it, else what is wrong (one line)."""
+def is_sharded(ckpt: Path) -> bool:
+    return (Path(ckpt) / SHARDED_DIR / ".metadata").is_file()
+
+
+def verify_checkpoint(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str | None:
+    """None when every file matches the checksums written with it, else what is wrong (one line).
+    part=(i, n): check only every n-th file from the i-th (n ranks verify a sharded checkpoint together)."""
     try:
         expected = json.loads((ckpt / CHECKSUM_FILE).read_text())
     except (OSError, ValueError) as e:
         return f"{CHECKSUM_FILE} unreadable ({e})"
-    for name, digest in expected.items():
+    for name, digest in sorted(expected.items())[part[0] :: part[1]]:
         path = ckpt / name
         if not path.is_file():
             return f"{name} is missing"
@@ -95,10 +104,11 @@ def _fsync_tree(path: Path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
-    _fsync_dir(path)
+    fsync_path(path)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's entries: a rename survives a crash)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -136,6 +146,11 @@ def write_model(
     """The model part of a checkpoint (also the export format)."""
     directory.mkdir(parents=True, exist_ok=True)
     safetensors.torch.save_model(model, str(directory / MODEL_FILE))
+    write_model_config(directory, cfg, tokenizer_dir)
+
+
+def write_model_config(directory: Path, cfg: ModelConfig, tokenizer_dir: Path | None) -> None:
+    """config.json and tokenizer/ of a model directory."""
     cfg_dict = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
     (directory / CONFIG_FILE).write_text(
         json.dumps({"format": "hopperlm-model-v1", "model": cfg_dict}, indent=2)
@@ -155,7 +170,9 @@ def save_checkpoint(
     tokenizer_dir: Path | None,
     keep_last: int,
     keep_every: int = 0,
+    rank_rng: list[dict[str, Any]] | None = None,
 ) -> Path:
+    """`rank_rng`: every data-parallel rank's torch RNG states (rng.pt keeps them beside rank 0's)."""
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f"{PREFIX}*.tmp-*"):  # left by a save that was killed
@@ -168,7 +185,7 @@ def save_checkpoint(
             tmp / OPTIM_FILE,
         )
         plain_rng, tensor_rng = rng_state()
-        torch.save(tensor_rng, tmp / RNG_FILE)
+        torch.save({**tensor_rng, "ranks": rank_rng} if rank_rng else tensor_rng, tmp / RNG_FILE)
         (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step, "rng": plain_rng}, indent=1))
         checksums = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / CHECKSUM_FILE).write_text(json.dumps(checksums, indent=1))
@@ -180,6 +197,12 @@ def save_checkpoint(
         raise CheckpointSaveError(
             f"could not write checkpoint {final.name} ({e.strerror or e}); {kept}"
         ) from e
+    publish_checkpoint(tmp, final, run_dir, keep_last, keep_every)
+    return final
+
+
+def publish_checkpoint(tmp: Path, final: Path, run_dir: Path, keep_last: int, keep_every: int) -> None:
+    """Rename a complete (checksummed, fsynced) temporary checkpoint into place, then drop old ones."""
     if (
         final.exists()
     ):  # the same step saved by an earlier attempt: swap it out only once the new one is whole
@@ -189,19 +212,18 @@ def save_checkpoint(
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(final)
-    _fsync_dir(final.parent)
+    fsync_path(final.parent)
     removable = [
         c for c in list_checkpoints(run_dir)[:-keep_last] if not keep_every or checkpoint_step(c) % keep_every
     ]
     for old in removable:
         shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def resolve_model_dir(path: str | Path) -> Path:
     """A run dir (its latest checkpoint), a checkpoint dir, or an exported model dir -> the dir with the weights."""
     path = Path(path)
-    if (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file():
+    if ((path / MODEL_FILE).is_file() or is_sharded(path)) and (path / CONFIG_FILE).is_file():
         return path
     if path.is_dir() and list_checkpoints(path):
         # the same rule as --resume: the newest checkpoint whose checksums verify
@@ -227,6 +249,10 @@ def read_model_config(model_dir: Path) -> ModelConfig:
 
 
 def load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
+    if is_sharded(model_dir):
+        from hopperlm.dist.checkpoint import load_sharded_model
+
+        return load_sharded_model(model_dir, model)
     try:
         missing, unexpected = safetensors.torch.load_model(model, str(model_dir / MODEL_FILE), strict=False)
     except (OSError, RuntimeError, safetensors.SafetensorError) as e:
@@ -293,8 +319,13 @@ def export_model(path: str | Path, out_dir: Path, overwrite: bool = False) -> Pa
         )
     tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     tmp.mkdir(parents=True)
-    for name in (MODEL_FILE, CONFIG_FILE):
-        shutil.copy2(model_dir / name, tmp / name)
+    if is_sharded(model_dir):  # gather the shards into one model.safetensors
+        from hopperlm.dist.checkpoint import materialize_model
+
+        write_model(tmp, materialize_model(model_dir), read_model_config(model_dir), None)
+    else:
+        for name in (MODEL_FILE, CONFIG_FILE):
+            shutil.copy2(model_dir / name, tmp / name)
     if (model_dir / TOKENIZER_DIR).is_dir():
         shutil.copytree(model_dir / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
     _fsync_tree(tmp)

@@ -2,6 +2,9 @@
 
 Nothing in the step waits on the host: the loss and grad norm stay on the device and are read (`.item()`)
 only on log steps. The data for step s is a pure function of (seed, s), so resuming needs only the step.
+Under torchrun every rank runs this loop (dist/): each reads its block of the global batch, the model is
+wrapped by DDP or sharded by FSDP2 after the speed-ups, losses are averaged over ranks on log steps, and rank 0
+logs and writes.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +30,13 @@ from hopperlm.data.train_data import (
     open_val_sets,
     resolve_datasets,
 )
+from hopperlm.dist import checkpoint as dist_ckpt
+from hopperlm.dist.parallelize import parallelize
+from hopperlm.dist.runtime import Runtime, session
 from hopperlm.errors import CheckpointError, ConfigError, DataError, HopperError
 from hopperlm.hardware import detect_for
 from hopperlm.model.transformer import build_model, flops_per_token
-from hopperlm.observe.observer import RunObserver
+from hopperlm.observe.observer import NullObserver, RunObserver
 from hopperlm.plan import Plan, make_plan
 from hopperlm.speed import apply_speedups
 from hopperlm.speed.compile import uses_cuda_graphs
@@ -80,17 +86,26 @@ def check_tokenizer(spec: str | None, manifest: dict, data_dir: Path) -> None:
 
 
 @torch.no_grad()
-def evaluate(model, data: TokenShards, starts: list[int], plan: Plan, packing: bool = False) -> float:
-    """Mean loss over fixed validation windows (the same windows every time, in every run)."""
+def evaluate(
+    model, data: TokenShards, starts: list[int], plan: Plan, packing: bool = False, rt: Runtime | None = None
+) -> float:
+    """Mean loss over fixed validation windows (the same windows every time, in every run). With several
+    ranks each evaluates every world_size-th window and the sums are added up; every rank runs the same
+    number of forwards (FSDP gathers weights in lockstep), a rank short of windows repeats one at weight 0."""
     was_training = model.training
     model.eval()
     T, B = plan.seq_len, plan.micro_batch
+    rank, world = (rt.rank, rt.world_size) if rt is not None else (0, 1)
+    mine = starts[rank::world]
     total = torch.zeros((), device=plan.device)
-    for i in range(0, len(starts), B):
-        batch = read_batch(data, starts[i : i + B], T, packing).to(plan.device)
+    for i in range(0, -(-len(starts) // world), B):
+        chunk, weight = mine[i : i + B], len(mine[i : i + B])
+        batch = read_batch(data, chunk or starts[:1], T, packing).to(plan.device)
         with plan.autocast(), plan.sdpa_backends():
-            total += model(batch.x, batch.y, **batch.model_kwargs) * batch.x.shape[0]
+            total += model(batch.x, batch.y, **batch.model_kwargs) * weight
     model.train(was_training)
+    if world > 1:
+        rt.all_reduce(total)
     return total.item() / len(starts)
 
 
@@ -104,15 +119,26 @@ def train(
     log: Callable[[str], None] = print,
     on_step: Callable[[int], None] | None = None,
 ) -> TrainResult:
-    """Train until a budget ends. `on_step(steps_done)` runs before every step (the profiler's step marks)."""
+    """Train from `cfg`, fresh or from a checkpoint, until a budget ends. Under torchrun every rank calls this
+    (dist/runtime.py starts the process group and makes every rank stop when one fails). `on_step(steps_done)`
+    runs before every step (the profiler's step marks)."""
+    with session(cfg, log) as rt:
+        return _train(cfg, resume, rt.log, rt, on_step)
+
+
+def _train(
+    cfg: Config,
+    resume: bool | str,
+    log: Callable[[str], None],
+    rt: Runtime,
+    on_step: Callable[[int], None] | None,
+) -> TrainResult:
     run_dir = Path(cfg.run.out_dir)
     # ---- where we start: fresh, or from a checkpoint -------------------------------------------------------
     resume_from = None
     if resume:
         resume_from = (
-            ckpt_io.latest_valid_checkpoint(run_dir, log)
-            if resume is True
-            else ckpt_io.resolve_model_dir(resume)
+            dist_ckpt.latest_valid(run_dir, rt, log) if resume is True else ckpt_io.resolve_model_dir(resume)
         )
         if resume_from is None:
             raise CheckpointError(
@@ -142,54 +168,67 @@ def train(
     resume_state = ckpt_io.read_state(resume_from) if resume_from is not None else None
     if resume_state is not None and resume_state.get("micro_batch"):
         # the data of step s depends on the micro-batch: keep the checkpoint's (measured, or halved after an
-        # out-of-memory error) rather than planning anew
+        # out-of-memory error) rather than planning anew. It is saved for all ranks together (one global
+        # micro-batch per micro-step), so any world size that divides it reads the same windows.
         micro, accum = resume_state["micro_batch"], resume_state["grad_accum"]
-        if (micro, micro * accum * tc.seq_len) != (tc.micro_batch, tc.batch_tokens):
-            log(f"resume: micro-batch {micro} x {accum} accumulation from the checkpoint")
-        tc = dataclasses.replace(tc, micro_batch=micro, batch_tokens=micro * accum * tc.seq_len)
+        per_rank = micro // rt.world_size if micro % rt.world_size == 0 else None
+        if (per_rank, micro * accum * tc.seq_len) != (tc.micro_batch, tc.batch_tokens):
+            log(f"resume: micro-batch {micro} x {accum} accumulation (all ranks) from the checkpoint")
+        if per_rank is None:
+            log(
+                f"resume: {micro} sequences per micro-step do not split over {rt.world_size} ranks; the global "
+                "batch is kept but the remaining steps read other windows than an uninterrupted run would"
+            )
+        tc = dataclasses.replace(tc, micro_batch=per_rank, batch_tokens=micro * accum * tc.seq_len)
         cfg = dataclasses.replace(cfg, train=tc)
     finder = None
     if hw.device_type == "cuda" and tc.micro_batch is None:
-        finder = make_gpu_finder(run_dir, tc.memory_target * hw.free_memory, log)
-    plan = make_plan(cfg, model_cfg, hw, finder)
+        cache_dir = run_dir if rt.world_size == 1 else run_dir / "ranks" / str(rt.rank)
+        finder = rt.agreed_finder(make_gpu_finder(cache_dir, tc.memory_target * hw.free_memory, log))
+    plan = make_plan(cfg, model_cfg, hw, finder, rt.world)
     plan.apply_runtime_settings()
     device = plan.device
 
     # ---- model and optimizer -------------------------------------------------------------------------------
     torch.manual_seed(tc.seed)
-    model = build_model(model_cfg, device, seed=tc.seed)
-    if resume_from is not None:
-        if ckpt_io.read_model_config(resume_from) != model_cfg:
-            raise CheckpointError(
-                f"{resume_from} was trained with a different model section; resume with the run's own "
-                f"config ({run_dir / 'config.yaml'})"
-            )
-        ckpt_io.load_model_weights(resume_from, model)
+    model = build_model(model_cfg, device, seed=tc.seed)  # the same on every rank
+    rt.seed_per_rank(tc.seed)
+    if resume_from is not None and ckpt_io.read_model_config(resume_from) != model_cfg:
+        raise CheckpointError(
+            f"{resume_from} was trained with a different model section; resume with the run's own "
+            f"config ({run_dir / 'config.yaml'})"
+        )
     apply_speedups(model, plan, log)  # fp8 -> fused loss -> activation checkpointing -> compile, in place
+    parallel = parallelize(model, plan, rt, log)  # -> DDP, or FSDP2 sharding in place (none: as it is)
     optimizer = build_optimizer(model, cfg.optim, plan.fused_adamw, plan.optimizer)
     mark_step = torch.compiler.cudagraph_mark_step_begin if uses_cuda_graphs(plan.compile_mode) else None
-    scaler = torch.amp.GradScaler("cuda") if plan.loss_scaling else None
+    scaler = parallel.grad_scaler(plan.loss_scaling)
+    checkpointer = dist_ckpt.Checkpointer(rt, plan.strategy, cfg.parallel, log)
 
     step, tokens, elapsed_before, best_val = 0, 0, 0.0, None
-    guard = Guard(cfg.guard, run_dir / "events.jsonl", log)
+    guard = Guard(cfg.guard, run_dir / "events.jsonl" if rt.is_main else Path(os.devnull), log)
     if resume_from is not None:
-        state = ckpt_io.load_training_state(resume_from, optimizer, scaler)
+        state = checkpointer.load(resume_from, model, optimizer, scaler)  # weights, optimizer, RNG
         step, tokens, elapsed_before = state["step"], state["tokens"], state["elapsed_s"]
         best_val = state.get("best_val_loss")
         guard.load(state.get("guard"))
 
     # ---- run directory and banner --------------------------------------------------------------------------
     check_writable(run_dir)
-    save_config(cfg, run_dir / "config.yaml")
     tokenizer_dir = run_dir / "tokenizer"
-    if not tokenizer_dir.exists():
-        load_tokenizer(data_dir).save(tokenizer_dir)
+    if rt.is_main:  # one writer for the run's files
+        save_config(cfg, run_dir / "config.yaml")
+        if not tokenizer_dir.exists():
+            load_tokenizer(data_dir).save(tokenizer_dir)
     fpt = flops_per_token(model_cfg, tc.seq_len)
     predicted = predicted_tokens_per_s(plan, fpt)
     print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
     # metrics.jsonl (truncated to the checkpoint's step), TensorBoard, W&B, CSV, progress, GPU monitor, plan.json
-    observer = RunObserver(
-        cfg, run_dir, log, hw, plan, model_cfg, fpt, predicted, step, tokens, elapsed_before
+    # rank 0 observes; the other ranks' observer does nothing
+    observer = (
+        RunObserver(cfg, run_dir, log, hw, plan, model_cfg, fpt, predicted, step, tokens, elapsed_before)
+        if rt.is_main
+        else NullObserver()
     )
     prefetch = default_prefetch(cfg.data, device)
     batches = TrainBatches(
@@ -202,15 +241,14 @@ def train(
         tc.seed,
         plan.pin_memory,
         prefetch,
+        rank=rt.rank,  # each rank reads its block of every global micro-batch
+        world_size=rt.world_size,
     )
     if resume_state is not None:
         batches.load_state_dict(resume_state.get("data"))  # sequential/mixture: exactly the next sample
 
     # ---- the loop ------------------------------------------------------------------------------------------
-    t0 = time.perf_counter()
-
-    def elapsed() -> float:
-        return elapsed_before + time.perf_counter() - t0
+    elapsed = rt.start_clock(elapsed_before)  # several ranks: rank 0's clock, agreed on log steps
 
     def budget_done() -> str | None:
         if tc.max_steps is not None and step >= tc.max_steps:
@@ -227,15 +265,16 @@ def train(
             "elapsed_s": elapsed(),
             "best_val_loss": best_val,
             "val_loss": val_loss,
-            "micro_batch": plan.micro_batch,
+            "micro_batch": plan.micro_batch * rt.world_size,  # all ranks together
             "grad_accum": plan.grad_accum,
+            "world_size": rt.world_size,
             "config": cfg.to_dict(),
             "data_manifest_tokenizer": manifest["tokenizer"],
             "guard": guard.to_dict(),
             "data": batches.state_dict(),
         }
         try:
-            path = ckpt_io.save_checkpoint(
+            path = checkpointer.save(
                 run_dir,
                 step,
                 model,
@@ -260,13 +299,14 @@ def train(
             batch = batches.next(step + guard.state.data_offset, micro).to(device)  # pinned when planned
             if mark_step is not None:  # CUDA graphs: the previous step's outputs may be overwritten now
                 mark_step()
-            with plan.autocast(), plan.sdpa_backends():
-                loss = model(batch.x, batch.y, **batch.model_kwargs) / plan.grad_accum
-            (scaler.scale(loss) if scaler else loss).backward()
+            with parallel.grad_sync(last=micro == plan.grad_accum - 1):  # DDP: all-reduce on the last only
+                with plan.autocast(), plan.sdpa_backends():
+                    loss = parallel.module(batch.x, batch.y, **batch.model_kwargs) / plan.grad_accum
+                (scaler.scale(loss) if scaler else loss).backward()
             step_loss += loss.detach()
         if scaler:
             scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        grad_norm = parallel.clip_grad_norm_(params, clip)  # global: gradients are synced or sharded
         if scaler:  # fp16: an inf/NaN scaled gradient is the scaler's (it skips and lowers the scale)
             finite = torch.isfinite(step_loss)
             scaler.step(optimizer)
@@ -278,6 +318,7 @@ def train(
                 optimizer.step()
             elif finite.item():  # CPU / unfused: the sync costs nothing here
                 optimizer.step()
+        parallel.after_optimizer_step()  # FSDP float8: precompute the weights' scales
         optimizer.zero_grad(set_to_none=True)
         return step_loss, grad_norm, finite
 
@@ -294,13 +335,12 @@ def train(
 
     def rollback(bad_step: int) -> None:
         nonlocal step, tokens
-        ckpt = ckpt_io.latest_valid_checkpoint(run_dir, log)
+        ckpt = checkpointer.latest_valid(run_dir, log)
         if ckpt is None:
             raise GuardStop(
                 f"step {bad_step}: the run diverged and there is no valid checkpoint to roll back to"
             )
-        ckpt_io.load_model_weights(ckpt, model)
-        state = ckpt_io.load_training_state(ckpt, optimizer, scaler)
+        state = checkpointer.load(ckpt, model, optimizer, scaler)
         guard.after_rollback(bad_step, state["step"])
         guard.event(
             bad_step,
@@ -325,10 +365,12 @@ def train(
                 optimizer.zero_grad(set_to_none=True)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-                if plan.micro_batch == 1 or plan.micro_batch % 2:
+                if plan.micro_batch == 1 or plan.micro_batch % 2 or rt.world_size > 1:
+                    # (several ranks must change the micro-batch together: not attempted, the run stops)
                     raise OutOfMemory(
-                        f"out of memory at step {step + 1} with micro-batch {plan.micro_batch}; use --train."
-                        "activation_checkpointing full, a shorter train.seq_len, or a smaller model / FSDP"
+                        f"out of memory at step {step + 1} with micro-batch {plan.micro_batch}"
+                        f"{f' on rank {rt.rank}' if rt.world_size > 1 else ''}; use a smaller --train.micro_batch,"
+                        " --train.activation_checkpointing full, a shorter train.seq_len, or FSDP"
                     ) from None
                 plan.micro_batch, plan.grad_accum = plan.micro_batch // 2, plan.grad_accum * 2
                 batches.set_micro_batch(plan.micro_batch, plan.grad_accum)
@@ -341,13 +383,15 @@ def train(
             step += 1
             tokens += plan.tokens_per_step
             interval.add(plan.tokens_per_step)
-            stopped_by = budget_done() or (f"signal {preemption.requested}" if preemption.requested else None)
-            if not (step % tc.log_every == 0 or stopped_by or (tc.eval_every and step % tc.eval_every == 0)):
+            log_step = step % tc.log_every == 0 or bool(tc.eval_every and step % tc.eval_every == 0)
+            log_step = log_step or budget_done() is not None  # (the same on every rank)
+            signal = rt.agree(preemption.requested, log_step)  # several ranks: decided together on log steps
+            stopped_by = budget_done() or (f"signal {signal}" if signal else None)
+            if not (log_step or stopped_by):
                 continue
 
             # ---- a log step: the one host sync, the guard's review, evaluation, metrics, checkpoint ----
-            losses = torch.stack([p[0] for p in pending]).tolist()
-            flags = torch.stack([p[1] for p in pending]).tolist()
+            losses, flags = rt.log_step_losses(pending)  # the mean over ranks, finite on every rank
             verdict = guard.review(step - len(pending) + 1, losses, flags)
             pending.clear()
             if verdict is not None:
@@ -367,7 +411,7 @@ def train(
             evaluated = False
             if val_sets and ((tc.eval_every and step % tc.eval_every == 0) or stopped_by):
                 val_losses = {
-                    v.name: evaluate(model, v.shards, v.starts, plan, cfg.data.packing) for v in val_sets
+                    v.name: evaluate(model, v.shards, v.starts, plan, cfg.data.packing, rt) for v in val_sets
                 }
                 val_loss, evaluated = combined_val_loss(val_losses, val_sets), True
                 best_val = val_loss if best_val is None else min(best_val, val_loss)
@@ -385,15 +429,17 @@ def train(
             record.update(
                 lr=lr,
                 grad_norm=grad_norm.item(),
-                tokens_per_s=tok_s,
-                mfu=mfu(tok_s, fpt, hw.peak_16bit),
+                tokens_per_s=tok_s,  # all ranks together
+                mfu=mfu(tok_s / rt.world_size, fpt, hw.peak_16bit),
                 step_time_s=step_s,
                 peak_mem_gb=peak_memory_gb(device),
                 elapsed_s=elapsed(),
             )
             if guard.state.skipped:
                 record["skipped_steps"] = guard.state.skipped
-            # the GPU readings are added, every sink written, the line printed with the ETA
+            if rt.world_size > 1:
+                record.update(world_size=rt.world_size, tokens_per_s_per_rank=tok_s / rt.world_size)
+            # the GPU readings are added, every sink written, the line printed with the ETA (rank 0 only)
             observer.log_step(record)
             if first_log:
                 print_preflight_check(log, record, plan, predicted[0])
@@ -403,6 +449,7 @@ def train(
                 save(val_loss)
 
     batches.close()
+    checkpointer.close()  # a background checkpoint completes before the run ends
     total = elapsed()
     log(
         f"done: {stopped_by} after {step:,} steps, {human_count(tokens)} tokens, {total:.1f} s"
@@ -417,7 +464,7 @@ def check_writable(run_dir: Path) -> None:
     """Fail at start-up, not at the first checkpoint an hour later."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-test-{os.getpid()}"
+        probe = run_dir / f".write-test-{socket.gethostname()}-{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:

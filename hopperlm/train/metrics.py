@@ -13,6 +13,8 @@ metrics.jsonl schema (one JSON object per line; a key is absent when it was not 
   gpu_util      CUDA with NVML: mean GPU utilisation since the last log, percent
   gpu_power_w   mean board power since the last log, watts      gpu_temp_c   highest GPU temperature, Celsius
   gpu_mem_gb    most device memory in use since the last log (all processes, the allocator's cache included)
+  world_size    data-parallel ranks (present with more than one; tokens_per_s and mfu are then the run's: all
+                ranks' tokens, MFU against all ranks' peak)      tokens_per_s_per_rank  tokens_per_s / world_size
   loss is the mean over the finite steps of the interval (NaN only if every one of them was bad)
 The same fields go to TensorBoard and W&B under the tags in hopperlm/observe/sinks.py and to metrics.csv.
 """
@@ -103,6 +105,8 @@ def format_record(r: dict[str, Any], max_steps: int | None) -> str:
     if "val_loss" in r:
         parts.append(f"val {r['val_loss']:.4f}")
     parts += [f"lr {r['lr']:.2e}", f"gnorm {r['grad_norm']:.2f}", f"{_si(r['tokens_per_s'])} tok/s"]
+    if "tokens_per_s_per_rank" in r:
+        parts[-1] += f" ({_si(r['tokens_per_s_per_rank'])}/rank x {r['world_size']})"
     parts.append("MFU n/a" if r["mfu"] is None else f"MFU {100 * r['mfu']:.1f}%")
     parts += [f"{1000 * r['step_time_s']:.0f} ms/step", f"mem {r['peak_mem_gb']:.2f} GB"]
     return " | ".join(parts)

@@ -1,0 +1,427 @@
+"""Checkpoints of a data-parallel run, in one of two formats under RUN_DIR/checkpoints/step_N/, each with the
+same config.json, tokenizer/, state.json, rng.pt (every rank's RNG states) and checksums.json
+(train/checkpoint.py):
+
+  single   model.safetensors + optimizer.pt. One process, and DDP, where every rank holds the whole state:
+           rank 0 writes it while the others wait.
+  sharded  sharded/: torch.distributed.checkpoint (DCP) of the model and optimizer state, each rank writing
+           its own shards (FSDP/HSDP, where no rank holds the whole state), optionally in the background
+           (`parallel.async_checkpoint`: the state is copied to CPU memory and written while training goes on).
+
+Either format loads at any world size and under any strategy: DCP reshards by parameter name, and a
+single-file checkpoint is cut into shards on load. The single format's guarantees hold for the sharded one:
+files are written under a temporary name; every rank hashes and fsyncs a share of them; rank 0 writes
+checksums.json last and renames the directory; a failure on any rank leaves the previous checkpoints as they
+were and every rank goes on; --resume verifies the checksums (each rank a share) and falls back to the
+checkpoint before a corrupt one. The run directory must be on a filesystem that every node sees.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from hopperlm.config import ModelConfig, ParallelConfig
+from hopperlm.data.prepare import file_sha256
+from hopperlm.dist.runtime import Runtime
+from hopperlm.errors import CheckpointError
+from hopperlm.train import checkpoint as ckpt_io
+from hopperlm.train.checkpoint import (
+    CHECKSUM_FILE,
+    MODEL_FILE,
+    OPTIM_FILE,
+    PREFIX,
+    RNG_FILE,
+    SHARDED_DIR,
+    STATE_FILE,
+    CheckpointSaveError,
+    checkpoint_dir,
+    fsync_path,
+    is_sharded,
+    publish_checkpoint,
+    read_model_config,
+    read_state,
+    rng_state,
+    set_rng_state,
+    verify_checkpoint,
+    write_model_config,
+)
+from hopperlm.train.optim import OptimizerPair
+
+SHARDED_STRATEGIES = ("fsdp", "hsdp")
+
+
+def checkpoint_format(cfg: ParallelConfig, strategy: str) -> str:
+    if cfg.checkpoint != "auto":
+        return cfg.checkpoint
+    return "sharded" if strategy in SHARDED_STRATEGIES or cfg.async_checkpoint else "single"
+
+
+def optimizers_of(optimizer) -> list[torch.optim.Optimizer]:
+    return list(optimizer.optimizers) if isinstance(optimizer, OptimizerPair) else [optimizer]
+
+
+def _first_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+@contextmanager
+def _single_process_ok():
+    """DCP warns that it assumes one process when there is no process group: that is what we asked for."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def latest_valid(run_dir: Path, rt: Runtime, log: Callable[[str], None]) -> Path | None:
+    """The newest checkpoint whose files verify; with several ranks each verifies a share of the files and
+    all agree on the answer (rank 0's listing decides which checkpoints there are)."""
+    if rt.world_size == 1:
+        return ckpt_io.latest_valid_checkpoint(run_dir, log)
+    found = rt.broadcast_object([str(p) for p in ckpt_io.list_checkpoints(run_dir)] if rt.is_main else None)
+    for name in reversed(found):
+        ckpt = Path(name)
+        problems = [p for p in rt.all_gather_object(verify_checkpoint(ckpt, (rt.rank, rt.world_size))) if p]
+        if not problems:
+            return ckpt
+        log(f"warning: checkpoint {ckpt} is corrupt ({problems[0]}); falling back to the one before it")
+    return None
+
+
+class Checkpointer:
+    """Saves (in the format the run's strategy calls for) and loads (either format) the training state."""
+
+    def __init__(self, rt: Runtime, strategy: str, cfg: ParallelConfig, log: Callable[[str], None]) -> None:
+        self.rt, self.strategy, self.log = rt, strategy, log
+        self.format = checkpoint_format(cfg, strategy)
+        self.async_save = cfg.async_checkpoint
+        self._pending: tuple | None = None
+        self._group = None
+        if self.async_save and not rt.active:  # the background writer would say so on every save
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninit")
+        if self.async_save and rt.backend == "nccl":
+            import torch.distributed as dist
+
+            # the background writer's collectives go over gloo, never beside training's NCCL ones
+            self._group = dist.new_group(backend="gloo")
+
+    # ---- saving ----------------------------------------------------------------------------------------------
+    def save(
+        self,
+        run_dir: Path,
+        step: int,
+        model: nn.Module,
+        model_cfg: ModelConfig,
+        optimizer,
+        scaler,
+        state: dict[str, Any],
+        tokenizer_dir: Path | None,
+        keep_last: int,
+        keep_every: int = 0,
+    ) -> Path:
+        """As train/checkpoint.save_checkpoint; every rank calls it. CheckpointSaveError on every rank when
+        any rank could not write its part (the previous checkpoints are untouched)."""
+        self.finish()
+        rt = self.rt
+        rank_rng = rt.all_gather_object(rng_state()[1]) if rt.world_size > 1 else None
+        if self.format == "single":  # rank 0 holds the whole state (one process, DDP) and writes it
+            error = None
+            if rt.is_main:
+                try:
+                    ckpt_io.save_checkpoint(
+                        run_dir,
+                        step,
+                        model,
+                        model_cfg,
+                        optimizer,
+                        scaler,
+                        state,
+                        tokenizer_dir,
+                        keep_last,
+                        keep_every,
+                        rank_rng,
+                    )
+                except CheckpointSaveError as e:
+                    error = str(e)
+            error = rt.broadcast_object(error)  # the others wait here while rank 0 writes
+            if error:
+                raise CheckpointSaveError(error)
+            return checkpoint_dir(run_dir, step)
+        return self._save_sharded(
+            run_dir, step, model, model_cfg, optimizer, scaler, state, tokenizer_dir, rank_rng, keep_last, keep_every
+        )
+
+    def _save_sharded(
+        self, run_dir, step, model, model_cfg, optimizer, scaler, state, tokenizer_dir, rank_rng, keep_last, keep_every
+    ) -> Path:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        rt = self.rt
+        final = checkpoint_dir(run_dir, step)
+        tmp = final.parent / f"{final.name}.tmp-sharded"
+        error = None
+        if rt.is_main:  # the small files first; the shards and then checksums.json complete the directory
+            try:
+                final.parent.mkdir(parents=True, exist_ok=True)
+                for stale in final.parent.glob(f"{PREFIX}*.tmp-*"):  # left by a save that was killed
+                    shutil.rmtree(stale, ignore_errors=True)
+                tmp.mkdir()
+                write_model_config(tmp, model_cfg, tokenizer_dir)
+                plain_rng, tensor_rng = rng_state()
+                torch.save({**tensor_rng, "ranks": rank_rng} if rank_rng else tensor_rng, tmp / RNG_FILE)
+                scaler_state = scaler.state_dict() if scaler is not None else None
+                record = {**state, "step": step, "rng": plain_rng, "scaler": scaler_state, "format": "sharded"}
+                (tmp / STATE_FILE).write_text(json.dumps(record, indent=1))
+            except OSError as e:
+                error = e.strerror or str(e)
+        self._raise_if_any(rt.broadcast_object(error), tmp, run_dir, final)
+        model_sd, optim_sd = get_state_dict(model, optimizers_of(optimizer))
+        content = {"model": model_sd, "optim": optim_sd}
+        alone = {} if rt.active else {"no_dist": True}  # (passed only when needed: older torch lacks it)
+        try:
+            if self.async_save:
+                with _single_process_ok():
+                    future = dcp.async_save(
+                        content, checkpoint_id=tmp / SHARDED_DIR, process_group=self._group, **alone
+                    )
+                self._pending = (future, tmp, final, run_dir, keep_last, keep_every)
+                return final
+            with _single_process_ok():
+                dcp.save(content, checkpoint_id=tmp / SHARDED_DIR, **alone)
+        except Exception as e:  # DCP raises on every rank when any rank's write failed
+            self._raise_if_any(_first_line(e), tmp, run_dir, final)
+        return self._complete(tmp, final, run_dir, keep_last, keep_every)
+
+    def _complete(self, tmp: Path, final: Path, run_dir: Path, keep_last: int, keep_every: int) -> Path:
+        """Every rank hashes and fsyncs its share of the files; rank 0 writes checksums.json and renames."""
+        rt = self.rt
+        names = None
+        if rt.is_main:
+            names = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        names = rt.broadcast_object(names)
+        digests, error = {}, None
+        try:
+            for name in names[rt.rank :: rt.world_size]:
+                digests[name] = file_sha256(tmp / name)
+                fsync_path(tmp / name)
+        except OSError as e:  # e.g. a node that does not see the run dir
+            error = f"rank {rt.rank}: {e.strerror or e} ({e.filename})"
+        gathered = rt.all_gather_object((digests, error))
+        error = next((e for _, e in gathered if e), None)
+        if rt.is_main and error is None:
+            try:
+                checksums = dict(sorted((k, v) for d, _ in gathered for k, v in d.items()))
+                (tmp / CHECKSUM_FILE).write_text(json.dumps(checksums, indent=1))
+                fsync_path(tmp / CHECKSUM_FILE)
+                for directory in sorted({(tmp / n).parent for n in names} | {tmp}):
+                    fsync_path(directory)
+                publish_checkpoint(tmp, final, run_dir, keep_last, keep_every)
+            except OSError as e:
+                error = e.strerror or str(e)
+        self._raise_if_any(rt.broadcast_object(error), tmp, run_dir, final)
+        return final
+
+    def _raise_if_any(self, error: str | None, tmp: Path, run_dir: Path, final: Path) -> None:
+        if error is None:
+            return
+        if self.rt.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        previous = ckpt_io.latest_checkpoint(run_dir)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointSaveError(f"could not write checkpoint {final.name} ({error}); {kept}")
+
+    def finish(self) -> None:
+        """Complete a background save (waits for its files); every rank calls it at the same point."""
+        if self._pending is None:
+            return
+        future, tmp, final, run_dir, keep_last, keep_every = self._pending
+        self._pending = None
+        try:
+            future.result()
+        except Exception as e:
+            self._raise_if_any(_first_line(e), tmp, run_dir, final)
+        self._complete(tmp, final, run_dir, keep_last, keep_every)
+        self.log(f"checkpoint: {final} complete (written in the background)")
+
+    def close(self) -> None:
+        try:
+            self.finish()
+        except CheckpointSaveError as e:
+            self.log(f"warning: {e}")
+
+    # ---- loading ---------------------------------------------------------------------------------------------
+    def latest_valid(self, run_dir: Path, log: Callable[[str], None]) -> Path | None:
+        self.finish()
+        return latest_valid(run_dir, self.rt, log)
+
+    def load(self, ckpt: Path, model: nn.Module, optimizer, scaler) -> dict[str, Any]:
+        """Weights, optimizer, scaler and RNG states from either format into this run's (possibly sharded)
+        model; returns state.json. `model` is the unwrapped model (not the DDP wrapper)."""
+        if is_sharded(ckpt):
+            state = self._load_sharded(ckpt, model, optimizer, scaler)
+        elif self.strategy in SHARDED_STRATEGIES:
+            state = self._load_single_into_shards(ckpt, model, optimizer, scaler)
+        else:
+            ckpt_io.load_model_weights(ckpt, model)
+            state = ckpt_io.load_training_state(ckpt, optimizer, scaler)
+        self._restore_rank_rng(ckpt, state)
+        return state
+
+    def _load_sharded(self, ckpt: Path, model: nn.Module, optimizer, scaler) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        optimizers = optimizers_of(optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizers)
+        content = {"model": model_sd, "optim": optim_sd}
+        try:
+            with _single_process_ok():
+                dcp.load(content, checkpoint_id=ckpt / SHARDED_DIR, **({} if self.rt.active else {"no_dist": True}))
+        except Exception as e:
+            raise CheckpointError(
+                f"cannot load {ckpt / SHARDED_DIR} into this model/optimizer ({_first_line(e)}); resume with "
+                "the run's own config"
+            ) from None
+        set_state_dict(model, optimizers, model_state_dict=content["model"], optim_state_dict=content["optim"])
+        state = read_state(ckpt)
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"], torch.load(ckpt / RNG_FILE, map_location="cpu", weights_only=True))
+        return state
+
+    def _load_single_into_shards(self, ckpt: Path, model: nn.Module, optimizer, scaler) -> dict[str, Any]:
+        """A model.safetensors + optimizer.pt checkpoint (one process, DDP) into FSDP shards: every rank reads
+        the whole files and keeps its shards."""
+        import safetensors.torch
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        try:
+            weights = safetensors.torch.load_file(str(ckpt / MODEL_FILE))
+            saved = torch.load(ckpt / OPTIM_FILE, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise CheckpointError(f"checkpoint {ckpt} is unreadable ({_first_line(e)})") from None
+        for name, alias in tied_names(model):  # safetensors stores a tied tensor under one name
+            if name not in weights and alias in weights:
+                weights[name] = weights[alias]
+        optimizers = optimizers_of(optimizer)
+        subs = saved["optimizer"]["pair"] if "pair" in saved["optimizer"] else [saved["optimizer"]]
+        by_name = [named_optimizer_state(sub, opt, model) for sub, opt in zip(subs, optimizers, strict=True)]
+        optim_sd = {
+            "state": {k: v for sd in by_name for k, v in sd["state"].items()},
+            "param_groups": [g for sd in by_name for g in sd["param_groups"]],
+        }
+        try:
+            set_state_dict(
+                model,
+                optimizers,
+                model_state_dict=weights,
+                optim_state_dict=optim_sd,
+                options=StateDictOptions(full_state_dict=True),
+            )
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise CheckpointError(
+                f"{ckpt} does not match this model/optimizer ({_first_line(e)}); resume with the run's own "
+                "config"
+            ) from None
+        state = read_state(ckpt)
+        if scaler is not None and saved.get("scaler"):
+            scaler.load_state_dict(saved["scaler"])
+        set_rng_state(state["rng"], torch.load(ckpt / RNG_FILE, map_location="cpu", weights_only=True))
+        return state
+
+    def _restore_rank_rng(self, ckpt: Path, state: dict[str, Any]) -> None:
+        """Each rank continues its own RNG stream (dropout) when the checkpoint has one for it; ranks beyond
+        the checkpoint's world size get a fresh stream from (step, rank)."""
+        rt = self.rt
+        if rt.world_size == 1:
+            return  # rank 0's streams, restored with the rest of the state
+        saved = torch.load(ckpt / RNG_FILE, map_location="cpu", weights_only=True).get("ranks") or []
+        if rt.rank < len(saved):
+            torch.set_rng_state(saved[rt.rank]["torch"])
+            if "cuda" in saved[rt.rank] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(saved[rt.rank]["cuda"])
+        elif saved or rt.rank > 0:  # (rank 0 keeps a one-process checkpoint's stream, restored already)
+            torch.manual_seed(int(np.random.SeedSequence([state["step"], rt.rank, 0x5EED]).generate_state(1)[0]))
+        if len(saved) != rt.world_size:
+            self.log(
+                f"resume: the checkpoint holds RNG streams for {len(saved) or 1} rank(s), this run has "
+                f"{rt.world_size}; the others start new streams (dropout masks differ from an uninterrupted run)"
+            )
+
+
+def tied_names(model: nn.Module) -> list[tuple[str, str]]:
+    """(name, the first name of the same parameter) for parameters shared under several names."""
+    first: dict[int, str] = {}
+    pairs = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            pairs.append((name, first[id(p)]))
+        else:
+            first[id(p)] = name
+    return pairs
+
+
+def named_optimizer_state(saved: dict, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict:
+    """A torch optimizer state_dict (parameters numbered in param-group order) keyed by parameter name instead,
+    as torch.distributed.checkpoint.state_dict expects; the numbering follows this optimizer's groups, which
+    were built in the same order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    state, groups = {}, []
+    if len(saved["param_groups"]) != len(optimizer.param_groups):
+        raise CheckpointError("the saved optimizer has another number of parameter groups than this one")
+    for saved_group, group in zip(saved["param_groups"], optimizer.param_groups, strict=True):
+        fqns = [names[id(p)] for p in group["params"]]
+        if len(fqns) != len(saved_group["params"]):
+            raise CheckpointError("the saved optimizer state does not match this model's parameters")
+        for index, fqn in zip(saved_group["params"], fqns, strict=True):
+            if index in saved["state"]:
+                state[fqn] = saved["state"][index]
+        groups.append({**saved_group, "params": fqns})
+    return {"state": state, "param_groups": groups}
+
+
+# ---- the model alone (generate, export) -----------------------------------------------------------------
+def load_sharded_model(model_dir: Path, model: nn.Module) -> None:
+    """The weights of a sharded checkpoint into a whole (unsharded) model, in this process alone."""
+    import torch.distributed.checkpoint as dcp
+
+    weights = model.state_dict()
+    try:
+        with _single_process_ok():
+            dcp.load({"model": weights}, checkpoint_id=Path(model_dir) / SHARDED_DIR, no_dist=True)
+    except Exception as e:
+        raise CheckpointError(
+            f"cannot load {Path(model_dir) / SHARDED_DIR} into this model ({_first_line(e)}); the config's "
+            "model section must equal the checkpoint's"
+        ) from None
+    model.load_state_dict(weights)
+
+
+def materialize_model(model_dir: Path) -> nn.Module:
+    """A sharded checkpoint's model on the CPU, without spending time on a random initialisation first."""
+    from hopperlm.model.transformer import Transformer, rope_tables
+
+    cfg = read_model_config(model_dir)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.to_empty(device="cpu")
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed.weight
+    cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+    model.rope_cos.copy_(cos)
+    model.rope_sin.copy_(sin)
+    load_sharded_model(model_dir, model)
+    return model.eval()

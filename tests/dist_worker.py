@@ -1,0 +1,49 @@
+"""Run by tests/test_dist_torchrun.py under torchrun: several trainings in one process group (one launch of the
+processes instead of one per training), or one training in which a chosen rank raises.
+
+    python -m torch.distributed.run --standalone --nproc-per-node N tests/dist_worker.py SPEC_JSON
+
+SPEC: {"runs": [{"args": [--section.key value ...], "resume": false | true | PATH}, ...],
+       "fail": {"rank": R, "step": S}   (optional: rank R raises when it reads the data of step S)}
+Every run starts from configs/debug.yaml. With "fail", the training goes through the CLI (`hopperlm train`), so
+what the test sees is what a user sees: one error line per rank and the exit codes.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from hopperlm.config import load_config
+from hopperlm.dist.runtime import session
+from hopperlm.train.loop import train
+
+DEBUG = Path(__file__).resolve().parents[1] / "configs" / "debug.yaml"
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    if "fail" in spec:
+        from hopperlm import cli
+        from hopperlm.data import train_data
+
+        rank, bad_step = spec["fail"]["rank"], spec["fail"]["step"]
+        read = train_data.TrainBatches.next
+
+        def next_or_fail(self, step, micro):
+            if int(os.environ["RANK"]) == rank and step == bad_step:
+                raise ValueError(f"injected failure on rank {rank} at step {bad_step}")
+            return read(self, step, micro)
+
+        train_data.TrainBatches.next = next_or_fail
+        (run,) = spec["runs"]
+        cli.main(["train", str(DEBUG), *run["args"]])
+        return
+    configs = [load_config(DEBUG, run["args"]) for run in spec["runs"]]
+    with session(configs[0]):  # one process group for all the runs
+        for cfg, run in zip(configs, spec["runs"], strict=True):
+            train(cfg, resume=run.get("resume", False), log=lambda line: None)
+
+
+if __name__ == "__main__":
+    main()
