@@ -19,6 +19,7 @@ import torch
 
 from hopperlm.config import Config, ModelConfig, save_config
 from hopperlm.data.loader import TokenShards, read_batch
+from hopperlm.data.sft import open_sft_data
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import (
     TrainBatches,
@@ -30,7 +31,7 @@ from hopperlm.data.train_data import (
 )
 from hopperlm.errors import CheckpointError, ConfigError, DataError, HopperError
 from hopperlm.hardware import detect_for
-from hopperlm.model.transformer import build_model, flops_per_token
+from hopperlm.model.transformer import flops_per_token
 from hopperlm.plan import Plan, make_plan
 from hopperlm.speed import apply_speedups
 from hopperlm.speed.compile import uses_cuda_graphs
@@ -40,6 +41,7 @@ from hopperlm.train.batch_finder import make_gpu_finder
 from hopperlm.train.checkpoint import CheckpointSaveError
 from hopperlm.train.guard import Guard, GuardStop
 from hopperlm.train.metrics import Interval, MetricsFile, format_record, human_count, mfu, peak_memory_gb
+from hopperlm.train.model_setup import build_train_model
 from hopperlm.train.optim import budget_progress, build_optimizer, lr_at, set_lr
 from hopperlm.train.preemption import Preemption
 
@@ -60,6 +62,8 @@ def resolve_model_config(cfg: ModelConfig, data_vocab: int) -> ModelConfig:
     if cfg.vocab_size is None:
         return dataclasses.replace(cfg, vocab_size=64 * math.ceil(data_vocab / 64))
     if cfg.vocab_size < data_vocab:
+        if cfg.init_from:  # a tokenizer extended with new pieces: new rows (model/resize.py)
+            return dataclasses.replace(cfg, vocab_size=64 * math.ceil(data_vocab / 64))
         raise ConfigError(
             f"model.vocab_size={cfg.vocab_size} is smaller than the data's vocabulary ({data_vocab}); "
             "set model.vocab_size to null (take it from the data) or re-prepare with a smaller tokenizer"
@@ -87,7 +91,10 @@ def evaluate(model, data: TokenShards, starts: list[int], plan: Plan, packing: b
     T, B = plan.seq_len, plan.micro_batch
     total = torch.zeros((), device=plan.device)
     for i in range(0, len(starts), B):
-        batch = read_batch(data, starts[i : i + B], T, packing).to(plan.device)
+        if hasattr(data, "read_rows"):  # instruction data (data/sft.py): rows of whole examples
+            batch = data.read_rows(starts[i : i + B]).to(plan.device)
+        else:
+            batch = read_batch(data, starts[i : i + B], T, packing).to(plan.device)
         with plan.autocast(), plan.sdpa_backends():
             total += model(batch.x, batch.y, **batch.model_kwargs) * batch.x.shape[0]
     model.train(was_training)
@@ -118,13 +125,17 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         )
 
     # ---- data --------------------------------------------------------------------------------------------
-    datasets = resolve_datasets(cfg.data)  # data.path, or every dataset of data.mixture
+    sft = open_sft_data(cfg, run_dir, log) if cfg.sft.path else None  # instruction data (data/sft.py)
+    datasets = sft.datasets if sft else resolve_datasets(cfg.data)  # data.path, or data.mixture's datasets
     data_dir, manifest = datasets[0].path, datasets[0].manifest
     check_tokenizer(cfg.data.tokenizer, manifest, data_dir)
     model_cfg = resolve_model_config(cfg.model, manifest["vocab_size"])
     tc = cfg.train
-    train_shards = open_train_shards(datasets, tc.seq_len, cfg.data.verify)
-    val_sets = open_val_sets(datasets, tc.seq_len, tc.eval_windows, cfg.data.verify)
+    if sft is None:
+        train_shards = open_train_shards(datasets, tc.seq_len, cfg.data.verify)
+        val_sets = open_val_sets(datasets, tc.seq_len, tc.eval_windows, cfg.data.verify)
+    else:
+        val_sets = sft.val_sets
     if tc.target_loss is not None and not val_sets:
         raise ConfigError(
             f"train.target_loss is set but {data_dir} has no validation split; "
@@ -143,15 +154,24 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         tc = dataclasses.replace(tc, micro_batch=micro, batch_tokens=micro * accum * tc.seq_len)
         cfg = dataclasses.replace(cfg, train=tc)
     finder = None
+
+    # from scratch, model.init_from, LoRA/QLoRA (model_setup.py); the finder's trial models skip the weights
+    def new_model(plan: Plan, weights: bool = True):
+        return build_train_model(
+            cfg, model_cfg, plan.device, plan.autocast_dtype, lambda: load_tokenizer(data_dir), weights, log
+        )
+
     if hw.device_type == "cuda" and tc.micro_batch is None:
-        finder = make_gpu_finder(run_dir, tc.memory_target * hw.free_memory, log)
+        finder = make_gpu_finder(
+            run_dir, tc.memory_target * hw.free_memory, log, lambda p: new_model(p, False)[0]
+        )
     plan = make_plan(cfg, model_cfg, hw, finder)
     plan.apply_runtime_settings()
     device = plan.device
 
     # ---- model and optimizer -------------------------------------------------------------------------------
     torch.manual_seed(tc.seed)
-    model = build_model(model_cfg, device, seed=tc.seed)
+    model, embed_warmup = new_model(plan, weights=resume_from is None or cfg.lora.enabled)
     if resume_from is not None:
         if ckpt_io.read_model_config(resume_from) != model_cfg:
             raise CheckpointError(
@@ -186,16 +206,20 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
     predicted = predicted_tokens_per_s(plan, fpt)
     print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
     prefetch = default_prefetch(cfg.data, device)
-    batches = TrainBatches(
-        cfg.data,
-        datasets,
-        train_shards,
-        tc.seq_len,
-        plan.micro_batch,
-        plan.grad_accum,
-        tc.seed,
-        plan.pin_memory,
-        prefetch,
+    batches = (
+        sft.batches(plan.micro_batch, plan.grad_accum, tc.seed)
+        if sft
+        else TrainBatches(
+            cfg.data,
+            datasets,
+            train_shards,
+            tc.seq_len,
+            plan.micro_batch,
+            plan.grad_accum,
+            tc.seed,
+            plan.pin_memory,
+            prefetch,
+        )
     )
     if resume_state is not None:
         batches.load_state_dict(resume_state.get("data"))  # sequential/mixture: exactly the next sample
@@ -310,6 +334,8 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
         while stopped_by is None:
             progress = budget_progress(step, tokens, elapsed(), tc, cfg.optim.warmup_steps)
             lr = lr_at(step, progress, cfg.optim) * guard.state.lr_scale
+            if embed_warmup is not None:  # new token rows first, then everything (model_setup.py)
+                embed_warmup.before_step(step, optimizer)
             try:
                 step_loss, grad_norm, finite = run_step(lr)
             except torch.OutOfMemoryError:
