@@ -166,14 +166,16 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from hopperlm.train.checkpoint import load_pretrained
 
     model, tokenizer = load_pretrained(args.run, device=args.device)
-    prompt = args.prompt
+    prompt, encoder = args.prompt, None
     if args.chat:  # the prompt as a user turn of the model's chat template, as fine-tuning rendered it
+        from hopperlm.data.chat import chat_encoder
         from hopperlm.eval.gsm8k import chat_template
 
         template = chat_template(tokenizer)
         if template is None:
             raise ConfigError(f"--chat: the tokenizer of {args.run} has no chat template; drop --chat")
         prompt = template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        encoder = chat_encoder(tokenizer)
     for i, text in enumerate(
         model_samples(
             model,
@@ -184,6 +186,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
             args.temperature,
             args.top_k,
             args.seed,
+            encoder,
         )
     ):
         if args.num_samples > 1:
@@ -191,10 +194,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
         log(text)
 
 
-def model_samples(model, tokenizer, prompt, n, max_new_tokens, temperature, top_k, seed):
+def model_samples(model, tokenizer, prompt, n, max_new_tokens, temperature, top_k, seed, encoder=None):
     from hopperlm.model.generate import generate
 
-    ids = tokenizer.encode(prompt) or [tokenizer.eos_id]
+    ids = (encoder or tokenizer).encode(prompt) or [tokenizer.eos_id]
     for i in range(n):
         out = generate(model, ids, max_new_tokens, temperature, top_k, tokenizer.eos_id, seed=seed + i)
         yield prompt + tokenizer.decode(out)

@@ -17,6 +17,7 @@ import json
 from datetime import datetime
 from functools import lru_cache
 
+from hopperlm.data.tokenizer import HFTokenizer
 from hopperlm.errors import ConfigError, DataError
 
 # Each assistant turn ends with eos_token: generation stops at EOS, so the model must learn to emit it.
@@ -138,6 +139,30 @@ class ChatTemplate:
                     end = cut + len(self.eos)  # nothing after EOS is learned: inference stops there
             spans.append((len(before), end))
         return text, spans
+
+
+def chat_encoder(tokenizer: HFTokenizer) -> HFTokenizer:
+    """The tokenizer that encodes rendered chat text the way `transformers` (5.x) does at inference.
+
+    A SentencePiece-style tokenizer.json (Llama 2, TinyLlama, Mistral) puts '▁' in front of the text after
+    every special token through its Prepend normalizer; transformers' LlamaTokenizer with `legacy: false`
+    (TinyLlama-Chat's tokenizer_config.json says so, and it is transformers 5's default) puts it only at the
+    very start, so '</s>\n<|user|>' has no '▁' before the newline. Training on the other spelling would teach
+    the model a context it never sees when served. Other tokenizers are returned as they are."""
+    import json as _json
+
+    data = _json.loads(tokenizer._raw)
+    text = _json.dumps(data.get("normalizer"))
+    if '"Prepend"' not in text or tokenizer.config.get("legacy") is True:
+        return tokenizer
+    data["normalizer"] = None
+    data["pre_tokenizer"] = {
+        "type": "Metaspace",
+        "replacement": "\u2581",
+        "prepend_scheme": "first",
+        "split": False,
+    }
+    return HFTokenizer(_json.dumps(data).encode("utf-8"), tokenizer.name, tokenizer._configs)
 
 
 def special_tokens(tokenizer_config: dict, eos: str, bos: str | None) -> dict[str, str]:

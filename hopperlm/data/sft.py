@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from hopperlm.config import Config
-from hopperlm.data.chat import ChatTemplate, choose_template
+from hopperlm.data.chat import ChatTemplate, chat_encoder, choose_template
 from hopperlm.data.loader import Batch
 from hopperlm.data.tokenizer import HFTokenizer, load_tokenizer
 from hopperlm.data.train_data import Dataset, ValSet
@@ -333,13 +333,15 @@ def open_sft_data(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> SFT
     if tokenizer.bos_id is not None:
         bos = tokenizer.id_to_piece(tokenizer.bos_id)
     template = choose_template(sc.template, tokenizer.config, eos, bos)
+    encoder = chat_encoder(tokenizer)  # rendered chat text is encoded as transformers encodes it when serving
     records = read_records(Path(sc.path))[: sc.max_examples]
     fmt = sc.format if sc.format != "auto" else detect_format(records[0][1], records[0][0])
     examples: dict[bool, list] = {False: [], True: []}
     cut = dropped = 0
     for where, record in records:
+        example = to_example(record, fmt, sc.system_prompt, where)
         ids, labels = tokenize(
-            to_example(record, fmt, sc.system_prompt, where), tokenizer, template, sc.train_on_prompt
+            example, encoder if example.messages else tokenizer, template, sc.train_on_prompt
         )
         if len(ids) > T + 1:
             ids, labels, cut = ids[: T + 1], labels[: T + 1], cut + 1

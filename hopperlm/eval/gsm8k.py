@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hopperlm.data.chat import ChatTemplate, choose_template
+from hopperlm.data.chat import ChatTemplate, chat_encoder, choose_template
 from hopperlm.data.tokenizer import HFTokenizer, Tokenizer
 from hopperlm.errors import DataError
 
@@ -108,10 +108,11 @@ def gsm8k_eval(
             raise DataError(f"--shots {shots} takes worked examples from {train}, which does not exist")
         examples = read_problems(train)[:shots]
     template = chat_template(tokenizer)
+    encoder = chat_encoder(tokenizer) if template is not None else tokenizer
     result = GSM8KResult()
     for i, problem in enumerate(problems):
         prompt, templated = build_prompt(problem["question"], examples, template)
-        ids = tokenizer.encode(prompt)  # special tokens written by a template are recognised in the text
+        ids = (encoder if templated else tokenizer).encode(prompt)
         if not templated and tokenizer.bos_id is not None:
             ids = [tokenizer.bos_id, *ids]
         out = generate(model, ids, max_new_tokens, temperature=0.0, eos_id=tokenizer.eos_id)
