@@ -1,6 +1,8 @@
 """LoRA: exact trainable counts, identity at start, merge, PEFT round trip, small checkpoints, exact resume."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -74,6 +76,17 @@ def test_rslora_scale_and_bad_targets():
         LoRAConfig(rank=4, targets="q,qq")
     with pytest.raises(ConfigError, match="needs adapters"):
         LoRAConfig(rank=0, quantize="nf4")
+
+
+def test_lora_flops_skip_frozen_weight_gradients():
+    from hopperlm.model.lora import training_flops_per_token
+    from hopperlm.model.transformer import count_params, flops_per_token
+
+    lora = LoRAConfig(rank=4, targets="all-linear")
+    full = flops_per_token(CFG, 64)
+    n = count_params(CFG)["non_embedding"]
+    assert training_flops_per_token(CFG, 64, LoRAConfig()) == full
+    assert training_flops_per_token(CFG, 64, lora) == full - 2 * n + 6 * count_trainable(CFG, lora)
 
 
 def test_float8_leaves_the_frozen_base_alone():
@@ -156,6 +169,21 @@ def test_lora_run_saves_adapters_resumes_exactly_and_round_trips_through_peft(
     ids = torch.tensor([tokenizer.encode("Give three tips for staying healthy.")])
     with torch.no_grad():
         assert (merged(ids) - theirs(ids).logits).abs().max().item() <= 1e-4
+    # the adapters unmerged (the training model) vs `hopperlm merge`'s folder
+    from hopperlm.train.checkpoint import read_lora_config, read_model_config
+    from hopperlm.train.model_setup import build_lora_model, load_checkpoint_weights
+
+    model_cfg, adapters = read_model_config(ckpts[-1]), read_lora_config(ckpts[-1])
+    unmerged = build_lora_model(model_cfg, adapters, "cpu", model_cfg.init_from, torch.float32, None, 0)
+    load_checkpoint_weights(ckpts[-1], unmerged)
+    done = subprocess.run(
+        [sys.executable, "-m", "hopperlm", "merge", str(full), str(tmp_path / "merged")],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    folded, _ = load_pretrained(tmp_path / "merged")
+    with torch.no_grad():
+        torch.testing.assert_close(folded(ids), unmerged.eval()(ids), rtol=1e-4, atol=1e-4)
     lora_cfg, tensors = read_peft(out)  # and back: the same adapters under hopperlm's names
     from safetensors.torch import load_file
 

@@ -83,6 +83,19 @@ def count_trainable(model_cfg: ModelConfig, cfg: LoRAConfig) -> int:
     return model_cfg.n_layers * per_block
 
 
+def training_flops_per_token(model_cfg: ModelConfig, seq_len: int, cfg: LoRAConfig) -> int:
+    """FLOPs per trained token. Without LoRA: 6N + 12*L*d*T (transformer.flops_per_token). With LoRA the
+    frozen matrices (the LM head too) skip their weight gradient: 4 FLOPs per parameter instead of 6, the
+    adapters 6; the attention term is unchanged (its input gradients are still needed)."""
+    from hopperlm.model.transformer import count_params, flops_per_token
+
+    if not cfg.enabled:
+        return flops_per_token(model_cfg, seq_len)
+    counts = count_params(model_cfg)
+    frozen = counts["non_embedding"] + (counts["embedding"] if model_cfg.tie_embeddings else 0)
+    return 4 * frozen + 6 * count_trainable(model_cfg, cfg) + 12 * model_cfg.n_layers * model_cfg.dim * seq_len
+
+
 def target_module_names(model_cfg: ModelConfig, cfg: LoRAConfig) -> list[str]:
     """Full module names of the adapted projections, e.g. layers.0.attn.q_proj."""
     paths = [TARGETS[t] for t in parse_targets(cfg.targets)]

@@ -31,7 +31,7 @@ from hopperlm.data.train_data import (
 )
 from hopperlm.errors import CheckpointError, ConfigError, DataError, HopperError
 from hopperlm.hardware import detect_for
-from hopperlm.model.transformer import flops_per_token
+from hopperlm.model.lora import training_flops_per_token
 from hopperlm.plan import Plan, make_plan
 from hopperlm.speed import apply_speedups
 from hopperlm.speed.compile import uses_cuda_graphs
@@ -202,7 +202,7 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
     if not tokenizer_dir.exists():
         load_tokenizer(data_dir).save(tokenizer_dir)
     metrics = MetricsFile(run_dir / "metrics.jsonl")
-    fpt = flops_per_token(model_cfg, tc.seq_len)
+    fpt = training_flops_per_token(model_cfg, tc.seq_len, cfg.lora)  # LoRA: no weight grads of the frozen base
     predicted = predicted_tokens_per_s(plan, fpt)
     print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
     prefetch = default_prefetch(cfg.data, device)
