@@ -5,6 +5,8 @@ from pathlib import Path
 
 import torch
 
+REPO = Path(__file__).resolve().parents[1]
+
 TINYLLAMA_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -56,3 +58,23 @@ def save_hf(model, out: Path, max_shard_size: str | None = None, tokenizer_from:
         for name in TINYLLAMA_TOKENIZER:
             shutil.copy(tokenizer_from / name, out / name)
     return out
+
+
+def finetune_config(init_from: Path, data_dir: Path, run_dir: Path, *extra: str):
+    """The debug recipe turned into a short fine-tune of `init_from` on the Alpaca-GPT4 demo; `extra`
+    overrides come last and win."""
+    from hopperlm.config import load_config
+
+    return load_config(
+        REPO / "configs" / "debug.yaml",
+        [
+            "--model.preset", "null",
+            "--model.init_from", str(init_from),
+            "--sft.path", str(data_dir / "alpaca_gpt4_demo" / "alpaca_en_demo.json"),
+            "--train.seq_len", "128",
+            "--train.micro_batch", "4",
+            "--train.eval_windows", "4",
+            "--run.out_dir", str(run_dir),
+            *extra,
+        ],
+    )  # fmt: skip

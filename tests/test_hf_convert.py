@@ -113,3 +113,18 @@ def test_hf_folder_loads_directly_for_inference(tinyllama_hf):
     with torch.no_grad():
         assert (model(ids) - theirs(ids).logits).abs().max().item() <= 1e-4
     assert tokenizer.vocab_size == 32000 and tokenizer.eos_id == 2
+
+
+@pytest.mark.parametrize("preset", ["tinyllama-1.1b", "llama2-7b", "llama3-8b"])
+def test_preset_configs_round_trip_through_config_json(preset):
+    from hopperlm.model.transformer import count_params
+    from hopperlm.presets import get_preset
+
+    ours = get_preset(preset)
+    back = hf.model_values_from_hf(hf.hf_config_dict(ours, "bfloat16"), "x")
+    same = [k for k in back if k not in ("n_kv_heads", "dropout", "init_std")]
+    assert all(back[k] == getattr(ours, k) for k in same) and back["n_kv_heads"] == ours.kv_heads, back
+    theirs = transformers.LlamaConfig(**hf.hf_config_dict(ours, "bfloat16"))
+    with torch.device("meta"):
+        n = transformers.AutoModelForCausalLM.from_config(theirs).num_parameters()
+    assert count_params(ours)["total"] == n  # 6,738,415,616 for Llama-2-7B

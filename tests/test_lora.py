@@ -6,8 +6,9 @@ import sys
 
 import pytest
 import torch
+from hf_tiny import REPO, finetune_config
 
-from hopperlm.config import LoRAConfig, ModelConfig, load_config
+from hopperlm.config import LoRAConfig, ModelConfig
 from hopperlm.errors import ConfigError
 from hopperlm.model.lora import (
     LoRALinear,
@@ -99,28 +100,17 @@ def test_float8_leaves_the_frozen_base_alone():
 
 
 def lora_config(tinyllama_hf, data_dir, run_dir, *extra):
-    return load_config(
-        REPO / "configs" / "debug.yaml",
-        [
-            "--model.preset", "null",
-            "--model.init_from", str(tinyllama_hf),
-            "--sft.path", str(data_dir / "alpaca_gpt4_demo" / "alpaca_en_demo.json"),
-            "--sft.max_examples", "120",
-            "--lora.rank", "4",
-            "--lora.targets", "all-linear",
-            "--lora.dropout", "0.1",
-            "--train.seq_len", "128",
-            "--train.micro_batch", "4",
-            "--train.eval_windows", "4",
-            "--run.out_dir", str(run_dir),
-            *extra,
-        ],
-    )  # fmt: skip
-
-
-from pathlib import Path  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
+    lora = [
+        "--sft.max_examples",
+        "120",
+        "--lora.rank",
+        "4",
+        "--lora.targets",
+        "all-linear",
+        "--lora.dropout",
+        "0.1",
+    ]
+    return finetune_config(tinyllama_hf, data_dir, run_dir, *lora, *extra)
 
 
 def test_lora_run_saves_adapters_resumes_exactly_and_round_trips_through_peft(

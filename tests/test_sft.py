@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hf_tiny import finetune_config
 
-from hopperlm.config import load_config
 from hopperlm.data.chat import chat_encoder, choose_template
 from hopperlm.data.sft import Rows, detect_format, read_records, to_example, tokenize
 from hopperlm.data.tokenizer import load_tokenizer
@@ -98,24 +98,17 @@ def test_packed_examples_never_see_each_other(chat_tok):
 
 
 def sft_config(tinyllama_hf, data_dir, run_dir, *extra):
-    return load_config(
-        REPO / "configs" / "debug.yaml",
-        [
-            "--model.preset", "null",
-            "--model.init_from", str(tinyllama_hf),
-            "--sft.path", str(data_dir / "alpaca_gpt4_demo" / "alpaca_en_demo.json"),
-            "--sft.max_examples", "300",
-            "--optim.lr", "1e-2",
-            "--optim.warmup_steps", "3",
-            "--train.seq_len", "128",
-            "--train.micro_batch", "4",
-            "--train.eval_every", "10",
-            "--train.eval_windows", "8",
-            "--train.log_every", "5",
-            "--run.out_dir", str(run_dir),
-            *extra,
-        ],
-    )  # fmt: skip
+    args = [
+        "--sft.max_examples",
+        "300",
+        "--optim.lr",
+        "1e-2",
+        "--optim.warmup_steps",
+        "3",
+        "--train.eval_windows",
+        "8",
+    ]
+    return finetune_config(tinyllama_hf, data_dir, run_dir, *args, *extra)
 
 
 def test_tiny_sft_run_learns_replies(tinyllama_hf, data_dir, tmp_path):

@@ -28,31 +28,27 @@ from pathlib import Path
 
 import torch
 
-LLAMA2_7B = dict(
-    vocab_size=32000,
-    hidden_size=4096,
-    intermediate_size=11008,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=32,
-    max_position_embeddings=4096,
-    rms_norm_eps=1e-5,
-    bos_token_id=1,
-    eos_token_id=2,
-)
-TINY = {**LLAMA2_7B, "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2, "num_attention_heads": 4}
-TINY["num_key_value_heads"] = 4
+# the llama2-7b preset (meta-llama/Llama-2-7b-hf's shape); --tiny: 2 narrow blocks of it
+TINY = {"dim": 256, "n_layers": 2, "n_heads": 4, "ffn_dim": 688}
 CASES = ("hopperlm-qlora", "hf-qlora", "hopperlm-lora", "hf-lora")
 RANK, ALPHA = 16, 32
 
 
-def make_base(folder: Path, shape: dict, device: str) -> None:
+def make_base(folder: Path, tiny: bool, device: str) -> None:
     """A random bf16 checkpoint, initialised on the device (seconds for 7B on a GPU) and saved once."""
+    import dataclasses
+
     import transformers
+
+    from hopperlm.model.hf import hf_config_dict
+    from hopperlm.presets import get_preset
 
     if (folder / "config.json").is_file():
         return
-    config = transformers.LlamaConfig(**shape)
+    shape = dataclasses.replace(get_preset("llama2-7b"), **(TINY if tiny else {}))
+    config = transformers.LlamaConfig(
+        **hf_config_dict(shape, "bfloat16", {"bos_token_id": 1, "eos_token_id": 2})
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
@@ -68,12 +64,15 @@ def hopperlm_step(base: Path, quantize: str, seq: int, device: str, log):
     from hopperlm.train.model_setup import build_train_model
     from hopperlm.train.optim import build_optimizer
 
-    cuda = device != "cpu"
     cfg = config_from_dict(
         {
             "model": {"init_from": str(base), "max_seq_len": seq},
             "lora": {"rank": RANK, "alpha": ALPHA, "targets": "all-linear", "quantize": quantize},
-            "optim": {"name": "paged_adamw8bit" if quantize == "nf4" else "adamw", "lr": 1e-4, "warmup_steps": 0},
+            "optim": {
+                "name": "paged_adamw8bit" if quantize == "nf4" else "adamw",
+                "lr": 1e-4,
+                "warmup_steps": 0,
+            },
             "train": {
                 "seq_len": seq,
                 "micro_batch": 1,
@@ -122,7 +121,9 @@ def hf_step(base: Path, quantize: str, device: str):
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-    lora = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
+    lora = peft.LoraConfig(
+        r=RANK, lora_alpha=ALPHA, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"
+    )
     model = peft.get_peft_model(model, lora)
     params = [p for p in model.parameters() if p.requires_grad]
     if quantize == "nf4":
@@ -194,7 +195,7 @@ def main() -> None:
     if args.case:
         print(json.dumps(run_case(args.case, base, args.seq_len, args.device, args.warmup, args.steps)))
         return
-    make_base(base, TINY if args.tiny else LLAMA2_7B, args.device)
+    make_base(base, args.tiny, args.device)
     rows = []
     for case in args.cases.split(","):
         cmd = [sys.executable, __file__, "--case", case, "--base", args.base, "--device", args.device]
@@ -218,9 +219,13 @@ def main() -> None:
         if r["case"].startswith("hopperlm") and other and "tokens_per_s" in other:
             ratio = f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}x tokens/s vs {other['case']}"
         peak = f"{r['peak_mem_gb']:.2f}" if r["peak_mem_gb"] is not None else "n/a"
-        print(f"{r['case']:<16}{r['tokens_per_s']:>10.0f}{r['step_ms']:>10.1f}{peak:>9}  {ratio} {', '.join(r['notes'])}")
+        print(
+            f"{r['case']:<16}{r['tokens_per_s']:>10.0f}{r['step_ms']:>10.1f}{peak:>9}  {ratio} {', '.join(r['notes'])}"
+        )
     if args.out:
-        Path(args.out).write_text(json.dumps({"seq_len": args.seq_len, "tiny": args.tiny, "rows": rows}, indent=1))
+        Path(args.out).write_text(
+            json.dumps({"seq_len": args.seq_len, "tiny": args.tiny, "rows": rows}, indent=1)
+        )
 
 
 if __name__ == "__main__":

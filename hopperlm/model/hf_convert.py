@@ -237,7 +237,7 @@ def write_shards(
     return list(final.values())
 
 
-def _fresh_dir(out_dir: Path, overwrite: bool) -> Path:
+def fresh_dir(out_dir: Path, overwrite: bool) -> Path:
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise CheckpointError(
             f"{out_dir} exists and is not empty; pass --overwrite or choose another directory"
@@ -248,24 +248,16 @@ def _fresh_dir(out_dir: Path, overwrite: bool) -> Path:
     return tmp
 
 
-def _publish(tmp: Path, out_dir: Path) -> Path:
-    """Move a completed folder into place (the old one, if any, goes only once the new one is whole)."""
-    if out_dir.exists():
-        old = out_dir.parent / f"{out_dir.name}.old-{os.getpid()}"
-        out_dir.rename(old)
-        tmp.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out_dir)
-    return out_dir
-
-
-def _stored_dtype(path: Path) -> torch.dtype:
-    """The dtype of the first floating-point tensor of a checkpoint (its weights' dtype)."""
-    for _, tensor in iter_model_tensors(path):
-        if tensor.is_floating_point():
-            return tensor.dtype
-    return torch.float32
+def output_dtype(dtype: str, model_dir: Path) -> torch.dtype:
+    """--dtype: fp32/bf16/fp16, or auto = the dtype the checkpoint's weights are stored in."""
+    if dtype == "auto":
+        for _, tensor in iter_model_tensors(model_dir):
+            if tensor.is_floating_point():
+                return tensor.dtype
+        return torch.float32
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype} is unknown; use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def import_hf(hf_dir: Path, out_dir: Path, overwrite: bool = False, log=print) -> Path:
@@ -279,7 +271,7 @@ def import_hf(hf_dir: Path, out_dir: Path, overwrite: bool = False, log=print) -
     values = hf.model_values_from_hf(hf.read_json(hf_dir / "config.json"), str(hf_dir / "config.json"), log)
     cfg = ModelConfig(**values)
     files = weight_files(hf_dir)
-    tmp = _fresh_dir(out_dir, overwrite)
+    tmp = fresh_dir(out_dir, overwrite)
     try:
         shard_bytes = max(f.stat().st_size for f in files)
         write_shards(iter_model_tensors(hf_dir), tmp, shard_bytes)
@@ -298,7 +290,7 @@ def import_hf(hf_dir: Path, out_dir: Path, overwrite: bool = False, log=print) -
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return _publish(tmp, out_dir)
+    return ckpt_io.swap_in(tmp, out_dir)
 
 
 def export_hf(
@@ -317,13 +309,11 @@ def export_hf(
     model_dir = ckpt_io.resolve_model_dir(source)
     cfg = ckpt_io.read_model_config(model_dir)
     out_dir = Path(out_dir)
-    if dtype != "auto" and dtype not in DTYPES:
-        raise ConfigError(f"--dtype {dtype} is unknown; use auto, {', '.join(DTYPES)}")
-    torch_dtype = DTYPES[dtype] if dtype != "auto" else _stored_dtype(model_dir)
+    torch_dtype = output_dtype(dtype, model_dir)
     base_dir = Path(cfg.init_from) if cfg.init_from and hf.is_hf_dir(Path(cfg.init_from)) else None
     base = hf.read_json(base_dir / "config.json") if base_dir else None
     config = hf.hf_config_dict(cfg, DTYPE_NAMES[torch_dtype], base)
-    tmp = _fresh_dir(out_dir, overwrite)
+    tmp = fresh_dir(out_dir, overwrite)
     try:
         tensors = (
             (to_hf_name(name), t)
@@ -343,7 +333,7 @@ def export_hf(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return _publish(tmp, out_dir)
+    return ckpt_io.swap_in(tmp, out_dir)
 
 
 def save_merged(
@@ -362,16 +352,15 @@ def save_merged(
         raise CheckpointError(
             f"{model_dir} has no LoRA adapters to merge; use it as it is (or hopperlm export)"
         )
-    if dtype != "auto" and dtype not in DTYPES:
-        raise ConfigError(f"--dtype {dtype} is unknown; use auto, {', '.join(DTYPES)}")
     cfg = ckpt_io.read_model_config(model_dir)
-    tmp = _fresh_dir(Path(out_dir), overwrite)
+    torch_dtype = output_dtype(dtype, model_dir)
+    tmp = fresh_dir(Path(out_dir), overwrite)
     try:
-        write_shards(iter_model_tensors(model_dir), tmp, parse_size(max_shard_size), DTYPES.get(dtype))
+        write_shards(iter_model_tensors(model_dir), tmp, parse_size(max_shard_size), torch_dtype)
         ckpt_io.write_model_config(tmp, cfg, extra={"merged_from": str(model_dir)})  # init_from: provenance
         if (model_dir / ckpt_io.TOKENIZER_DIR).is_dir():
             shutil.copytree(model_dir / ckpt_io.TOKENIZER_DIR, tmp / ckpt_io.TOKENIZER_DIR)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return _publish(tmp, Path(out_dir))
+    return ckpt_io.swap_in(tmp, Path(out_dir))

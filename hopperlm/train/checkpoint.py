@@ -199,15 +199,7 @@ def save_checkpoint(
         raise CheckpointSaveError(
             f"could not write checkpoint {final.name} ({e.strerror or e}); {kept}"
         ) from e
-    if (
-        final.exists()
-    ):  # the same step saved by an earlier attempt: swap it out only once the new one is whole
-        old = final.parent / f"{final.name}.old-{os.getpid()}"
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
+    swap_in(tmp, final)  # the same step saved by an earlier attempt goes only once the new one is whole
     _fsync_dir(final.parent)
     removable = [
         c for c in list_checkpoints(run_dir)[:-keep_last] if not keep_every or checkpoint_step(c) % keep_every
@@ -270,6 +262,18 @@ def read_lora_config(model_dir: Path):
 
     raw = json.loads((Path(model_dir) / CONFIG_FILE).read_text())
     return LoRAConfig(**raw["lora"]) if raw.get("lora") else None
+
+
+def swap_in(tmp: Path, final: Path) -> Path:
+    """Move a complete folder into place; one already there is removed only once the new one is whole."""
+    if final.exists():
+        old = final.parent / f"{final.name}.old-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    return final
 
 
 def resolve_model_dir(path: str | Path) -> Path:
