@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from hopperlm.config import load_config
 from hopperlm.data import tokenizer_train as tt
 from hopperlm.data.prepare import prepare
-from hopperlm.errors import DataError
+from hopperlm.errors import ConfigError, DataError
 from hopperlm.model.hf_convert import iter_model_tensors
 from hopperlm.train.checkpoint import checkpoint_dir
 from hopperlm.train.loop import train
@@ -111,7 +111,10 @@ def test_embed_warmup_moves_only_new_rows_then_everything(tinyllama_hf, tigrinya
     assert not torch.equal(after_all["embed.weight"][:32000], base["embed.weight"])
 
 
-def test_data_from_another_tokenizer_is_refused(tinyllama_hf, shakespeare_bytes, tmp_path):
+def test_wrong_tokenizer_and_lora_on_new_tokens_are_refused(tinyllama_hf, tigrinya, shakespeare_bytes, tmp_path):
     cfg = cpt_config(tinyllama_hf, shakespeare_bytes, tmp_path / "x", "--train.max_steps", "1")
     with pytest.raises(DataError, match="not the one of model.init_from"):
+        train(cfg, log=QUIET)
+    cfg = cpt_config(tinyllama_hf, tigrinya[1], tmp_path / "y", "--train.max_steps", "1", "--lora.rank", "4")
+    with pytest.raises(ConfigError, match="LoRA keeps the embeddings frozen"):
         train(cfg, log=QUIET)

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from hopperlm.config import Config, LoRAConfig, ModelConfig
 from hopperlm.data.tokenizer import Tokenizer, load_tokenizer
-from hopperlm.errors import CheckpointError, DataError
+from hopperlm.errors import CheckpointError, ConfigError, DataError
 from hopperlm.model import hf
 from hopperlm.model.hf_convert import load_weights
 from hopperlm.model.lora import apply_lora, load_adapter_state, target_module_names
@@ -125,6 +125,12 @@ def build_train_model(
         base = base_tokenizer(source)
         check_tokenizer_fits(source, base, data_tokenizer(), "the training data")
     if cfg.lora.enabled:
+        if source and hf.model_values(source)["vocab_size"] < model_cfg.vocab_size:
+            raise ConfigError(
+                f"the data's tokenizer has {model_cfg.vocab_size - hf.model_values(source)['vocab_size']:,} more "
+                f"pieces than {source}, but LoRA keeps the embeddings frozen, so new tokens could not be learned; "
+                "train the new rows first (continued pretraining without the lora section), then LoRA on that"
+            )
         dtype = "nf4" if cfg.lora.quantize == "nf4" else (compute_dtype or torch.float32)
         model = build_lora_model(
             model_cfg, cfg.lora, device, source if load else None, dtype, compute_dtype, tc.seed
