@@ -202,9 +202,8 @@ def train(cfg: Config, resume: bool | str = False, log: Callable[[str], None] = 
     if not tokenizer_dir.exists():
         load_tokenizer(data_dir).save(tokenizer_dir)
     metrics = MetricsFile(run_dir / "metrics.jsonl")
-    fpt = training_flops_per_token(
-        model_cfg, tc.seq_len, cfg.lora
-    )  # LoRA: no weight grads of the frozen base
+    # LoRA: the frozen base computes no weight gradients
+    fpt = training_flops_per_token(model_cfg, tc.seq_len, cfg.lora)
     predicted = predicted_tokens_per_s(plan, fpt)
     print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
     prefetch = default_prefetch(cfg.data, device)
