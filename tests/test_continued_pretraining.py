@@ -111,7 +111,9 @@ def test_embed_warmup_moves_only_new_rows_then_everything(tinyllama_hf, tigrinya
     assert not torch.equal(after_all["embed.weight"][:32000], base["embed.weight"])
 
 
-def test_wrong_tokenizer_and_lora_on_new_tokens_are_refused(tinyllama_hf, tigrinya, shakespeare_bytes, tmp_path):
+def test_wrong_tokenizer_and_lora_on_new_tokens_are_refused(
+    tinyllama_hf, tigrinya, shakespeare_bytes, tmp_path
+):
     cfg = cpt_config(tinyllama_hf, shakespeare_bytes, tmp_path / "x", "--train.max_steps", "1")
     with pytest.raises(DataError, match="not the one of model.init_from"):
         train(cfg, log=QUIET)
