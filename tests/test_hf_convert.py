@@ -10,6 +10,7 @@ from hopperlm.config import ModelConfig, load_config
 from hopperlm.errors import CheckpointError, ConfigError
 from hopperlm.model import hf
 from hopperlm.model.hf_convert import export_hf, import_hf, iter_model_tensors, load_weights, write_shards
+from hopperlm.model.transformer import count_params
 from hopperlm.train.model_setup import build_empty, load_for_inference
 
 transformers = pytest.importorskip("transformers")
@@ -28,6 +29,11 @@ def test_logits_match_transformers_and_round_trip_is_bit_exact(family, tmp_path)
         diff = (ours(x) - theirs(x).logits).abs().max().item()
     assert diff <= 1e-4, diff
     assert ours.cfg.qkv_bias == (family == "qwen2") and ours.cfg.tie_embeddings == (family == "qwen2")
+    assert (
+        count_params(ours.cfg)["total"]
+        == sum(p.numel() for p in ours.parameters())
+        == theirs.num_parameters()
+    )
     assert (ours.cfg.rope_scaling is not None) == (family == "llama3")
 
     imported = import_hf(src, tmp_path / "imported", log=QUIET)  # HF -> hopperlm folder, shards kept
@@ -117,7 +123,6 @@ def test_hf_folder_loads_directly_for_inference(tinyllama_hf):
 
 @pytest.mark.parametrize("preset", ["tinyllama-1.1b", "llama2-7b", "llama3-8b"])
 def test_preset_configs_round_trip_through_config_json(preset):
-    from hopperlm.model.transformer import count_params
     from hopperlm.presets import get_preset
 
     ours = get_preset(preset)
