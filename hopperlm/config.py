@@ -1,8 +1,9 @@
 """Typed run configuration: dataclasses with one docstring per field, YAML loading and strict CLI overrides.
 
-A config file has up to eight sections (model, data, optim, train, guard, log, parallel, run). `model.preset` starts
-the model section from a preset in presets.py; keys beside it override the preset. Every key is checked against
-the dataclass: an unknown key, a wrong type or an impossible shape raises ConfigError naming the field and the fix.
+A config file has up to ten sections (model, data, optim, train, guard, log, parallel, run, lora, sft).
+`model.preset` starts the model section from a preset in presets.py; keys beside it override the preset;
+`model.init_from` starts it from a Hugging Face or hopperlm checkpoint instead. Every key is checked against the
+dataclass: an unknown key, a wrong type or an impossible shape raises ConfigError naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ class ModelConfig:
     """Dropout on attention weights and residual branches (0 for pretraining at scale)."""
     init_std: float = 0.02
     """Std of the normal initialisation; output projections are further scaled by 1/sqrt(2*n_layers)."""
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections (Qwen2)."""
+    rope_scaling: dict[str, float] | None = None
+    """RoPE frequency scaling of long-context checkpoints, as in their config.json: {factor} = linear;
+    {factor, low_freq_factor, high_freq_factor, original_max_position_embeddings} = Llama-3.1's llama3."""
+    sliding_window: int | None = None
+    """Attention window of Mistral-style checkpoints. hopperlm attends to the whole causal context, which is
+    the same attention while model.max_seq_len <= sliding_window (checked), so contexts stop there."""
+    init_from: str | None = None
+    """A Hugging Face model folder (config.json + safetensors), or a hopperlm run/checkpoint/export, to start
+    from: its config gives the shape (keys here may only lower max_seq_len, grow vocab_size or set dropout),
+    its weights the values. A larger vocabulary (an extended tokenizer) gets new rows (model/resize.py)."""
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "max_seq_len", "multiple_of"):
@@ -73,6 +86,16 @@ class ModelConfig:
             raise ConfigError(f"model.vocab_size={self.vocab_size} must be positive")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
+        if self.sliding_window is not None and self.max_seq_len > self.sliding_window:
+            raise ConfigError(
+                f"model.max_seq_len={self.max_seq_len} exceeds model.sliding_window={self.sliding_window}; "
+                "hopperlm has no sliding-window attention: set model.max_seq_len <= the window (attention is "
+                "then identical)"
+            )
+        if self.rope_scaling is not None:
+            from hopperlm.model.rope import check_rope_scaling
+
+            check_rope_scaling(self.rope_scaling, "model.rope_scaling")
 
     @property
     def head_dim(self) -> int:
@@ -141,10 +164,11 @@ class OptimConfig:
     """Clip the global gradient norm to this; 0 disables clipping."""
     fused: bool | None = None
     """Fused AdamW kernel; null = on for CUDA, off elsewhere."""
-    name: Literal["adamw", "adamw8bit", "muon"] = "adamw"
+    name: Literal["adamw", "adamw8bit", "muon", "paged_adamw8bit"] = "adamw"
     """adamw (torch); adamw8bit (torchao's 8-bit states: a quarter of AdamW's state memory); muon (torch's
     Muon on the blocks' weight matrices, the optimizer of the modded-nanogpt records, with AdamW for
-    embeddings, head and norms; its LR is matched to AdamW's update size, so optim.lr keeps its meaning)."""
+    embeddings, head and norms; its LR is matched to AdamW's update size, so optim.lr keeps its meaning);
+    paged_adamw8bit (bitsandbytes' 8-bit AdamW with states in paged memory: QLoRA's optimizer, CUDA)."""
     muon_momentum: float = 0.95
     """Muon's momentum (Nesterov)."""
 
@@ -226,6 +250,9 @@ class TrainConfig:
     """'auto', 'cpu', 'cuda' or 'cuda:N'."""
     seed: int = 1337
     """Seed for initialisation, data order and dropout."""
+    embed_warmup_steps: int = 0
+    """With model.init_from and a larger vocabulary: train only the new embedding and LM-head rows for this
+    many steps first (the rest frozen, old rows unchanged), then everything; 0 = off."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "log_every", "keep_last", "eval_windows", "ac_every"):
@@ -235,7 +262,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"train.{name}={value} must be positive (or null)")
-        for name in ("eval_every", "ckpt_every"):
+        for name in ("eval_every", "ckpt_every", "embed_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}={getattr(self, name)} must be >= 0")
         if self.max_steps is None and self.max_tokens is None and self.max_hours is None:
@@ -335,6 +362,76 @@ class ParallelConfig:
 
 
 @dataclass
+class LoRAConfig:
+    rank: int = 0
+    """LoRA rank r of every adapter; 0 = no LoRA (all parameters train)."""
+    alpha: float = 16.0
+    """Adapter scale numerator: updates are (alpha / r) * B @ A, or alpha / sqrt(r) with rslora."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input."""
+    targets: str = "q,k,v,o,gate,up,down"
+    """Comma-separated projections to adapt, from q,k,v,o,gate,up,down, or all-linear (the same seven; the
+    LM head is never adapted)."""
+    rslora: bool = False
+    """Rank-stabilised LoRA: scale alpha / sqrt(r) instead of alpha / r (Kalajdzievski 2023)."""
+    quantize: Literal["none", "nf4"] = "none"
+    """nf4 = QLoRA: the frozen base weights in 4-bit NormalFloat with double quantisation (bitsandbytes),
+    computed in bf16; needs a CUDA GPU and `pip install bitsandbytes`."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ConfigError(f"lora.rank={self.rank} must be >= 0 (0 = no LoRA)")
+        if self.rank == 0 and self.quantize != "none":
+            raise ConfigError(
+                f"lora.quantize={self.quantize} needs adapters to train: set lora.rank, e.g. 16"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"lora.dropout={self.dropout} must be in [0, 1)")
+        if self.alpha <= 0:
+            raise ConfigError(f"lora.alpha={self.alpha} must be positive")
+        from hopperlm.model.lora import parse_targets
+
+        parse_targets(self.targets)
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@dataclass
+class SFTConfig:
+    path: str = ""
+    """Instruction/chat data for `hopperlm finetune`: a .json/.jsonl file or a folder of them; empty = train
+    on the token shards of data.path instead."""
+    format: Literal["auto", "alpaca", "sharegpt", "messages", "completion"] = "auto"
+    """alpaca (instruction/input/output), sharegpt (conversations: from/value), messages (OpenAI role/content),
+    completion (text, or prompt + completion); auto = from the keys of the first record."""
+    template: Literal["auto", "tokenizer", "zephyr", "llama2", "chatml", "alpaca", "plain"] = "auto"
+    """How examples become text: tokenizer = the tokenizer's own Jinja chat_template; a built-in name; auto =
+    the tokenizer's template when it has one, else zephyr. Every assistant turn ends with EOS, where
+    generation stops."""
+    tokenizer: str | None = None
+    """Tokenizer for the examples; null = the one of model.init_from."""
+    val_fraction: float = 0.05
+    """Share of examples held out for validation (chosen by a hash of each example: stable across runs)."""
+    max_examples: int | None = None
+    """Use at most this many examples (in file order), e.g. for a quick run."""
+    packing: bool = True
+    """Pack whole examples into each train.seq_len row (attention never crosses an example, RoPE positions
+    restart per example); false = one example per row, padded."""
+    train_on_prompt: bool = False
+    """Also take the loss on prompt (user/system) tokens; by default only assistant tokens count."""
+    system_prompt: str | None = None
+    """A system message put before every conversation that has none."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"sft.val_fraction={self.val_fraction} must be in [0, 1)")
+        if self.max_examples is not None and self.max_examples <= 0:
+            raise ConfigError(f"sft.max_examples={self.max_examples} must be positive (or null)")
+
+
+@dataclass
 class RunConfig:
     out_dir: str = "runs/default"
     """Run directory: config.yaml, metrics.jsonl, tokenizer and checkpoints/ go here."""
@@ -350,8 +447,15 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
     def __post_init__(self) -> None:
+        if self.lora.enabled and self.train.embed_warmup_steps:
+            raise ConfigError(
+                "train.embed_warmup_steps trains new embedding rows, which LoRA keeps frozen; "
+                "drop one of train.embed_warmup_steps and lora.rank"
+            )
         if self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(
                 f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; "
@@ -371,6 +475,8 @@ SECTIONS: dict[str, type] = {
     "log": LogConfig,
     "parallel": ParallelConfig,
     "run": RunConfig,
+    "lora": LoRAConfig,
+    "sft": SFTConfig,
 }
 
 
@@ -440,6 +546,10 @@ def _build_section(name: str, values: dict[str, Any]) -> Any:
         from hopperlm.presets import get_preset
 
         values = {**dataclasses.asdict(get_preset(values["preset"])), **values}
+    if name == "model" and values.get("init_from") is not None:  # the shape comes from the checkpoint
+        from hopperlm.model.hf import init_from_values
+
+        values = init_from_values(values)
     kwargs = {}
     for key, value in values.items():
         if key not in known:

@@ -97,12 +97,15 @@ def activation_bytes_per_token(
     return blocks + head + 4 * d, logits  # + the embedding output (fp32)
 
 
-def optimizer_bytes(cfg: ModelConfig, optimizer: str) -> int:
-    """Optimizer state: AdamW two fp32 moments; torchao's 8-bit AdamW one byte each plus a fp32 scale per
-    block of 256; Muon one fp32 momentum for the blocks' matrices and AdamW's two moments for the rest."""
-    n = count_params(cfg)["total"]
-    if optimizer == "adamw8bit":
+def optimizer_bytes(cfg: ModelConfig, optimizer: str, trainable: int | None = None) -> int:
+    """Optimizer state: AdamW two fp32 moments; torchao's and bitsandbytes' 8-bit AdamW one byte each plus a
+    fp32 scale per block of 256; Muon one fp32 momentum for the blocks' matrices and AdamW's two moments for
+    the rest. `trainable`: only that many parameters learn (LoRA)."""
+    n = count_params(cfg)["total"] if trainable is None else trainable
+    if optimizer in ("adamw8bit", "paged_adamw8bit"):
         return 2 * n + 2 * 4 * -(-n // 256)
+    if trainable is not None:
+        return 8 * n  # LoRA adapters: AdamW moments (Muon's momentum on them: less)
     if optimizer == "muon":
         matrices = count_params(cfg)["blocks"] - cfg.n_layers * 2 * cfg.dim  # the norms are vectors
         return 4 * matrices + 8 * (n - matrices)
@@ -127,6 +130,7 @@ def estimate_memory(
     optimizer: str = "adamw",
     every: int = 2,
     shards: int = 1,
+    lora=None,
 ) -> MemoryEstimate:
     """With FSDP (`shards` > 1) each rank keeps 1/shards of the weights, gradients and optimizer state, plus
     what is unsharded while it runs: the root's weights (embedding, head; gathered for the whole step) and two
@@ -135,6 +139,8 @@ def estimate_memory(
     counts = count_params(cfg)
     n = counts["total"]
     acts, logits = activation_bytes_per_token(cfg, precision, checkpointing, fused_loss, every)
+    if lora is not None and lora.enabled:
+        return _lora_estimate(cfg, lora, n, precision, checkpointing, optimizer, seq_len, acts, logits)
     gathered = 0
     if shards > 1:
         e = 4 if precision == "fp32" else 2
@@ -149,4 +155,35 @@ def estimate_memory(
         logits_per_seq=logits * seq_len,
         shards=shards,
         gathered=gathered,
+    )
+
+
+def _lora_estimate(
+    cfg, lora, n, precision, checkpointing, optimizer, seq_len, acts, logits
+) -> MemoryEstimate:
+    """LoRA: the adapted matrices frozen in the compute dtype (NF4 with lora.quantize), the rest of the base
+    fp32 and frozen, gradients and optimizer state for the adapters only; activations add each adapter's
+    rank-r intermediate (the fused loss then needs no head-weight gradient: the head is frozen)."""
+    from hopperlm.model.lora import count_trainable, parse_targets, target_shapes
+
+    targets = parse_targets(lora.targets)
+    shapes = target_shapes(cfg)
+    adapted = cfg.n_layers * sum(shapes[t][0] * shapes[t][1] for t in targets)
+    if lora.quantize == "nf4":
+        from hopperlm.model.qlora import nf4_bytes
+
+        frozen = nf4_bytes(adapted)
+    else:
+        frozen = adapted * (4 if precision == "fp32" else 2)
+    trainable = count_trainable(cfg, lora)
+    e = 4 if precision == "fp32" else 2
+    kept = 1 if checkpointing in ("full", "selective-block") else cfg.n_layers
+    adapter_acts = kept * e * lora.rank * len(targets)
+    return MemoryEstimate(
+        params=n + trainable,
+        weights=int(frozen) + 4 * (n - adapted) + 4 * trainable,
+        grads=4 * trainable,
+        optimizer=optimizer_bytes(cfg, optimizer, trainable),
+        activations_per_seq=(acts + adapter_acts) * seq_len,
+        logits_per_seq=logits * seq_len,
     )

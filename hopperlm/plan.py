@@ -55,7 +55,8 @@ class Plan:
     ac_every: int = 2
     fp8: str = "off"  # "off" | "tensorwise" | "rowwise" | "native"
     fused_loss: bool = False
-    optimizer: str = "adamw"  # "adamw" | "adamw8bit" | "muon"
+    optimizer: str = "adamw"  # "adamw" | "adamw8bit" | "muon" | "paged_adamw8bit"
+    lora: str = "none"  # "none", or what is adapted and how the base is stored
     micro_batch: int = 0  # per rank
     grad_accum: int = 1
     memory: MemoryEstimate | None = None
@@ -141,6 +142,9 @@ def _fp8(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, comp
     if want == "off":
         why["fp8"] = "off (set by train.fp8)"
         return "off"
+    if cfg.lora.enabled:
+        why["fp8"] = "off: LoRA's large matrices are frozen (float8 training is for weights that learn)"
+        return "off"
     asked = "" if want == "auto" else f" (train.fp8={want} asked for it)"
     if hw.device_type != "cuda" or not hw.fp8:
         where = "CPU" if hw.device_type != "cuda" else f"{hw.sm} ({hw.name})"
@@ -201,7 +205,16 @@ def _fused_loss(cfg: Config, model_cfg: ModelConfig, hw: Hardware, why: dict) ->
 def _optimizer(cfg: Config, cuda: bool, why: dict) -> tuple[str, bool]:
     oc = cfg.optim
     fused = oc.fused if oc.fused is not None else cuda and oc.name == "adamw"
-    if oc.name == "adamw8bit":
+    if oc.name == "paged_adamw8bit":
+        if not cuda:
+            raise ConfigError("optim.name=paged_adamw8bit needs a CUDA GPU (paged memory); on CPU use adamw")
+        from hopperlm.model.qlora import require_bitsandbytes
+
+        require_bitsandbytes()
+        why["optimizer"] = (
+            "bitsandbytes' paged 8-bit AdamW (set by optim.name): states page to host memory under pressure"
+        )
+    elif oc.name == "adamw8bit":
         import importlib.util
 
         if importlib.util.find_spec("torchao") is None:
@@ -248,6 +261,11 @@ def _attention(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str
 def _compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | None, str]:
     tc = cfg.train
     on = tc.compile if tc.compile is not None else hw.device_type == "cuda"
+    if on and tc.compile is None and cfg.lora.quantize == "nf4":
+        why["compile"] = (
+            "off (QLoRA: bitsandbytes' 4-bit layers are not traced reliably; train.compile true to try)"
+        )
+        return False, None, "block"
     if not on:
         why["compile"] = (
             "off (set by train.compile)"
@@ -349,6 +367,7 @@ def _checkpointing(cfg: Config, plan: Plan, model_cfg: ModelConfig, hw: Hardware
             plan.optimizer,
             tc.ac_every,
             plan.dp_shard,
+            cfg.lora,
         )
 
     if tc.activation_checkpointing != "auto":
@@ -385,6 +404,7 @@ def make_plan(
     why: dict[str, str] = {"device": hw.summary()[0].removeprefix("device: ")}
     precision, autocast_dtype = _precision(cfg, model_cfg, hw, why)
     cuda = hw.device_type == "cuda"
+    lora = _lora(cfg, model_cfg, hw, precision, why)
     tf32 = tc.tf32 if tc.tf32 is not None else hw.tf32
     if cuda:
         why["tf32"] = ("on" if tf32 else "off") + (
@@ -401,6 +421,10 @@ def make_plan(
     why["data"] = describe_data(cfg.data, hw.device, model_cfg.dropout) + (
         ", pinned host memory + non-blocking copies" if pin else ""
     )
+    if cfg.sft.path:
+        from hopperlm.data.sft import describe as describe_sft
+
+        why["data"] = describe_sft(cfg.sft, hw.device, model_cfg.dropout)
     if cuda:
         why["allocator"] = "expandable segments (less fragmentation when batch shapes change)"
 
@@ -423,6 +447,7 @@ def make_plan(
         fp8=fp8,
         fused_loss=fused_loss,
         optimizer=optimizer,
+        lora=lora,
         reasons=why,
     )
     _parallel(cfg, plan, model_cfg, hw, world or World())
@@ -431,6 +456,34 @@ def make_plan(
     _cuda_graphs(cfg, plan, model_cfg)
     why["memory"] = f"estimated {plan.memory.describe(plan.micro_batch)}"
     return plan
+
+
+def _lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, why: dict) -> str:
+    """LoRA/QLoRA: what is adapted and how the frozen base is kept; QLoRA refuses a CPU up front."""
+    lc = cfg.lora
+    if not lc.enabled:
+        return "none"
+    from hopperlm.model.lora import count_trainable
+
+    if lc.quantize == "nf4":
+        if hw.device_type != "cuda":
+            raise ConfigError(
+                "lora.quantize=nf4 (QLoRA) needs a CUDA GPU (bitsandbytes' 4-bit training path); "
+                "on this CPU use lora.quantize none (LoRA on the full-precision base)"
+            )
+        from hopperlm.model.qlora import require_bitsandbytes
+
+        require_bitsandbytes()
+        base = "NF4 + double quantisation (bitsandbytes), computed in bf16"
+    else:
+        base = "fp32" if precision == "fp32" else precision
+    scale = "alpha/sqrt(r)" if lc.rslora else "alpha/r"
+    desc = f"rank {lc.rank} on {lc.targets}, base frozen in {base}"
+    why["lora"] = (
+        f"{desc}; {count_trainable(model_cfg, lc):,} trainable parameters, scale {scale} = "
+        f"{lc.alpha / (lc.rank**0.5 if lc.rslora else lc.rank):g}"
+    )
+    return desc
 
 
 def _cuda_graphs(cfg: Config, plan: Plan, model_cfg: ModelConfig) -> None:

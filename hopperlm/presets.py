@@ -47,6 +47,17 @@ PRESETS: dict[str, ModelConfig] = {
         rope_theta=10000.0,
         norm_eps=1e-5,
     ),
+    # meta-llama/Llama-2-7b-hf config.json (the QLoRA memory target's shape: bench/gpu/qlora.py).
+    "llama2-7b": ModelConfig(
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        ffn_dim=11008,
+        vocab_size=32000,
+        max_seq_len=4096,
+        rope_theta=10000.0,
+        norm_eps=1e-5,
+    ),
     # meta-llama/Meta-Llama-3-8B config.json (for benchmarks; RoPE scaling of 3.1 not applied).
     "llama3-8b": ModelConfig(
         dim=4096,

@@ -21,3 +21,14 @@ def shakespeare_bytes(data_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("prepared") / "shakespeare-byte"
     prepare([data_dir / "tinyshakespeare" / "input.txt"], out, tokenizer="byte", progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def tinyllama_hf(data_dir, tmp_path_factory) -> Path:
+    """A tiny random Llama (2 blocks, d=64) with TinyLlama-1.1B-Chat's tokenizer (32,000 pieces, a chat
+    template), saved like a Hub checkpoint: the stand-in for TinyLlama in offline tests."""
+    from hf_tiny import save_hf, tiny_hf_model
+
+    model = tiny_hf_model("tinyllama", vocab_size=32000, max_position_embeddings=512)
+    out = tmp_path_factory.mktemp("hf") / "tinyllama-tiny"
+    return save_hf(model, out, tokenizer_from=data_dir / "tokenizers" / "tinyllama-1.1b-chat-v1.0")

@@ -186,16 +186,20 @@ def test_sharded_checkpoints_in_one_process(shakespeare_bytes, tmp_path, monkeyp
     warnings = []
     assert latest_valid_checkpoint(resumed, warnings.append).name == "step_000003"
     assert "does not match its checksum" in warnings[0]
-    # export gathers the shards into one model.safetensors; generate reads either
-    out = tmp_path / "exported"
-    cli.main(["export", str(full), str(out)])
+    # export gathers the shards into one model.safetensors (hopperlm's folder, or a Hugging Face one: the
+    # default); generate reads all three
+    out, out_hf = tmp_path / "exported", tmp_path / "exported-hf"
+    cli.main(["export", str(full), str(out), "--format", "hopperlm"])
+    cli.main(["export", str(full), str(out_hf)])
     assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "tokenizer"}
+    assert {"model.safetensors", "config.json"} <= {p.name for p in out_hf.iterdir()}
     sharded_model, _ = load_pretrained(ckpts[1])
-    exported_model, _ = load_pretrained(out)
-    for (name, a), b in zip(
-        sharded_model.state_dict().items(), exported_model.state_dict().values(), strict=True
-    ):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    for exported in (out, out_hf):
+        exported_model, _ = load_pretrained(exported)
+        for (name, a), b in zip(
+            sharded_model.state_dict().items(), exported_model.state_dict().values(), strict=True
+        ):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
 def test_failed_sharded_save_keeps_the_previous_checkpoint(shakespeare_bytes, tmp_path, monkeypatch):

@@ -197,9 +197,13 @@ def test_cli_train_generate_export(shakespeare_bytes, tmp_path):
     assert gen.returncode == 0, gen.stderr
     assert gen.stdout.startswith("ROMEO:") and len(gen.stdout) > 30
     out = tmp_path / "export"
-    exp = run_cli("export", str(run), str(out))
+    exp = run_cli(
+        "export", str(run), str(out)
+    )  # a Hugging Face folder (the byte tokenizer's marker beside it)
     assert exp.returncode == 0, exp.stderr
-    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "tokenizer"}
+    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "hopperlm-byte.json"}
+    native = run_cli("export", str(run), str(tmp_path / "native"), "--format", "hopperlm")
+    assert native.returncode == 0 and (tmp_path / "native" / "tokenizer").is_dir()
     again = run_cli("export", str(run), str(out))
     assert again.returncode == 2 and "pass --overwrite" in again.stderr
     model, tokenizer = load_pretrained(out)

@@ -57,6 +57,10 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         raise NotImplementedError
 
+    def id_to_piece(self, i: int) -> str | None:
+        """The vocabulary entry of id i as the tokenizer stores it (e.g. '▁the'); None when unknown."""
+        return None
+
     def save(self, directory: Path) -> None:
         raise NotImplementedError
 
@@ -222,6 +226,25 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode([i for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
 
+    def id_to_piece(self, i: int) -> str | None:
+        return self._tok.id_to_token(i)
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids of text (special tokens written in it are recognised) and each token's character span."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return enc.ids, enc.offsets
+
+    @property
+    def config(self) -> dict:
+        """tokenizer_config.json beside the tokenizer.json, if any (chat template, special token names)."""
+        raw = self._configs.get("tokenizer_config.json")
+        return json.loads(raw) if raw else {}
+
+    def with_config(self, config: dict) -> HFTokenizer:
+        """The same tokenizer (same ids, same sha256) with another tokenizer_config.json."""
+        configs = {**self._configs, "tokenizer_config.json": json.dumps(config, indent=2).encode("utf-8")}
+        return HFTokenizer(self._raw, self.name, configs)
+
     def save(self, directory: Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -274,6 +297,9 @@ class SentencePieceTokenizer(Tokenizer):
     def decode(self, ids: list[int]) -> str:
         # sentencepiece raises on out-of-range ids; control pieces (BOS/EOS) already decode to nothing.
         return self._sp.decode([i for i in ids if 0 <= i < self.vocab_size])
+
+    def id_to_piece(self, i: int) -> str | None:
+        return self._sp.id_to_piece(i) if 0 <= i < self.vocab_size else None
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)

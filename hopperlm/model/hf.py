@@ -1,14 +1,42 @@
-"""Hugging Face interop: the `transformers` Llama config that describes the same network as a ModelConfig.
+"""Hugging Face interop, configs: a `config.json` of the Llama family <-> hopperlm's ModelConfig.
 
-hopperlm's module names follow HF's Llama layout (q_proj ... down_proj) and its RoPE is HF's rotate-half, so a
-ModelConfig maps one to one onto `LlamaConfig`. `transformers` is imported lazily: it is needed only for
-interop and for the HF baseline of `hopperlm bench`.
+hopperlm's module names follow HF's Llama layout (q_proj ... down_proj) and its RoPE is HF's rotate-half, so the
+families below map one to one onto a ModelConfig:
+  llama    Llama 2, Llama 3 (rope_theta 500000) and 3.1+ (llama3 RoPE scaling), TinyLlama
+  mistral  as llama, plus a sliding attention window: contexts up to the window are exact
+  qwen2    as llama, plus biases on q/k/v (and often tied embeddings)
+Anything a ModelConfig cannot express (another activation, o_proj or MLP biases, a head size other than
+hidden/heads, dynamic or YaRN RoPE scaling) is refused with the key at fault, never converted approximately.
+`transformers` itself is not needed to read or write these files; it is imported lazily for `llama_config`
+(the HF baseline of `hopperlm bench`) and by the tests.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
 from hopperlm.config import ModelConfig
 from hopperlm.errors import ConfigError
+
+FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+HOPPERLM_FORMAT = "hopperlm-model-v1"
+# keys of the model section that must equal the checkpoint's when model.init_from is set
+SHAPE_KEYS = (
+    "dim",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_dim",
+    "rope_theta",
+    "norm_eps",
+    "tie_embeddings",
+    "qkv_bias",
+    "rope_scaling",
+    "sliding_window",
+)
 
 
 def require_transformers():
@@ -17,6 +45,210 @@ def require_transformers():
     except ImportError:
         raise ConfigError("this needs Hugging Face transformers: pip install transformers") from None
     return transformers
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"cannot read {path} ({e}); point at a model folder with a valid config.json"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not a JSON object; point at a model folder with a valid config.json")
+    return data
+
+
+def is_hf_dir(path: Path) -> bool:
+    """A folder with a transformers config.json (not a hopperlm one)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "model_type" in data and data.get("format") != HOPPERLM_FORMAT
+
+
+def _rope(raw: dict, where: str) -> tuple[float, dict[str, float] | None]:
+    """(rope_theta, scaling) from either layout: transformers 4 (rope_theta + rope_scaling) or 5
+    (rope_parameters holding both)."""
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    theta = float(raw.get("rope_theta", params.get("rope_theta", 10000.0)))
+    if not scaling:
+        return theta, None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return theta, None
+    if kind == "linear":
+        return theta, {"factor": float(scaling["factor"])}
+    if kind == "llama3":
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        missing = [k for k in keys if k not in scaling]
+        if missing:
+            raise ConfigError(f"{where}: llama3 rope scaling lacks {', '.join(missing)}")
+        return theta, {k: float(scaling[k]) for k in keys}
+    raise ConfigError(
+        f"{where}: RoPE scaling type {kind!r} is not supported (hopperlm runs default, linear and llama3 "
+        "RoPE); use a checkpoint without it"
+    )
+
+
+def model_values_from_hf(raw: dict, where: str, log=None) -> dict[str, Any]:
+    """ModelConfig fields for a transformers config.json of a supported family (ConfigError otherwise)."""
+    family = raw.get("model_type")
+    if family not in FAMILIES:
+        raise ConfigError(
+            f"{where}: model_type {family!r} is not supported; hopperlm converts "
+            f"{', '.join(FAMILIES)} checkpoints (Llama 2/3, TinyLlama, Mistral, Qwen2)"
+        )
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{where}: hidden_act={act!r}; hopperlm's MLP is SwiGLU (silu)")
+    if raw.get("mlp_bias"):
+        raise ConfigError(f"{where}: mlp_bias=true is not supported (hopperlm's MLP has no biases)")
+    if family != "qwen2" and raw.get("attention_bias"):
+        raise ConfigError(f"{where}: attention_bias=true (biases on q/k/v and o) is not supported")
+    dim, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    head_dim = raw.get("head_dim")
+    if head_dim is not None and int(head_dim) * heads != dim:
+        raise ConfigError(
+            f"{where}: head_dim={head_dim} differs from hidden_size/num_attention_heads={dim // heads}; "
+            "hopperlm's attention uses hidden/heads"
+        )
+    theta, scaling = _rope(raw, where)
+    max_len = int(raw.get("max_position_embeddings", 2048))
+    window = raw.get("sliding_window")
+    if family == "qwen2" and not raw.get("use_sliding_window"):
+        window = None  # Qwen2 configs name a window they do not use
+    if window is not None:
+        window = int(window)
+        if window < max_len:
+            if log is not None:
+                log(
+                    f"{where}: sliding window {window} < max_position_embeddings {max_len}: contexts are "
+                    f"limited to {window} tokens, where full causal attention is the same"
+                )
+            max_len = window
+    return {
+        "dim": dim,
+        "n_layers": int(raw["num_hidden_layers"]),
+        "n_heads": heads,
+        "n_kv_heads": int(raw.get("num_key_value_heads") or heads),
+        "ffn_dim": int(raw["intermediate_size"]),
+        "vocab_size": int(raw["vocab_size"]),
+        "max_seq_len": max_len,
+        "rope_theta": theta,
+        "norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
+        "tie_embeddings": bool(raw.get("tie_word_embeddings", False)),
+        "dropout": 0.0,
+        "init_std": float(raw.get("initializer_range", 0.02)),
+        "qkv_bias": family == "qwen2",
+        "rope_scaling": scaling,
+        "sliding_window": window,
+    }
+
+
+def model_values(path: str | Path, log=None) -> dict[str, Any]:
+    """ModelConfig fields of a checkpoint: a Hugging Face folder, or anything `hopperlm generate` loads."""
+    path = Path(path)
+    if is_hf_dir(path):
+        return model_values_from_hf(read_json(path / "config.json"), str(path / "config.json"), log)
+    from hopperlm.errors import CheckpointError
+    from hopperlm.train.checkpoint import read_model_config, resolve_model_dir
+
+    try:
+        cfg = read_model_config(resolve_model_dir(path))
+    except CheckpointError as e:
+        raise ConfigError(
+            f"model.init_from={path} is neither a Hugging Face model folder (config.json with model_type) nor a "
+            f"hopperlm checkpoint ({e})"
+        ) from None
+    values = dataclasses.asdict(cfg)
+    for key in ("preset", "init_from"):
+        values.pop(key)
+    return values
+
+
+def init_from_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The model section of a config with model.init_from: the checkpoint's shape under the keys the user set,
+    which may only lower max_seq_len, grow vocab_size (new token rows) or set dropout/init_std."""
+    path = values["init_from"]
+    if values.get("preset") is not None:
+        raise ConfigError(
+            f"model.preset={values['preset']} and model.init_from={path} are both set; the shape comes from "
+            "init_from, drop model.preset"
+        )
+    if not Path(path).exists():
+        raise ConfigError(f"model.init_from={path} does not exist; point it at a Hugging Face model folder")
+    base = model_values(path)
+    for key in SHAPE_KEYS:
+        if key in values and values[key] != base[key]:
+            raise ConfigError(
+                f"model.{key}={values[key]} but {path} has {base[key]}; the shape comes from model.init_from, "
+                f"drop model.{key}"
+            )
+    if values.get("max_seq_len") is not None and values["max_seq_len"] > base["max_seq_len"]:
+        raise ConfigError(
+            f"model.max_seq_len={values['max_seq_len']} exceeds {path}'s {base['max_seq_len']} positions; "
+            "lower it (or drop it)"
+        )
+    if values.get("vocab_size") is not None and values["vocab_size"] < base["vocab_size"]:
+        raise ConfigError(
+            f"model.vocab_size={values['vocab_size']} is smaller than {path}'s {base['vocab_size']}; "
+            "rows can be added (an extended tokenizer), not removed"
+        )
+    return {**base, **values}
+
+
+def hf_config_dict(cfg: ModelConfig, dtype: str, base: dict | None = None) -> dict[str, Any]:
+    """A transformers config.json for `cfg`. `base` (the config.json a run started from) keeps its family and
+    token ids; otherwise the family follows the features: qwen2 for q/k/v biases, mistral for a window."""
+    if cfg.vocab_size is None:
+        raise ConfigError("model.vocab_size must be set to write a Hugging Face config")
+    base = base or {}
+    family = base.get("model_type")
+    if family not in FAMILIES or (cfg.qkv_bias and family != "qwen2"):
+        family = "qwen2" if cfg.qkv_bias else ("mistral" if cfg.sliding_window else "llama")
+    out: dict[str, Any] = {
+        "architectures": [FAMILIES[family]],
+        "model_type": family,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.dim,
+        "intermediate_size": cfg.hidden_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_dropout": 0.0,
+        "initializer_range": cfg.init_std,
+        "torch_dtype": dtype,
+        "use_cache": True,
+    }
+    if cfg.rope_scaling is not None:
+        kind = "linear" if set(cfg.rope_scaling) == {"factor"} else "llama3"
+        scaling = {
+            k: (int(v) if k == "original_max_position_embeddings" else v) for k, v in cfg.rope_scaling.items()
+        }
+        out["rope_scaling"] = {"rope_type": kind, **scaling}
+    if family == "llama":
+        out.update(attention_bias=False, mlp_bias=False)
+    elif family == "mistral":
+        out["sliding_window"] = cfg.sliding_window
+    else:
+        out.update(use_sliding_window=False, sliding_window=None)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if key in base:
+            out[key] = base[key]
+    return out
 
 
 def llama_config(cfg: ModelConfig):

@@ -16,11 +16,20 @@ import torch.nn.functional as F
 from hopperlm.config import ModelConfig
 from hopperlm.model.attention import DocumentMask, document_mask, masked_attention, positions_from_doc_ids
 from hopperlm.model.loss import linear_cross_entropy, standard_cross_entropy
+from hopperlm.model.rope import scale_inv_freq
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | None = None):
-    """cos/sin tables, each (seq_len, head_dim), in fp32: frequency i repeats in both halves (rotate-half)."""
+def rope_tables(
+    seq_len: int,
+    head_dim: int,
+    theta: float,
+    device: torch.device | None = None,
+    scaling: dict[str, float] | None = None,
+):
+    """cos/sin tables, each (seq_len, head_dim), in fp32: frequency i repeats in both halves (rotate-half).
+    `scaling`: the long-context frequency scaling of some checkpoints (model/rope.py)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    inv_freq = scale_inv_freq(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
@@ -54,9 +63,9 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
         self.dropout = cfg.dropout
         self.cache: KVCache | None = None
@@ -156,25 +165,34 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, scaling=cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
     @torch.no_grad()
-    def init_weights(self) -> None:
-        """Normal(0, init_std) for every matrix; residual output projections scaled by 1/sqrt(2*n_layers)
-        (GPT-2) so the residual stream's variance does not grow with depth; norms to one."""
+    def init_buffers(self) -> None:
+        """What to_empty() leaves undefined besides the weights: the tie and the RoPE tables."""
         cfg = self.cfg
         if cfg.tie_embeddings:  # to_empty() gives each module its own tensor; tie again
             self.lm_head.weight = self.embed.weight
-        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, device=self.rope_cos.device)
+        device = self.rope_cos.device
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, device, cfg.rope_scaling)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Normal(0, init_std) for every matrix; residual output projections scaled by 1/sqrt(2*n_layers)
+        (GPT-2) so the residual stream's variance does not grow with depth; norms to one, biases to zero."""
+        cfg = self.cfg
+        self.init_buffers()
         residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 std = residual_std if name.endswith(("o_proj", "down_proj")) else cfg.init_std
                 nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
             elif isinstance(module, nn.RMSNorm):
@@ -244,6 +262,8 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
     """Exact parameter counts from the config alone (no model needed; matches the built module)."""
     d, hd, L, V = cfg.dim, cfg.head_dim, cfg.n_layers, cfg.vocab_size or 0
     attn = d * cfg.n_heads * hd * 2 + d * cfg.kv_heads * hd * 2
+    if cfg.qkv_bias:
+        attn += (cfg.n_heads + 2 * cfg.kv_heads) * hd
     mlp = 3 * d * cfg.hidden_dim
     per_block = attn + mlp + 2 * d
     embedding = V * d

@@ -39,9 +39,13 @@ def convertible(
     model: nn.Module, recipe: str = "tensorwise", only_if_pays: bool = True
 ) -> Iterator[tuple[str, nn.Linear]]:
     """The linear layers of the blocks that float8 would convert (never the LM head). only_if_pays=False
-    keeps every layer whose dims are multiples of 16 (tests use it on small models)."""
+    keeps every layer whose dims are multiples of 16 (tests use it on small models). Layers with a bias
+    (Qwen2's q/k/v) and frozen layers (a LoRA base: float8 training is for weights that learn) stay as they
+    are."""
     for name, module in model.named_modules():
         if not (isinstance(module, nn.Linear) and name.startswith("layers.")):
+            continue
+        if module.bias is not None or not module.weight.requires_grad:
             continue
         out_features, in_features = module.weight.shape
         if pays_off(out_features, in_features, recipe) or (
@@ -127,8 +131,6 @@ def apply_fp8(
         raise ValueError(f"unknown fp8 backend {backend!r}; one of {BACKENDS}")
     recipe = "rowwise" if backend == "rowwise" else "tensorwise"
     targets = dict(convertible(model, recipe, only_if_pays))
-    if any(m.bias is not None for m in targets.values()):
-        raise RuntimeError("float8 conversion expects bias-free linear layers")
     if backend == "native":
         for module in targets.values():
             module.__class__ = Float8NativeLinear

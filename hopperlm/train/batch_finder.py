@@ -59,6 +59,7 @@ def cache_key(model_cfg: ModelConfig, plan, device_name: str, budget: float, cap
             plan.fp8,
             plan.fused_loss,
             plan.optimizer,
+            getattr(plan, "lora", None),
         ],
         "device": device_name,
         "torch": torch.__version__,
@@ -68,8 +69,15 @@ def cache_key(model_cfg: ModelConfig, plan, device_name: str, budget: float, cap
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def make_gpu_finder(run_dir: Path, budget_bytes: float, log: Callable[[str], None]):
-    """A finder for plan.make_plan: measures on this GPU, cached in RUN_DIR/micro_batch_cache.json."""
+def make_gpu_finder(
+    run_dir: Path,
+    budget_bytes: float,
+    log: Callable[[str], None],
+    build: Callable[[object], torch.nn.Module] | None = None,
+):
+    """A finder for plan.make_plan: measures on this GPU, cached in RUN_DIR/micro_batch_cache.json.
+    `build(plan)` makes the trial model (the run's own kind: LoRA/QLoRA with a random base); default
+    build_model."""
 
     def finder(model_cfg: ModelConfig, plan, cap: int) -> tuple[int, str]:
         device = plan.device
@@ -79,7 +87,7 @@ def make_gpu_finder(run_dir: Path, budget_bytes: float, log: Callable[[str], Non
         if key in cache:
             return cache[key], f"measured earlier on this GPU, cached in {cache_path}"
         start, trials = time.perf_counter(), []
-        model = build_model(model_cfg, device)
+        model = build(plan) if build is not None else build_model(model_cfg, device)
         # the plan's float8, fused loss and checkpointing, eagerly: compiled steps need the same or less
         apply_speedups(model, dataclasses.replace(plan, compile=False, reasons={}), lambda line: None)
         optimizer = build_optimizer(model, OptimConfig(lr=1e-6), plan.fused_adamw, plan.optimizer)

@@ -1,7 +1,9 @@
 """Checkpoints that are either complete or absent, and load without unpickling code.
 
 Layout of RUN_DIR/checkpoints/step_000100/:
-  model.safetensors  weights (tied tensors stored once)      config.json  model config
+  model.safetensors  weights (tied tensors stored once)      config.json  model config (+ lora config)
+  adapter.safetensors  instead of model.safetensors in a LoRA run: the adapters only (the base is
+                     model.init_from, whose files are fingerprinted in config.json and checked on load)
   optimizer.pt       optimizer + loss-scaler state (tensors and plain data: loads with weights_only=True)
   rng.pt             torch CPU/CUDA RNG states                 state.json   step, tokens, clock, run config, RNGs
   tokenizer/         the tokenizer, so a checkpoint alone can generate and export
@@ -14,6 +16,7 @@ and everything here that reads a checkpoint reads both.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -36,6 +39,8 @@ MODEL_FILE, CONFIG_FILE, STATE_FILE = "model.safetensors", "config.json", "state
 OPTIM_FILE, RNG_FILE, TOKENIZER_DIR = "optimizer.pt", "rng.pt", "tokenizer"
 CHECKSUM_FILE = "checksums.json"  # written last: sha256 of every other file, checked before a resume
 SHARDED_DIR = "sharded"  # the sharded format's torch.distributed.checkpoint directory
+ADAPTER_FILE, INDEX_FILE = "adapter.safetensors", "model.safetensors.index.json"  # LoRA runs; sharded imports
+FORMAT = "hopperlm-model-v1"
 
 
 class CheckpointSaveError(CheckpointError):
@@ -140,23 +145,35 @@ def set_rng_state(plain: dict[str, Any], tensors: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(tensors["cuda"])
 
 
-def write_model(
-    directory: Path, model: torch.nn.Module, cfg: ModelConfig, tokenizer_dir: Path | None
+def write_model_config(
+    directory: Path, cfg: ModelConfig, tokenizer_dir: Path | None = None, extra: dict[str, Any] | None = None
 ) -> None:
-    """The model part of a checkpoint (also the export format)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    safetensors.torch.save_model(model, str(directory / MODEL_FILE))
-    write_model_config(directory, cfg, tokenizer_dir)
-
-
-def write_model_config(directory: Path, cfg: ModelConfig, tokenizer_dir: Path | None) -> None:
-    """config.json and tokenizer/ of a model directory."""
+    """config.json (the model section, plus `extra`) and tokenizer/ of a model directory."""
     cfg_dict = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
     (directory / CONFIG_FILE).write_text(
-        json.dumps({"format": "hopperlm-model-v1", "model": cfg_dict}, indent=2)
+        json.dumps({"format": FORMAT, "model": cfg_dict, **(extra or {})}, indent=2)
     )
     if tokenizer_dir is not None:
         shutil.copytree(tokenizer_dir, directory / TOKENIZER_DIR, dirs_exist_ok=True)
+
+
+def write_model(
+    directory: Path, model: torch.nn.Module, cfg: ModelConfig, tokenizer_dir: Path | None
+) -> None:
+    """The model part of a checkpoint (also the export format). A LoRA model writes its adapters only."""
+    from hopperlm.model.lora import adapter_state
+
+    directory.mkdir(parents=True, exist_ok=True)
+    adapters = adapter_state(model)
+    if adapters is None:
+        safetensors.torch.save_model(model, str(directory / MODEL_FILE))
+        write_model_config(directory, cfg, tokenizer_dir)
+    else:
+        safetensors.torch.save_file(
+            {k: v.contiguous() for k, v in adapters.items()}, str(directory / ADAPTER_FILE)
+        )
+        extra = {"lora": dataclasses.asdict(model.lora), "base": base_fingerprint(cfg.init_from)}
+        write_model_config(directory, cfg, tokenizer_dir, extra)
 
 
 def save_checkpoint(
@@ -203,15 +220,7 @@ def save_checkpoint(
 
 def publish_checkpoint(tmp: Path, final: Path, run_dir: Path, keep_last: int, keep_every: int) -> None:
     """Rename a complete (checksummed, fsynced) temporary checkpoint into place, then drop old ones."""
-    if (
-        final.exists()
-    ):  # the same step saved by an earlier attempt: swap it out only once the new one is whole
-        old = final.parent / f"{final.name}.old-{os.getpid()}"
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
+    swap_in(tmp, final)  # the same step saved by an earlier attempt goes only once the new one is whole
     fsync_path(final.parent)
     removable = [
         c for c in list_checkpoints(run_dir)[:-keep_last] if not keep_every or checkpoint_step(c) % keep_every
@@ -220,10 +229,77 @@ def publish_checkpoint(tmp: Path, final: Path, run_dir: Path, keep_last: int, ke
         shutil.rmtree(old, ignore_errors=True)
 
 
+def has_weights(path: Path) -> bool:
+    """A hopperlm model folder: config.json beside weights (one file, shards, or LoRA adapters)."""
+    if not any((path / f).is_file() for f in (MODEL_FILE, INDEX_FILE, ADAPTER_FILE)):
+        return False
+    try:
+        return json.loads((path / CONFIG_FILE).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def base_fingerprint(init_from: str | None) -> dict[str, Any] | None:
+    """Size and edge hashes of the base's weight files: a LoRA checkpoint is only valid on the same base."""
+    if not init_from:
+        return None
+    from hopperlm.model.hf import is_hf_dir
+    from hopperlm.model.hf_convert import weight_files
+
+    base = Path(init_from)
+    model_dir = base if is_hf_dir(base) else resolve_model_dir(base)
+    files = [model_dir / ADAPTER_FILE] if (model_dir / ADAPTER_FILE).is_file() else weight_files(model_dir)
+    return {"path": str(base), "files": {f.name: _edge_hash(f) for f in files}}
+
+
+def _edge_hash(path: Path, span: int = 1 << 20) -> str:
+    import hashlib
+
+    h = hashlib.sha256(str(path.stat().st_size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(span))
+        f.seek(max(0, path.stat().st_size - span))
+        h.update(f.read(span))
+    return h.hexdigest()
+
+
+def check_base(model_dir: Path) -> None:
+    """CheckpointError when a LoRA checkpoint's base files changed since it was written."""
+    saved = json.loads((model_dir / CONFIG_FILE).read_text()).get("base")
+    if not saved or not saved.get("files"):
+        return
+    now = base_fingerprint(saved["path"])
+    if now is None or now["files"] != saved["files"]:
+        raise CheckpointError(
+            f"{model_dir} holds LoRA adapters trained on {saved['path']}, whose weight files have changed "
+            "since; point model.init_from at the original base"
+        )
+
+
+def read_lora_config(model_dir: Path):
+    """The LoRAConfig of an adapter checkpoint, or None for a full one."""
+    from hopperlm.config import LoRAConfig
+
+    raw = json.loads((Path(model_dir) / CONFIG_FILE).read_text())
+    return LoRAConfig(**raw["lora"]) if raw.get("lora") else None
+
+
+def swap_in(tmp: Path, final: Path) -> Path:
+    """Move a complete folder into place; one already there is removed only once the new one is whole."""
+    if final.exists():
+        old = final.parent / f"{final.name}.old-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    return final
+
+
 def resolve_model_dir(path: str | Path) -> Path:
     """A run dir (its latest checkpoint), a checkpoint dir, or an exported model dir -> the dir with the weights."""
     path = Path(path)
-    if ((path / MODEL_FILE).is_file() or is_sharded(path)) and (path / CONFIG_FILE).is_file():
+    if has_weights(path) or (is_sharded(path) and (path / CONFIG_FILE).is_file()):
         return path
     if path.is_dir() and list_checkpoints(path):
         # the same rule as --resume: the newest checkpoint whose checksums verify
@@ -253,6 +329,11 @@ def load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
         from hopperlm.dist.checkpoint import load_sharded_model
 
         return load_sharded_model(model_dir, model)
+    if (model_dir / ADAPTER_FILE).is_file() or (model_dir / INDEX_FILE).is_file():
+        from hopperlm.train.model_setup import load_checkpoint_weights
+
+        load_checkpoint_weights(model_dir, model)
+        return
     try:
         missing, unexpected = safetensors.torch.load_model(model, str(model_dir / MODEL_FILE), strict=False)
     except (OSError, RuntimeError, safetensors.SafetensorError) as e:
@@ -296,17 +377,11 @@ def load_training_state(
 
 
 def load_pretrained(path: str | Path, device: str = "auto"):
-    """(model in eval mode, tokenizer) from a run dir, checkpoint dir or exported model dir."""
-    from hopperlm.data.tokenizer import load_tokenizer
-    from hopperlm.hardware import detect_for
-    from hopperlm.model.transformer import build_model
+    """(model in eval mode, tokenizer) from a run dir, checkpoint dir, exported model dir or Hugging Face
+    model folder (converted on the fly; LoRA checkpoints are merged into their base)."""
+    from hopperlm.train.model_setup import load_for_inference
 
-    model_dir = resolve_model_dir(path)
-    if not (model_dir / TOKENIZER_DIR).is_dir():
-        raise CheckpointError(f"{model_dir} has no {TOKENIZER_DIR}/ folder; it was not written by hopperlm")
-    model = build_model(read_model_config(model_dir), detect_for(device).device)
-    load_model_weights(model_dir, model)
-    return model.eval(), load_tokenizer(model_dir / TOKENIZER_DIR)
+    return load_for_inference(path, device)
 
 
 def export_model(path: str | Path, out_dir: Path, overwrite: bool = False) -> Path:
@@ -324,7 +399,7 @@ def export_model(path: str | Path, out_dir: Path, overwrite: bool = False) -> Pa
 
         write_model(tmp, materialize_model(model_dir), read_model_config(model_dir), None)
     else:
-        for name in (MODEL_FILE, CONFIG_FILE):
+        for name in (CONFIG_FILE, *_weight_file_names(model_dir)):
             shutil.copy2(model_dir / name, tmp / name)
     if (model_dir / TOKENIZER_DIR).is_dir():
         shutil.copytree(model_dir / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
@@ -333,3 +408,13 @@ def export_model(path: str | Path, out_dir: Path, overwrite: bool = False) -> Pa
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
     return out_dir
+
+
+def _weight_file_names(model_dir: Path) -> list[str]:
+    if (model_dir / ADAPTER_FILE).is_file():
+        return [ADAPTER_FILE]
+    if (model_dir / INDEX_FILE).is_file():
+        from hopperlm.model.hf_convert import weight_files
+
+        return [INDEX_FILE, *(f.name for f in weight_files(model_dir))]
+    return [MODEL_FILE]

@@ -21,6 +21,7 @@ import torch
 
 from hopperlm.config import Config, ModelConfig, save_config
 from hopperlm.data.loader import TokenShards, read_batch
+from hopperlm.data.sft import open_sft_data
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import (
     TrainBatches,
@@ -35,7 +36,7 @@ from hopperlm.dist.parallelize import parallelize
 from hopperlm.dist.runtime import Runtime, session
 from hopperlm.errors import CheckpointError, ConfigError, DataError, HopperError
 from hopperlm.hardware import detect_for
-from hopperlm.model.transformer import build_model, flops_per_token
+from hopperlm.model.lora import training_flops_per_token
 from hopperlm.observe.observer import NullObserver, RunObserver
 from hopperlm.plan import Plan, make_plan
 from hopperlm.speed import apply_speedups
@@ -46,6 +47,7 @@ from hopperlm.train.batch_finder import make_gpu_finder
 from hopperlm.train.checkpoint import CheckpointSaveError
 from hopperlm.train.guard import Guard, GuardStop
 from hopperlm.train.metrics import Interval, human_count, mfu, peak_memory_gb
+from hopperlm.train.model_setup import build_train_model
 from hopperlm.train.optim import budget_progress, build_optimizer, lr_at, set_lr
 from hopperlm.train.preemption import Preemption
 
@@ -66,6 +68,8 @@ def resolve_model_config(cfg: ModelConfig, data_vocab: int) -> ModelConfig:
     if cfg.vocab_size is None:
         return dataclasses.replace(cfg, vocab_size=64 * math.ceil(data_vocab / 64))
     if cfg.vocab_size < data_vocab:
+        if cfg.init_from:  # a tokenizer extended with new pieces: new rows (model/resize.py)
+            return dataclasses.replace(cfg, vocab_size=64 * math.ceil(data_vocab / 64))
         raise ConfigError(
             f"model.vocab_size={cfg.vocab_size} is smaller than the data's vocabulary ({data_vocab}); "
             "set model.vocab_size to null (take it from the data) or re-prepare with a smaller tokenizer"
@@ -100,7 +104,11 @@ def evaluate(
     total = torch.zeros((), device=plan.device)
     for i in range(0, -(-len(starts) // world), B):
         chunk, weight = mine[i : i + B], len(mine[i : i + B])
-        batch = read_batch(data, chunk or starts[:1], T, packing).to(plan.device)
+        rows = chunk or starts[:1]
+        if hasattr(data, "read_rows"):  # instruction data (data/sft.py): rows of whole examples
+            batch = data.read_rows(rows).to(plan.device)
+        else:
+            batch = read_batch(data, rows, T, packing).to(plan.device)
         with plan.autocast(), plan.sdpa_backends():
             total += model(batch.x, batch.y, **batch.model_kwargs) * weight
     model.train(was_training)
@@ -150,13 +158,23 @@ def _train(
         )
 
     # ---- data --------------------------------------------------------------------------------------------
-    datasets = resolve_datasets(cfg.data)  # data.path, or every dataset of data.mixture
+    sft = open_sft_data(cfg, run_dir, log) if cfg.sft.path else None  # instruction data (data/sft.py)
+    if (
+        sft is not None and rt.world_size > 1
+    ):  # its batches are not split over ranks yet: each would repeat them
+        raise ConfigError(
+            "fine-tuning on sft.path runs in one process for now; start it without torchrun/`hopperlm launch`"
+        )
+    datasets = sft.datasets if sft else resolve_datasets(cfg.data)  # data.path, or data.mixture's datasets
     data_dir, manifest = datasets[0].path, datasets[0].manifest
     check_tokenizer(cfg.data.tokenizer, manifest, data_dir)
     model_cfg = resolve_model_config(cfg.model, manifest["vocab_size"])
     tc = cfg.train
-    train_shards = open_train_shards(datasets, tc.seq_len, cfg.data.verify)
-    val_sets = open_val_sets(datasets, tc.seq_len, tc.eval_windows, cfg.data.verify)
+    if sft is None:
+        train_shards = open_train_shards(datasets, tc.seq_len, cfg.data.verify)
+        val_sets = open_val_sets(datasets, tc.seq_len, tc.eval_windows, cfg.data.verify)
+    else:
+        val_sets = sft.val_sets
     if tc.target_loss is not None and not val_sets:
         raise ConfigError(
             f"train.target_loss is set but {data_dir} has no validation split; "
@@ -182,16 +200,27 @@ def _train(
         tc = dataclasses.replace(tc, micro_batch=per_rank, batch_tokens=micro * accum * tc.seq_len)
         cfg = dataclasses.replace(cfg, train=tc)
     finder = None
+
+    # from scratch, model.init_from, LoRA/QLoRA (model_setup.py); the finder's trial models skip the weights
+    def new_model(plan: Plan, weights: bool = True):
+        return build_train_model(
+            cfg, model_cfg, plan.device, plan.autocast_dtype, lambda: load_tokenizer(data_dir), weights, log
+        )
+
     if hw.device_type == "cuda" and tc.micro_batch is None:
         cache_dir = run_dir if rt.world_size == 1 else run_dir / "ranks" / str(rt.rank)
-        finder = rt.agreed_finder(make_gpu_finder(cache_dir, tc.memory_target * hw.free_memory, log))
+        trial_model = lambda p: new_model(p, False)[0]  # noqa: E731
+        finder = rt.agreed_finder(
+            make_gpu_finder(cache_dir, tc.memory_target * hw.free_memory, log, trial_model)
+        )
     plan = make_plan(cfg, model_cfg, hw, finder, rt.world)
     plan.apply_runtime_settings()
     device = plan.device
 
     # ---- model and optimizer -------------------------------------------------------------------------------
     torch.manual_seed(tc.seed)
-    model = build_model(model_cfg, device, seed=tc.seed)  # the same on every rank
+    # the same weights on every rank; a checkpoint's are loaded below (checkpointer.load)
+    model, embed_warmup = new_model(plan, weights=resume_from is None or cfg.lora.enabled)
     rt.seed_per_rank(tc.seed)
     if resume_from is not None and ckpt_io.read_model_config(resume_from) != model_cfg:
         raise CheckpointError(
@@ -220,7 +249,8 @@ def _train(
         save_config(cfg, run_dir / "config.yaml")
         if not tokenizer_dir.exists():
             load_tokenizer(data_dir).save(tokenizer_dir)
-    fpt = flops_per_token(model_cfg, tc.seq_len)
+    # LoRA: the frozen base computes no weight gradients
+    fpt = training_flops_per_token(model_cfg, tc.seq_len, cfg.lora)
     predicted = predicted_tokens_per_s(plan, fpt)
     print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
     # metrics.jsonl (truncated to the checkpoint's step), TensorBoard, W&B, CSV, progress, GPU monitor, plan.json
@@ -231,18 +261,22 @@ def _train(
         else NullObserver()
     )
     prefetch = default_prefetch(cfg.data, device)
-    batches = TrainBatches(
-        cfg.data,
-        datasets,
-        train_shards,
-        tc.seq_len,
-        plan.micro_batch,
-        plan.grad_accum,
-        tc.seed,
-        plan.pin_memory,
-        prefetch,
-        rank=rt.rank,  # each rank reads its block of every global micro-batch
-        world_size=rt.world_size,
+    batches = (
+        sft.batches(plan.micro_batch, plan.grad_accum, tc.seed)
+        if sft
+        else TrainBatches(
+            cfg.data,
+            datasets,
+            train_shards,
+            tc.seq_len,
+            plan.micro_batch,
+            plan.grad_accum,
+            tc.seed,
+            plan.pin_memory,
+            prefetch,
+            rank=rt.rank,  # each rank reads its block of every global micro-batch
+            world_size=rt.world_size,
+        )
     )
     if resume_state is not None:
         batches.load_state_dict(resume_state.get("data"))  # sequential/mixture: exactly the next sample
@@ -358,6 +392,8 @@ def _train(
                 on_step(step)
             progress = budget_progress(step, tokens, elapsed(), tc, cfg.optim.warmup_steps)
             lr = lr_at(step, progress, cfg.optim) * guard.state.lr_scale
+            if embed_warmup is not None:  # new token rows first, then everything (model_setup.py)
+                embed_warmup.before_step(step, optimizer)
             try:
                 step_loss, grad_norm, finite = run_step(lr)
             except torch.OutOfMemoryError:

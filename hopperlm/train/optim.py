@@ -34,9 +34,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def build_optimizer(
     model: nn.Module, cfg: OptimConfig, fused: bool, name: str = "adamw"
 ) -> torch.optim.Optimizer | OptimizerPair:
-    """The optimizer the plan chose: AdamW (fused on CUDA when `fused`), torchao's 8-bit AdamW, or Muon on the
-    blocks' matrices with AdamW for the rest."""
+    """The optimizer the plan chose: AdamW (fused on CUDA when `fused`), torchao's 8-bit AdamW, bitsandbytes'
+    paged 8-bit AdamW, or Muon on the blocks' matrices with AdamW for the rest."""
     betas = (cfg.beta1, cfg.beta2)
+    if name == "paged_adamw8bit":  # QLoRA's optimizer (Dettmers et al. 2023)
+        from hopperlm.model.qlora import require_bitsandbytes
+
+        bnb = require_bitsandbytes()
+        groups = param_groups(model, cfg.weight_decay)
+        return bnb.optim.PagedAdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
     if name == "adamw8bit":
         from torchao.optim import AdamW8bit
 

@@ -1,0 +1,232 @@
+"""QLoRA / LoRA on a Llama-2-7B-shaped model: hopperlm beside transformers + peft + bitsandbytes, side by side.
+
+    python3 bench/gpu/qlora.py --out /tmp/out/qlora.json          # on a GPU: the issue-6 targets
+    python3 bench/gpu/qlora.py --tiny --device cpu --cases hopperlm-lora,hf-lora   # a CPU smoke run
+
+One random checkpoint (bf16 safetensors, written once with transformers' save_pretrained) is the base of every
+row, loaded the way each tool loads a Hub checkpoint:
+  hopperlm-qlora  model.init_from + lora.quantize nf4 (double quantisation, bf16 compute), paged 8-bit AdamW,
+                  full activation checkpointing, the rest as the plan chooses
+  hf-qlora        from_pretrained(BitsAndBytesConfig nf4, double quant, bf16 compute) +
+                  prepare_model_for_kbit_training (gradient checkpointing) + get_peft_model, PagedAdamW8bit
+  hopperlm-lora   the same adapters on a bf16 base, full activation checkpointing, compile per the plan
+  hf-lora         from_pretrained(bf16) + gradient checkpointing + get_peft_model, torch AdamW (fused)
+Adapters: rank 16, alpha 32, all seven projections, no dropout; seq 2048, micro-batch 1, random tokens.
+Each row runs in its own process (clean peak memory and compile caches): warm-up steps, then timed steps,
+synchronised; peak = torch.cuda.max_memory_allocated over loading and training. Targets (issue 6): QLoRA
+peak <= 10 GB (HF + bitsandbytes reference ~9 GB, unsloth ~7 GB); LoRA tokens/s >= 1.5x hf-lora.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# the llama2-7b preset (meta-llama/Llama-2-7b-hf's shape); --tiny: 2 narrow blocks of it
+TINY = {"dim": 256, "n_layers": 2, "n_heads": 4, "ffn_dim": 688}
+CASES = ("hopperlm-qlora", "hf-qlora", "hopperlm-lora", "hf-lora")
+RANK, ALPHA = 16, 32
+
+
+def make_base(folder: Path, tiny: bool, device: str) -> None:
+    """A random bf16 checkpoint, initialised on the device (seconds for 7B on a GPU) and saved once."""
+    import dataclasses
+
+    import transformers
+
+    from hopperlm.model.hf import hf_config_dict
+    from hopperlm.presets import get_preset
+
+    if (folder / "config.json").is_file():
+        return
+    shape = dataclasses.replace(get_preset("llama2-7b"), **(TINY if tiny else {}))
+    config = transformers.LlamaConfig(
+        **hf_config_dict(shape, "bfloat16", {"bos_token_id": 1, "eos_token_id": 2})
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    del model
+
+
+def hopperlm_step(base: Path, quantize: str, seq: int, device: str, log):
+    from hopperlm.config import config_from_dict
+    from hopperlm.hardware import detect_for
+    from hopperlm.plan import make_plan
+    from hopperlm.speed import apply_speedups
+    from hopperlm.train.model_setup import build_train_model
+    from hopperlm.train.optim import build_optimizer
+
+    cfg = config_from_dict(
+        {
+            "model": {"init_from": str(base), "max_seq_len": seq},
+            "lora": {"rank": RANK, "alpha": ALPHA, "targets": "all-linear", "quantize": quantize},
+            "optim": {
+                "name": "paged_adamw8bit" if quantize == "nf4" else "adamw",
+                "lr": 1e-4,
+                "warmup_steps": 0,
+            },
+            "train": {
+                "seq_len": seq,
+                "micro_batch": 1,
+                "max_steps": 1000,
+                "device": device,
+                "activation_checkpointing": "full",
+            },
+        }
+    )
+    hw = detect_for(device)
+    plan = make_plan(cfg, cfg.model, hw)
+    plan.apply_runtime_settings()
+    for line in plan.lines():
+        log(f"  plan {line}")
+    model, _ = build_train_model(cfg, cfg.model, hw.device, plan.autocast_dtype, lambda: None, True, log)
+    apply_speedups(model, plan, log)
+    opt = build_optimizer(model, cfg.optim, plan.fused_adamw, plan.optimizer)
+
+    def step(x):
+        with plan.autocast(), plan.sdpa_backends():
+            loss = model(x, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    notes = [f"compile {'on' if plan.compile else 'off'}", f"fused loss {plan.fused_loss}", plan.optimizer]
+    return step, notes
+
+
+def hf_step(base: Path, quantize: str, device: str):
+    import peft
+    import transformers
+
+    kwargs = {"dtype": torch.bfloat16, "attn_implementation": "sdpa", "device_map": {"": device}}
+    if quantize == "nf4":
+        kwargs["quantization_config"] = transformers.BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, **kwargs)
+    if quantize == "nf4":
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    lora = peft.LoraConfig(
+        r=RANK, lora_alpha=ALPHA, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"
+    )
+    model = peft.get_peft_model(model, lora)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if quantize == "nf4":
+        import bitsandbytes as bnb
+
+        opt = bnb.optim.PagedAdamW8bit(params, lr=1e-4)
+    else:
+        opt = torch.optim.AdamW(params, lr=1e-4, fused=device != "cpu")
+    model.train()
+
+    def step(x):
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=device != "cpu"):
+            loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step, ["gradient checkpointing", "sdpa", "PagedAdamW8bit" if quantize == "nf4" else "AdamW"]
+
+
+def run_case(case: str, base: Path, seq: int, device: str, warmup: int, steps: int) -> dict:
+    """One row, in this process."""
+    cuda = device != "cpu"
+    quantize = "nf4" if case.endswith("qlora") else "none"
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    if case.startswith("hopperlm"):
+        step, notes = hopperlm_step(base, quantize, seq, device, log)
+    else:
+        step, notes = hf_step(base, quantize, device)
+    load_s = time.perf_counter() - t0
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 32000, (1, seq), generator=g).to(device)
+    losses = [step(x) for _ in range(warmup)]
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        losses.append(step(x))
+    sync()
+    seconds = (time.perf_counter() - t0) / steps
+    return {
+        "case": case,
+        "tokens_per_s": seq / seconds,
+        "step_ms": 1000 * seconds,
+        "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+        "load_s": load_s,
+        "loss_first_last": [float(losses[0]), float(losses[-1])],
+        "notes": notes,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tiny", action="store_true", help="2 narrow blocks instead of the 7B shape (smoke run)")
+    p.add_argument("--base", default="/tmp/llama2-7b-random", help="where the random checkpoint is written")
+    p.add_argument("--out", help="write the rows as JSON here")
+    p.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one row in this process
+    args = p.parse_args()
+    base = Path(args.base + ("-tiny" if args.tiny else ""))
+    if args.case:
+        print(json.dumps(run_case(args.case, base, args.seq_len, args.device, args.warmup, args.steps)))
+        return
+    make_base(base, args.tiny, args.device)
+    rows = []
+    for case in args.cases.split(","):
+        cmd = [sys.executable, __file__, "--case", case, "--base", args.base, "--device", args.device]
+        cmd += ["--seq-len", str(args.seq_len), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+        cmd += ["--tiny"] if args.tiny else []
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode == 0:
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        else:
+            tail = (done.stderr.strip().splitlines() or ["?"])[-1]
+            rows.append({"case": case, "error": tail[:300]})
+        print(json.dumps(rows[-1]), flush=True)
+    by = {r["case"]: r for r in rows}
+    print(f"\n{'case':<16}{'tokens/s':>10}{'step ms':>10}{'peak GB':>9}  ratio / notes")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['case']:<16}  error: {r['error']}")
+            continue
+        other = by.get(r["case"].replace("hopperlm", "hf"))
+        ratio = ""
+        if r["case"].startswith("hopperlm") and other and "tokens_per_s" in other:
+            ratio = f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}x tokens/s vs {other['case']}"
+        peak = f"{r['peak_mem_gb']:.2f}" if r["peak_mem_gb"] is not None else "n/a"
+        print(
+            f"{r['case']:<16}{r['tokens_per_s']:>10.0f}{r['step_ms']:>10.1f}{peak:>9}  {ratio} {', '.join(r['notes'])}"
+        )
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps({"seq_len": args.seq_len, "tiny": args.tiny, "rows": rows}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Hugging Face interop: logit parity per family, bit-exact round trips, sharded streaming, clear refusals."""
+
+import json
+
+import pytest
+import torch
+from hf_tiny import FAMILIES, save_hf, tiny_hf_model
+
+from hopperlm.config import ModelConfig, load_config
+from hopperlm.errors import CheckpointError, ConfigError
+from hopperlm.model import hf
+from hopperlm.model.hf_convert import export_hf, import_hf, iter_model_tensors, load_weights, write_shards
+from hopperlm.model.transformer import count_params
+from hopperlm.train.model_setup import build_empty, load_for_inference
+
+transformers = pytest.importorskip("transformers")
+QUIET = lambda line: None  # noqa: E731
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_logits_match_transformers_and_round_trip_is_bit_exact(family, tmp_path):
+    theirs = tiny_hf_model(family)
+    src = save_hf(theirs, tmp_path / "hf", max_shard_size="40KB")  # sharded: read shard by shard
+    assert (src / "model.safetensors.index.json").is_file()
+    ours = build_empty(ModelConfig(**hf.model_values(src)), "cpu").eval()
+    load_weights(ours, src)
+    x = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        diff = (ours(x) - theirs(x).logits).abs().max().item()
+    assert diff <= 1e-4, diff
+    assert ours.cfg.qkv_bias == (family == "qwen2") and ours.cfg.tie_embeddings == (family == "qwen2")
+    assert (
+        count_params(ours.cfg)["total"]
+        == sum(p.numel() for p in ours.parameters())
+        == theirs.num_parameters()
+    )
+    assert (ours.cfg.rope_scaling is not None) == (family == "llama3")
+
+    imported = import_hf(src, tmp_path / "imported", log=QUIET)  # HF -> hopperlm folder, shards kept
+    assert (imported / "model.safetensors.index.json").is_file()
+    out = export_hf(imported, tmp_path / "exported", max_shard_size="30KB", log=QUIET)  # and back
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 3
+    again = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    a, b = theirs.state_dict(), again.state_dict()
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert again.config.model_type == theirs.config.model_type
+
+
+def test_shards_never_exceed_the_limit(tmp_path):
+    tensors = [(f"t{i}", torch.zeros(1000)) for i in range(10)]  # 4,000 bytes each
+    files = write_shards(iter(tensors), tmp_path, max_shard_bytes=9000)
+    assert len(files) == 5 and all((tmp_path / f).stat().st_size < 9000 + 1000 for f in files)
+    assert [n for n, _ in iter_model_tensors_files(tmp_path)] == [n for n, _ in tensors]
+
+
+def iter_model_tensors_files(folder):
+    from hopperlm.model.hf_convert import iter_file_tensors, weight_files
+
+    return iter_file_tensors(weight_files(folder))
+
+
+def test_mistral_window_caps_the_context(tmp_path):
+    src = save_hf(tiny_hf_model("mistral", sliding_window=32), tmp_path / "m")
+    values = hf.model_values(src)
+    assert values["max_seq_len"] == 32 and values["sliding_window"] == 32
+    with pytest.raises(ConfigError, match="no sliding-window attention"):
+        ModelConfig(**{**values, "max_seq_len": 64})
+
+
+def test_unsupported_checkpoints_are_refused_with_the_reason(tmp_path):
+    base = tiny_hf_model("llama2").config.to_dict()
+    cases = {
+        "gpt2": ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+        "yarn": ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "rope_parameters": None}, "'yarn'"),
+        "head": ({"head_dim": 8}, "head_dim=8"),
+        "bias": ({"attention_bias": True}, "attention_bias"),
+        "act": ({"hidden_act": "gelu"}, "SwiGLU"),
+    }
+    for name, (change, message) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**base, **change}))
+        with pytest.raises(ConfigError, match=message):
+            hf.model_values(folder)
+    (tmp_path / "head" / "config.json").write_text(json.dumps(base))
+    (tmp_path / "head" / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin"):
+        list(iter_model_tensors(tmp_path / "head"))
+
+
+def test_init_from_takes_the_shape_and_refuses_conflicts(tinyllama_hf, tmp_path):
+    (tmp_path / "c.yaml").write_text(
+        f"model:\n  init_from: {tinyllama_hf}\n  max_seq_len: 256\ntrain:\n  seq_len: 128\n  max_steps: 1\n"
+    )
+    cfg = load_config(tmp_path / "c.yaml")
+    assert (cfg.model.dim, cfg.model.n_kv_heads, cfg.model.vocab_size, cfg.model.max_seq_len) == (
+        64,
+        2,
+        32000,
+        256,
+    )
+    with pytest.raises(
+        ConfigError, match="model.dim=128 but .* has 64; the shape comes from model.init_from"
+    ):
+        load_config(tmp_path / "c.yaml", ["--model.dim", "128"])
+    with pytest.raises(ConfigError, match="exceeds"):
+        load_config(tmp_path / "c.yaml", ["--model.max_seq_len", "4096"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "c.yaml", ["--model.init_from", str(tmp_path / "nope")])
+
+
+def test_hf_folder_loads_directly_for_inference(tinyllama_hf):
+    model, tokenizer = load_for_inference(
+        tinyllama_hf, device="cpu"
+    )  # generate/eval take HF folders as they are
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tinyllama_hf).eval()
+    ids = torch.tensor([tokenizer.encode("Hello there, how are you?")])
+    with torch.no_grad():
+        assert (model(ids) - theirs(ids).logits).abs().max().item() <= 1e-4
+    assert tokenizer.vocab_size == 32000 and tokenizer.eos_id == 2
+
+
+@pytest.mark.parametrize("preset", ["tinyllama-1.1b", "llama2-7b", "llama3-8b"])
+def test_preset_configs_round_trip_through_config_json(preset):
+    from hopperlm.presets import get_preset
+
+    ours = get_preset(preset)
+    back = hf.model_values_from_hf(hf.hf_config_dict(ours, "bfloat16"), "x")
+    same = [k for k in back if k not in ("n_kv_heads", "dropout", "init_std")]
+    assert all(back[k] == getattr(ours, k) for k in same) and back["n_kv_heads"] == ours.kv_heads, back
+    theirs = transformers.LlamaConfig(**hf.hf_config_dict(ours, "bfloat16"))
+    with torch.device("meta"):
+        n = transformers.AutoModelForCausalLM.from_config(theirs).num_parameters()
+    assert count_params(ours)["total"] == n  # 6,738,415,616 for Llama-2-7B
