@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from hopperlm.config import Config, ModelConfig, save_config
-from hopperlm.data.loader import TokenShards, read_batch
 from hopperlm.data.sft import open_sft_data
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import (
@@ -45,6 +44,7 @@ from hopperlm.train import checkpoint as ckpt_io
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner, print_preflight_check
 from hopperlm.train.batch_finder import make_gpu_finder
 from hopperlm.train.checkpoint import CheckpointSaveError
+from hopperlm.train.evaluate import evaluate
 from hopperlm.train.guard import Guard, GuardStop
 from hopperlm.train.metrics import Interval, human_count, mfu, peak_memory_gb
 from hopperlm.train.model_setup import build_train_model
@@ -87,34 +87,6 @@ def check_tokenizer(spec: str | None, manifest: dict, data_dir: Path) -> None:
             f"({manifest['tokenizer'].get('name') or manifest['tokenizer']['kind']}); "
             "re-run `hopperlm prepare` with this tokenizer or drop data.tokenizer"
         )
-
-
-@torch.no_grad()
-def evaluate(
-    model, data: TokenShards, starts: list[int], plan: Plan, packing: bool = False, rt: Runtime | None = None
-) -> float:
-    """Mean loss over fixed validation windows (the same windows every time, in every run). With several
-    ranks each evaluates every world_size-th window and the sums are added up; every rank runs the same
-    number of forwards (FSDP gathers weights in lockstep), a rank short of windows repeats one at weight 0."""
-    was_training = model.training
-    model.eval()
-    T, B = plan.seq_len, plan.micro_batch
-    rank, world = (rt.rank, rt.world_size) if rt is not None else (0, 1)
-    mine = starts[rank::world]
-    total = torch.zeros((), device=plan.device)
-    for i in range(0, -(-len(starts) // world), B):
-        chunk, weight = mine[i : i + B], len(mine[i : i + B])
-        rows = chunk or starts[:1]
-        if hasattr(data, "read_rows"):  # instruction data (data/sft.py): rows of whole examples
-            batch = data.read_rows(rows).to(plan.device)
-        else:
-            batch = read_batch(data, rows, T, packing).to(plan.device)
-        with plan.autocast(), plan.sdpa_backends():
-            total += model(batch.x, batch.y, **batch.model_kwargs) * weight
-    model.train(was_training)
-    if world > 1:
-        rt.all_reduce(total)
-    return total.item() / len(starts)
 
 
 class OutOfMemory(HopperError):

@@ -1,0 +1,45 @@
+"""`hopperlm VERB ...`: one verb per job. User errors print one line and exit 2 (a traceback only with --debug).
+
+Each module here holds a family of verbs: its `cmd_*` functions and an `add_parsers` that registers them.
+Verbs whose parser sets `takes_overrides` accept extra `--section.key value` pairs for their recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hopperlm import __version__
+from hopperlm.cli import data, measure, models, runs
+from hopperlm.errors import ConfigError, HopperError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show full tracebacks")
+    parser = argparse.ArgumentParser(prog="hopperlm", description=__doc__.split("\n")[0], parents=[common])
+    parser.add_argument("--version", action="version", version=f"hopperlm {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for family in (runs, data, models, measure):
+        family.add_parsers(verbs, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args, extra = build_parser().parse_known_args(argv)
+    try:
+        if args.takes_overrides:
+            args.func(args, extra)
+        elif extra:
+            raise ConfigError(f"unrecognised arguments: {' '.join(extra)}; see hopperlm {args.verb} --help")
+        else:
+            args.func(args)
+    except HopperError as e:
+        if args.debug:
+            raise
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

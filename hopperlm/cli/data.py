@@ -1,0 +1,136 @@
+"""Data verbs: `prepare` (text -> token shards) and `tokenizer` (train one, or extend one for a new language)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hopperlm.cli.common import log
+from hopperlm.errors import ConfigError
+
+
+def cmd_prepare(args: argparse.Namespace) -> None:
+    from hopperlm.data.prepare import prepare
+
+    prepare(
+        [p if p.startswith("hf:") else Path(p) for p in args.inputs],
+        Path(args.out),
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        val_fraction=args.val_fraction,
+        split=args.split,
+        text_field=args.text_field,
+        shard_tokens=args.shard_tokens,
+        overwrite=args.overwrite,
+        workers=args.workers,
+        dedup=args.dedup,
+        bad_utf8=args.bad_utf8,
+        filter=args.filter,
+    )
+
+
+def cmd_tokenizer(args: argparse.Namespace) -> None:
+    """`tokenizer train`: a new tokenizer from a corpus; `tokenizer extend`: BASE plus pieces for a new language."""
+    import json
+
+    from hopperlm.data import tokenizer_train as tt
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise ConfigError(
+            f"--out {out} exists and is not empty; choose another directory or pass --overwrite"
+        )
+    texts = tt.corpus_texts(args.corpus, args.text_field)
+    if args.action == "train":
+        tok = tt.train_tokenizer(texts, args.kind, args.vocab_size)
+        tok.save(out)
+        log(
+            f"trained {args.kind} tokenizer, {tok.vocab_size:,} pieces, eos id {tok.eos_id}: {out / 'tokenizer.json'}"
+        )
+        return
+    base = tt.load_base(args.base)
+    protect = "".join(Path(f).read_text(encoding="utf-8") for f in args.protect)
+    ext = tt.extend_tokenizer(base, texts, args.add, protect=[protect])
+    heldout = {
+        Path(f).parent.name + "/" + Path(f).name: Path(f).read_text(encoding="utf-8") for f in args.heldout
+    }
+    rows = tt.compare(base, ext.tokenizer, heldout, protect)
+    tt.save_extension(ext, out, rows)
+    for line in tt.format_report(rows, len(ext.added), base.name):
+        log(line)
+    log(f"saved {out / 'tokenizer.json'} (+ extension.json: the added pieces and this report)")
+    if args.json:
+        print(json.dumps(rows, indent=1))
+
+
+def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
+    p = verbs.add_parser(
+        "prepare",
+        parents=[common],
+        help="text/JSONL/Parquet -> token shards + manifest.json (resumable)",
+        description="An interrupted prepare resumes when run again with the same inputs and options.",
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        help=".txt, .jsonl, .jsonl.gz, .parquet files, folders of them, a datasets save_to_disk folder, hf:NAME",
+    )
+    p.add_argument("--out", required=True, help="output directory for shards and manifest.json")
+    p.add_argument(
+        "--tokenizer", default="byte", help="byte | bpe | path to tokenizer.json / tokenizer.model"
+    )
+    p.add_argument("--vocab-size", type=int, help="vocabulary size when training a BPE tokenizer")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="share of tokens held out for validation")
+    p.add_argument(
+        "--split",
+        choices=["tail", "docs"],
+        default="tail",
+        help="tail: last tokens are validation; docs: whole documents by hash",
+    )
+    p.add_argument("--text-field", default="text", help="JSONL field holding the document text")
+    p.add_argument("--shard-tokens", type=int, default=100_000_000, help="most tokens per shard file")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
+    p.add_argument("--workers", type=int, help="tokenizer processes (default: one per core; 1 for byte)")
+    p.add_argument("--dedup", action="store_true", help="drop exact duplicate documents (by sha256)")
+    p.add_argument(
+        "--bad-utf8",
+        choices=["reject", "skip"],
+        default="reject",
+        help="invalid UTF-8: stop with file and byte offset (reject), or leave the line/record out and report it",
+    )
+    p.add_argument(
+        "--filter",
+        help="keep documents that pass: script:NAME:FRACTION (e.g. script:ethiopic:0.5) or module:function",
+    )
+    p.set_defaults(func=cmd_prepare, takes_overrides=False)
+
+    p = verbs.add_parser(
+        "tokenizer", parents=[common], help="train a tokenizer, or extend one for a new language"
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    t = actions.add_parser("train", parents=[common], help="learn a BPE or Unigram tokenizer on a corpus")
+    t.add_argument("corpus", nargs="+", help="text/JSONL/TSV/Parquet files or folders (as for prepare)")
+    t.add_argument("--kind", choices=["bpe", "unigram"], default="bpe", help="byte-level BPE or Unigram")
+    t.add_argument("--vocab-size", type=int, required=True)
+    e = actions.add_parser(
+        "extend",
+        parents=[common],
+        help="add pieces learned on a new language to BASE; old ids and protected text stay unchanged",
+    )
+    e.add_argument(
+        "base", help="BPE tokenizer.json (or its folder), e.g. TinyLlama's (the Llama-2 vocabulary)"
+    )
+    e.add_argument("corpus", nargs="+", help="text of the new language (files or folders, as for prepare)")
+    e.add_argument("--add", type=int, required=True, help="most pieces to add")
+    e.add_argument(
+        "--heldout", action="append", default=[], help="held-out sample to report fertility on (repeat)"
+    )
+    e.add_argument(
+        "--protect", action="append", default=[], help="text whose tokenization must not change (repeat)"
+    )
+    e.add_argument("--json", action="store_true", help="also print the report as JSON")
+    for q in (t, e):
+        q.add_argument("--out", required=True, help="output directory for tokenizer.json")
+        q.add_argument("--text-field", default="text", help="JSONL field / table column holding the text")
+        q.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_tokenizer, takes_overrides=False)

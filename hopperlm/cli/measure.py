@@ -1,0 +1,218 @@
+"""Measuring verbs: `diagnose` (hardware and plan), `bench`, `profile`, and `plot`/`report` of a run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hopperlm.cli.common import log, resolve_recipe
+from hopperlm.errors import ConfigError
+
+
+def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Hardware report, the plan for a config with its reasons, and a short self-test of the device."""
+    import dataclasses
+    import json
+
+    from hopperlm.hardware import detect, simulated
+
+    hw = simulated(args.simulate) if args.simulate else detect()
+    report: dict = {"hardware": hw.to_dict()}
+    lines = ["== hardware" + (f" (simulated: {args.simulate})" if args.simulate else ""), *hw.summary()]
+    if args.config:
+        from hopperlm.config import load_config
+        from hopperlm.data.prepare import read_manifest
+        from hopperlm.errors import DataError
+        from hopperlm.plan import make_plan
+        from hopperlm.train.batch_finder import make_gpu_finder
+        from hopperlm.train.loop import resolve_model_config
+
+        cfg = load_config(resolve_recipe(args.config), overrides)
+        model_cfg, vocab_note = cfg.model, ""
+        try:
+            model_cfg = resolve_model_config(cfg.model, read_manifest(Path(cfg.data.path))["vocab_size"])
+        except DataError:
+            if model_cfg.vocab_size is None:
+                model_cfg = dataclasses.replace(model_cfg, vocab_size=32000)
+                vocab_note = " (data not prepared: vocabulary taken as 32000)"
+        finder = None
+        if hw.device_type == "cuda" and not args.simulate and cfg.train.micro_batch is None:
+            finder = make_gpu_finder(Path(cfg.run.out_dir), cfg.train.memory_target * hw.free_memory, log)
+        from hopperlm.dist.runtime import World
+
+        world = World(args.world_size, args.gpus_per_node or args.world_size)
+        plan = make_plan(cfg, model_cfg, hw, finder if world.size == 1 else None, world)
+        lines += [f"== plan for {args.config}{vocab_note}", *plan.lines()]
+        report["plan"] = {**dataclasses.asdict(plan), "memory_bytes": plan.memory.total(plan.micro_batch)}
+    if not args.simulate and not args.no_selftest:
+        from hopperlm.selftest import format_selftest, run_selftest
+
+        results = run_selftest(hw.device, hw.peak_16bit)
+        lines += ["== self-test", *format_selftest(results)]
+        report["selftest"] = results
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        for line in lines:
+            log(line)
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    """Warm training steps of hopperlm beside eager PyTorch and HF transformers, one table, one JSON."""
+    import dataclasses
+    import json
+
+    from hopperlm.hardware import detect_for
+    from hopperlm.presets import PRESETS
+    from hopperlm.provenance import provenance
+    from hopperlm.speed.bench import DEFAULT_PRESETS, format_table, run_bench
+
+    presets = args.presets.split(",") if args.presets else list(DEFAULT_PRESETS)
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown:
+        raise ConfigError(
+            f"unknown preset(s) {', '.join(unknown)} in --presets; choose from {', '.join(PRESETS)}"
+        )
+    if args.loss_steps and not args.data:
+        raise ConfigError("--loss-steps needs --data DIR (a `hopperlm prepare` output) to train on real text")
+    hw = detect_for(args.device)
+    for line in hw.summary():
+        log(line)
+    rows = run_bench(
+        presets,
+        hw,
+        quick=args.quick,
+        micro_batch=args.micro_batch,
+        seq_len=args.seq_len,
+        steps=args.steps,
+        windows=args.windows,
+        warmup=args.warmup,
+        hf=not args.no_hf,
+        loss_steps=args.loss_steps,
+        data_dir=Path(args.data) if args.data else None,
+        variants=args.variant or [],
+        log=log,
+    )
+    table = format_table(rows, hw)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            **provenance("hopperlm " + " ".join(sys.argv[1:])),
+            "device": hw.name,
+            "peak_16bit_tflops": hw.peak_16bit / 1e12 if hw.peak_16bit else None,
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "table": table,
+        }
+        out.write_text(json.dumps(record, indent=1))
+        log(f"results: {out}")
+    log("")
+    for line in table:
+        log(line)
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    from hopperlm.observe.plot import plot_runs
+
+    out = Path(args.out) if args.out else Path(args.runs[0]) / "plots"
+    for path in plot_runs([Path(r) for r in args.runs], out):
+        log(f"wrote {path}")
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from hopperlm.observe.report import write_report
+
+    md, html = write_report(Path(args.run))
+    log(f"wrote {md} and {html}")
+
+
+def cmd_profile(args: argparse.Namespace, overrides: list[str]) -> None:
+    from hopperlm.config import load_config
+    from hopperlm.observe.profile import profile_config
+
+    cfg = load_config(resolve_recipe(args.config), overrides)
+    result = profile_config(cfg, args.steps, args.wait, args.warmup, args.out, args.memory_snapshot, log=log)
+    kind = "GPU kernels, device time" if result.device == "cuda" else "CPU ops, self time"
+    log(f"\n--- where the time goes ({kind}) ---")
+    for line in result.table:
+        log(line)
+    log(f"time: {result.summary}")
+    log(f"trace: {result.trace} (open in https://ui.perfetto.dev or chrome://tracing)")
+    log(f"table: {result.out_dir / 'kernels.txt'}, {result.out_dir / 'profile.json'}")
+
+
+def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
+    p = verbs.add_parser(
+        "diagnose",
+        parents=[common],
+        help="hardware report, the plan for a config with reasons, and a device self-test",
+        description="Extra --section.key value overrides apply to CONFIG.",
+    )
+    p.add_argument("config", nargs="?", help="YAML recipe or name from configs/ to plan for")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--simulate",
+        metavar="GPU",
+        help="plan for a GPU that is not here: "
+        + ", ".join(["'H100 80GB'", "H200", "'A100 40GB'", "'RTX 4050 6GB'", "T4", "CPU"]),
+    )
+    p.add_argument("--no-selftest", action="store_true", help="skip the matmul/copy/attention/compile checks")
+    p.add_argument("--world-size", type=int, default=1, help="plan for this many ranks (DDP/FSDP choice)")
+    p.add_argument("--gpus-per-node", type=int, help="ranks per node for --world-size (default: all)")
+    p.set_defaults(func=cmd_diagnose, takes_overrides=True)
+
+    p = verbs.add_parser(
+        "bench",
+        parents=[common],
+        help="tokens/s, MFU and memory of training steps beside eager PyTorch and HF transformers",
+    )
+    p.add_argument("--presets", help="comma-separated presets (default gpt2-124m,h100-350m,tinyllama-1.1b)")
+    p.add_argument(
+        "--quick", action="store_true", help="two blocks of each preset, short sequences (CPU smoke)"
+    )
+    p.add_argument("--micro-batch", type=int, help="sequences per step for every row (default per preset)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default per preset)")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps per timed window")
+    p.add_argument("--windows", type=int, default=5, help="timed windows; the median counts")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
+    p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face transformers baselines")
+    p.add_argument("--loss-steps", type=int, default=0, help="train hopperlm rows this many steps on --data")
+    p.add_argument("--data", help="prepared data dir for --loss-steps")
+    p.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME:KEY=VALUE,...",
+        help="an extra hopperlm row with train.* overrides, e.g. mb32:micro_batch=32 (repeatable)",
+    )
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", help="write the results as JSON here (e.g. bench/results/DATE-GPU.json)")
+    p.set_defaults(func=cmd_bench, takes_overrides=False)
+
+    p = verbs.add_parser(
+        "profile",
+        parents=[common],
+        help="profile training steps: trace, top-kernels table, where the time goes",
+        description="Runs the real training loop of CONFIG under torch.profiler in RUN_DIR/profile (no "
+        "checkpoints). Extra --section.key value overrides apply to CONFIG.",
+    )
+    p.add_argument("config", help="YAML recipe, or a name from configs/")
+    p.add_argument("--steps", type=int, default=5, help="steps recorded (default 5)")
+    p.add_argument("--wait", type=int, default=1, help="steps run before the profiler starts (compilation)")
+    p.add_argument("--warmup", type=int, default=2, help="steps profiled but discarded (profiler warm-up)")
+    p.add_argument("--out", help="output folder (default RUN_DIR/profile)")
+    p.add_argument(
+        "--memory-snapshot",
+        action="store_true",
+        help="record every CUDA allocation and write memory_snapshot.pickle (GPU only)",
+    )
+    p.set_defaults(func=cmd_profile, takes_overrides=True)
+
+    p = verbs.add_parser("plot", parents=[common], help="PNG plots of one run, or several overlaid")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (holding metrics.jsonl)")
+    p.add_argument("--out", help="folder for the PNGs (default: FIRST_RUN_DIR/plots)")
+    p.set_defaults(func=cmd_plot, takes_overrides=False)
+
+    p = verbs.add_parser("report", parents=[common], help="write RUN_DIR/report.md and report.html")
+    p.add_argument("run", metavar="RUN_DIR")
+    p.set_defaults(func=cmd_report, takes_overrides=False)

@@ -1,0 +1,204 @@
+"""Training verbs: `demo`, `train`, `finetune`, and `launch`/`slurm` for several GPUs or nodes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from hopperlm.cli.common import log, resolve_recipe
+from hopperlm.cli.models import model_samples
+from hopperlm.errors import ConfigError
+
+DEMO_RECIPE = "shakespeare-char"
+
+
+def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
+    from hopperlm.config import load_config
+    from hopperlm.train.loop import train
+
+    cfg = load_config(resolve_recipe(args.config), overrides)
+    resume = args.resume
+    if resume == "auto":  # a (re)queued job: continue the run if it has checkpoints, else start it
+        from hopperlm.train.checkpoint import list_checkpoints
+
+        resume = bool(list_checkpoints(cfg.run.out_dir))
+    result = train(cfg, resume=resume, log=log)
+    if result.stopped_by.startswith("signal"):  # preempted: checkpointed; the scheduler may requeue us
+        sys.exit(cfg.train.requeue_exit_code)
+
+
+def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Print the exact torchrun command for CONFIG, then become it (signals reach torchrun directly)."""
+    import os
+    import shlex
+
+    from hopperlm.config import load_config
+    from hopperlm.dist.launch import launch_command
+
+    config = resolve_recipe(args.config)
+    cfg = load_config(config, overrides)  # a bad config fails here, once, not on every rank
+    command = launch_command(
+        str(config),
+        args.nproc_per_node,
+        args.nnodes,
+        args.rdzv_endpoint,
+        args.rdzv_id or f"hopperlm-{Path(cfg.run.out_dir).name}",
+        args.resume,
+        overrides,
+    )
+    log(f"launch: {shlex.join(command)}")
+    if args.nnodes > 1:
+        log(f"launch: run this same command on each of the {args.nnodes} nodes")
+    if not args.dry_run:
+        sys.stdout.flush()
+        os.execv(command[0], command)
+
+
+def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Write an sbatch script that runs CONFIG on NODES x GPUS ranks and requeues itself before its time limit."""
+    from hopperlm.config import load_config
+    from hopperlm.dist.launch import sbatch_script
+
+    config = resolve_recipe(args.config)
+    cfg = load_config(config, overrides)
+    run_dir = Path(cfg.run.out_dir).resolve()
+    out = Path(args.out) if args.out else run_dir / "job.sbatch"
+    script = sbatch_script(
+        str(config),
+        args.nodes,
+        args.gpus_per_node,
+        str(run_dir),
+        overrides,
+        time_limit=args.time,
+        job_name=args.job_name,
+        partition=args.partition,
+        account=args.account,
+        cpus_per_task=args.cpus_per_task,
+        python=sys.executable,
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)  # SLURM opens the --output log there before the job starts
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(script)
+    log(f"wrote {out} ({args.nodes} node(s) x {args.gpus_per_node} GPU(s)); submit with: sbatch {out}")
+
+
+def cmd_finetune(args: argparse.Namespace, overrides: list[str]) -> None:
+    """`train` for instruction data: the recipe must name sft.path (and usually model.init_from, lora)."""
+    from hopperlm.config import load_config
+    from hopperlm.train.loop import train
+
+    cfg = load_config(resolve_recipe(args.config), overrides)
+    if not cfg.sft.path:
+        raise ConfigError(
+            "finetune needs instruction data: set sft.path (Alpaca/ShareGPT/messages JSON); "
+            "to train on prepared token shards use `hopperlm train`"
+        )
+    result = train(cfg, resume=args.resume, log=log)
+    if result.stopped_by.startswith("signal"):
+        sys.exit(cfg.train.requeue_exit_code)
+
+
+def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Tiny Shakespeare end to end: find the text, prepare it, train the demo recipe, print samples."""
+    from hopperlm.config import load_config
+    from hopperlm.data.demo_text import resolve_demo_text
+    from hopperlm.data.prepare import prepare
+    from hopperlm.train.checkpoint import load_pretrained
+    from hopperlm.train.loop import train
+
+    start = time.perf_counter()
+    text = resolve_demo_text(args.data, log=log)
+    run_dir = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(f"--out {run_dir} already exists and is not empty; choose a new directory")
+    prepare([text], run_dir / "data", tokenizer="byte", val_fraction=0.1, split="tail")
+    cfg = load_config(
+        resolve_recipe(DEMO_RECIPE),
+        ["--data.path", str(run_dir / "data"), "--run.out_dir", str(run_dir), *overrides],
+    )
+    result = train(cfg, log=log)
+    model, tokenizer = load_pretrained(run_dir, device=cfg.train.device)
+    log("\n--- samples ---")
+    for i, sample in enumerate(model_samples(model, tokenizer, "\n", args.samples, 300, 0.8, 200, seed=0)):
+        log(f"[sample {i + 1}]\n{sample.strip()}\n")
+    val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
+    log(
+        f"demo: val loss {val} nats/token after {result.step} steps; {time.perf_counter() - start:.0f} s in all; "
+        f"run dir {run_dir}"
+    )
+
+
+def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
+    p = verbs.add_parser(
+        "demo",
+        parents=[common],
+        help="train the shakespeare-char recipe and print samples",
+        description="Extra --section.key value overrides apply to the demo recipe.",
+    )
+    p.add_argument("--data", help="a text file to train on instead of Tiny Shakespeare")
+    p.add_argument("--out", help="run directory (default runs/demo-DATE-TIME)")
+    p.add_argument("--samples", type=int, default=3, help="samples to print at the end")
+    p.set_defaults(func=cmd_demo, takes_overrides=True)
+
+    p = verbs.add_parser(
+        "train",
+        parents=[common],
+        help="train from a YAML recipe",
+        description="Extra --section.key value pairs override the recipe, e.g. --train.max_steps 100",
+    )
+    p.add_argument("config", help="YAML recipe, or a name from configs/ (e.g. shakespeare-char)")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="PATH",
+        help="continue from the run's latest checkpoint, or from PATH; `auto`: only if it has checkpoints",
+    )
+    p.set_defaults(func=cmd_train, takes_overrides=True)
+
+    p = verbs.add_parser(
+        "launch",
+        parents=[common],
+        help="print and run the torchrun command that trains CONFIG on several GPUs / nodes",
+        description="Extra --section.key value overrides go to `hopperlm train` on every rank.",
+    )
+    p.add_argument("config", help="YAML recipe, or a name from configs/")
+    p.add_argument("--nproc-per-node", type=int, required=True, help="ranks per node (usually its GPUs)")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes; run the same command on each")
+    p.add_argument(
+        "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous every node reaches (several nodes)"
+    )
+    p.add_argument("--rdzv-id", help="job id shared by the nodes (default: hopperlm-RUN_DIR_NAME)")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH", help="as for train")
+    p.add_argument("--dry-run", action="store_true", help="print the command only")
+    p.set_defaults(func=cmd_launch, takes_overrides=True)
+
+    p = verbs.add_parser(
+        "slurm",
+        parents=[common],
+        help="write an sbatch script (srun + torchrun) that checkpoints and requeues before its time limit",
+        description="Extra --section.key value overrides go to `hopperlm train` on every rank.",
+    )
+    p.add_argument("config", help="YAML recipe, or a name from configs/")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument("--out", help="where to write the script (default RUN_DIR/job.sbatch)")
+    p.add_argument("--time", default="24:00:00", help="time limit of one job (it requeues itself)")
+    p.add_argument("--job-name", help="default hopperlm-CONFIG")
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--cpus-per-task", type=int, help="CPU cores per node for the training processes")
+    p.set_defaults(func=cmd_slurm, takes_overrides=True)
+
+    p = verbs.add_parser(
+        "finetune",
+        parents=[common],
+        help="instruction/chat fine-tuning (sft section; LoRA/QLoRA with the lora section)",
+        description="Extra --section.key value pairs override the recipe, e.g. --lora.rank 8",
+    )
+    p.add_argument("config", help="YAML recipe with an sft section, or a name from configs/")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH")
+    p.set_defaults(func=cmd_finetune, takes_overrides=True)

@@ -1,0 +1,45 @@
+"""Typed run configuration: dataclasses with one docstring per field, YAML loading and strict CLI overrides.
+
+A config file has up to ten sections (model, data, optim, train, guard, log, parallel, run, lora, sft).
+`model.preset` starts the model section from a preset in presets.py; keys beside it override the preset;
+`model.init_from` starts it from a Hugging Face or hopperlm checkpoint instead. Every key is checked against the
+dataclass: an unknown key, a wrong type or an impossible shape raises ConfigError naming the field and the fix.
+
+The sections live in model.py, training.py, run.py and finetune.py; recipe.py joins them into a Config and
+loading.py reads one from YAML. Everything is importable from `hopperlm.config`.
+"""
+
+from hopperlm.config.finetune import LoRAConfig, SFTConfig
+from hopperlm.config.loading import (
+    config_from_dict,
+    load_config,
+    merge,
+    parse_overrides,
+    read_yaml,
+    save_config,
+)
+from hopperlm.config.model import ModelConfig
+from hopperlm.config.recipe import SECTIONS, Config
+from hopperlm.config.run import LogConfig, ParallelConfig, RunConfig
+from hopperlm.config.training import DataConfig, GuardConfig, OptimConfig, TrainConfig
+
+__all__ = [
+    "SECTIONS",
+    "Config",
+    "DataConfig",
+    "GuardConfig",
+    "LoRAConfig",
+    "LogConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "ParallelConfig",
+    "RunConfig",
+    "SFTConfig",
+    "TrainConfig",
+    "config_from_dict",
+    "load_config",
+    "merge",
+    "parse_overrides",
+    "read_yaml",
+    "save_config",
+]

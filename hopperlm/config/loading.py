@@ -1,0 +1,174 @@
+"""YAML recipes and `--section.key value` overrides -> a checked Config: strict types, no unknown keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from hopperlm.config.recipe import SECTIONS, Config
+from hopperlm.errors import ConfigError
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted where floats are expected."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option, where)
+            except ConfigError as e:
+                errors.append(e)
+        raise errors[0]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}={value!r} must be a mapping, e.g. {{data/a: 0.7, data/b: 0.3}}")
+        key_type, value_type = typing.get_args(tp)
+        return {_coerce(k, key_type, where): _coerce(v, value_type, f"{where}.{k}") for k, v in value.items()}
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{where}={value!r} is not one of {', '.join(map(str, choices))}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}={value!r} must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)  # 1e6 in YAML is a float; accept it where it is a whole number
+            raise ConfigError(f"{where}={value!r} must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string; users write it anyway
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}={value!r} must be a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{where}={value!r} must be a string")
+        return str(value)
+    raise TypeError(f"unsupported config annotation {tp!r} for {where}")
+
+
+def _unknown(key: str, known: list[str], where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+    return ConfigError(f"unknown config key '{where}{key}'; {hint}")
+
+
+def _build_section(name: str, values: dict[str, Any]) -> Any:
+    cls = SECTIONS[name]
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    if name == "model" and values.get("preset") is not None:
+        from hopperlm.presets import get_preset
+
+        values = {**dataclasses.asdict(get_preset(values["preset"])), **values}
+    if name == "model" and values.get("init_from") is not None:  # the shape comes from the checkpoint
+        from hopperlm.model.hf import init_from_values
+
+        values = init_from_values(values)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            raise _unknown(key, known, f"{name}.")
+        kwargs[key] = _coerce(value, hints[key], f"{name}.{key}")
+    return cls(**kwargs)
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Build and validate a Config from nested plain data (as read from YAML)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a config must be a mapping of sections ({', '.join(SECTIONS)})")
+    sections = {}
+    for name, values in raw.items():
+        if name not in SECTIONS:
+            raise _unknown(str(name), list(SECTIONS), "")
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"config section '{name}' must be a mapping of keys, got {values!r}")
+        sections[name] = _build_section(name, values)
+    if "train" not in sections:
+        sections["train"] = _build_section("train", {})  # raises "no stopping rule" with the fix
+    return Config(**sections)
+
+
+def parse_overrides(args: list[str]) -> dict[str, dict[str, Any]]:
+    """`--section.key value` or `--section.key=value` pairs -> nested dict; values are parsed as YAML scalars."""
+    out: dict[str, dict[str, Any]] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ConfigError(f"unexpected argument '{arg}'; overrides look like --train.max_steps 100")
+        if "=" in arg:
+            key, text = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"override '{arg}' has no value; write {arg} VALUE")
+            key, text = arg[2:], args[i + 1]
+            i += 2
+        section, _, name = key.partition(".")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        out.setdefault(section, {})[name] = value
+    return out
+
+
+def merge(base: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    merged = {k: dict(v or {}) for k, v in base.items()}
+    for section, values in overrides.items():
+        if section not in SECTIONS:
+            raise _unknown(section, list(SECTIONS), "")
+        if section == "model" and "preset" in values:
+            # a new preset replaces the file's model section; other overrides still apply on top
+            merged["model"] = {}
+        merged.setdefault(section, {}).update(values)
+    return merged
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found; pass a YAML recipe such as configs/debug.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        where = f" line {line + 1}" if line is not None else ""
+        raise ConfigError(
+            f"config file {path}{where} is not valid YAML: {getattr(e, 'problem', e)}"
+        ) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections ({', '.join(SECTIONS)})")
+    return raw
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a YAML recipe, apply `--section.key value` overrides, validate everything."""
+    return config_from_dict(merge(read_yaml(path), parse_overrides(overrides or [])))
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

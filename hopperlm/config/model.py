@@ -1,0 +1,99 @@
+"""The model section: the transformer's shape, and where its weights may start from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hopperlm.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    preset: str | None = None
+    """Name of the preset this model section started from (see `hopperlm presets`)."""
+    dim: int = 256
+    """Width of the residual stream."""
+    n_layers: int = 4
+    """Number of transformer blocks."""
+    n_heads: int = 4
+    """Query heads; head_dim = dim / n_heads."""
+    n_kv_heads: int | None = None
+    """Key/value heads for grouped-query attention; null = n_heads (multi-head attention)."""
+    ffn_dim: int | None = None
+    """SwiGLU hidden width; null = 8/3 * dim rounded up to multiple_of."""
+    multiple_of: int = 64
+    """Rounding for the default ffn_dim (and for vocab_size taken from data)."""
+    vocab_size: int | None = None
+    """Embedding rows; null = the data's vocabulary rounded up to a multiple of 64."""
+    max_seq_len: int = 1024
+    """Longest context the model supports (RoPE table size)."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    tie_embeddings: bool = False
+    """Share the input embedding with the LM head."""
+    dropout: float = 0.0
+    """Dropout on attention weights and residual branches (0 for pretraining at scale)."""
+    init_std: float = 0.02
+    """Std of the normal initialisation; output projections are further scaled by 1/sqrt(2*n_layers)."""
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections (Qwen2)."""
+    rope_scaling: dict[str, float] | None = None
+    """RoPE frequency scaling of long-context checkpoints, as in their config.json: {factor} = linear;
+    {factor, low_freq_factor, high_freq_factor, original_max_position_embeddings} = Llama-3.1's llama3."""
+    sliding_window: int | None = None
+    """Attention window of Mistral-style checkpoints. hopperlm attends to the whole causal context, which is
+    the same attention while model.max_seq_len <= sliding_window (checked), so contexts stop there."""
+    init_from: str | None = None
+    """A Hugging Face model folder (config.json + safetensors), or a hopperlm run/checkpoint/export, to start
+    from: its config gives the shape (keys here may only lower max_seq_len, grow vocab_size or set dropout),
+    its weights the values. A larger vocabulary (an extended tokenizer) gets new rows (model/resize.py)."""
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "max_seq_len", "multiple_of"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model.{name}={getattr(self, name)} must be positive")
+        if self.dim % self.n_heads:
+            raise ConfigError(
+                f"model.n_heads={self.n_heads} does not divide model.dim={self.dim}; "
+                f"pick n_heads among {[h for h in range(1, 129) if self.dim % h == 0][-6:]}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim = model.dim/model.n_heads = {self.head_dim} must be even for RoPE")
+        kv = self.kv_heads
+        if kv <= 0 or self.n_heads % kv:
+            raise ConfigError(
+                f"model.n_kv_heads={kv} must divide model.n_heads={self.n_heads} (grouped-query attention)"
+            )
+        if self.ffn_dim is not None and self.ffn_dim <= 0:
+            raise ConfigError(f"model.ffn_dim={self.ffn_dim} must be positive")
+        if self.vocab_size is not None and self.vocab_size <= 0:
+            raise ConfigError(f"model.vocab_size={self.vocab_size} must be positive")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
+        if self.sliding_window is not None and self.max_seq_len > self.sliding_window:
+            raise ConfigError(
+                f"model.max_seq_len={self.max_seq_len} exceeds model.sliding_window={self.sliding_window}; "
+                "hopperlm has no sliding-window attention: set model.max_seq_len <= the window (attention is "
+                "then identical)"
+            )
+        if self.rope_scaling is not None:
+            from hopperlm.model.rope import check_rope_scaling
+
+            check_rope_scaling(self.rope_scaling, "model.rope_scaling")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.ffn_dim is not None:
+            return self.ffn_dim
+        hidden = int(8 * self.dim / 3)
+        return self.multiple_of * -(-hidden // self.multiple_of)

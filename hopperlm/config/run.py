@@ -1,0 +1,65 @@
+"""Where a run writes (run), what it reports (log) and how it spreads over GPUs (parallel)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hopperlm.errors import ConfigError
+
+
+@dataclass
+class LogConfig:
+    progress: Literal["auto", "rich", "plain"] = "auto"
+    """Console progress: auto = a live rich display when stdout is a terminal, plain lines otherwise (CI, SLURM);
+    both show the ETA of whichever stopping rule ends the run first."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to RUN_DIR/tensorboard (view with `tensorboard --logdir RUN_DIR`)."""
+    wandb: bool = False
+    """Also log to Weights & Biases (`pip install wandb`); the run id is kept in RUN_DIR so resumes continue it."""
+    wandb_project: str = "hopperlm"
+    """W&B project name."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """offline writes RUN_DIR/wandb/ for a later `wandb sync`; online needs `wandb login`."""
+    csv: bool = False
+    """Also write RUN_DIR/metrics.csv: the metrics.jsonl fields as columns, one row per log step."""
+    gpu_monitor: bool = True
+    """On CUDA, sample GPU utilisation, power, temperature and memory with NVML (`pip install nvidia-ml-py`)."""
+    report: bool = True
+    """At the end of training write RUN_DIR/report.md and report.html (summary, plan, events, plots)."""
+
+
+@dataclass
+class ParallelConfig:
+    strategy: Literal["auto", "ddp", "fsdp", "hsdp", "none"] = "auto"
+    """Data parallelism under torchrun: ddp (a replica per rank), fsdp (FSDP2: parameters, gradients and
+    optimizer state sharded over all ranks), hsdp (sharded within groups of shard_size ranks, replicated
+    across them); auto = none for one process, else ddp when the model and its AdamW state fit one GPU,
+    fsdp otherwise."""
+    shard_size: int | None = None
+    """hsdp: ranks that share one copy of the model; null = the processes of one node (LOCAL_WORLD_SIZE)."""
+    checkpoint: Literal["auto", "single", "sharded"] = "auto"
+    """single: model.safetensors + optimizer.pt, written by rank 0; sharded: every rank writes its part through
+    torch.distributed.checkpoint; auto = sharded for fsdp/hsdp (and async saves), single otherwise. Both load
+    at any world size."""
+    async_checkpoint: bool = False
+    """Sharded checkpoints: copy the state to CPU memory and write the files in a background thread while
+    training goes on; the checkpoint is completed (checksums, rename) at the next save or at the end."""
+    timeout_s: float = 600.0
+    """Seconds a collective waits for the other ranks before the run is aborted (no hung ranks)."""
+
+    def __post_init__(self) -> None:
+        if self.shard_size is not None and self.shard_size < 1:
+            raise ConfigError(f"parallel.shard_size={self.shard_size} must be >= 1 (or null)")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"parallel.timeout_s={self.timeout_s} must be positive")
+        if self.async_checkpoint and self.checkpoint == "single":
+            raise ConfigError(
+                "parallel.async_checkpoint needs the sharded format; set parallel.checkpoint sharded or auto"
+            )
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = "runs/default"
+    """Run directory: config.yaml, metrics.jsonl, tokenizer and checkpoints/ go here."""

@@ -1,0 +1,205 @@
+"""The sections of a pretraining run: data, optimizer, training loop and stability guard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hopperlm.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    path: str = ""
+    """Prepared data directory (the output of `hopperlm prepare`, holding manifest.json)."""
+    tokenizer: str | None = None
+    """Optional tokenizer ('byte', a tokenizer.json/.model path or dir); must match the data manifest."""
+    verify: bool = False
+    """Check every shard's sha256 against the manifest at start-up (slow for big corpora)."""
+    sampling: Literal["random", "sequential"] = "random"
+    """random: nanoGPT windows, the batch of a step a pure function of (seed, step); sequential: every window
+    once per epoch, its position saved in checkpoints (resume continues with exactly the next sample)."""
+    shuffle: bool = True
+    """sequential: shuffle the windows of each epoch by (seed, epoch); false = file order."""
+    packing: bool = False
+    """Attention never crosses a document boundary inside a window and RoPE positions restart per document."""
+    mixture: dict[str, float] | None = None
+    """Several prepared datasets with weights, e.g. {data/tir: 0.7, data/eng: 0.3}; each has its own val loss."""
+    prefetch: int | None = None
+    """Micro-batches a background thread prepares ahead; null = 2 on CUDA, 0 on CPU."""
+
+    def __post_init__(self) -> None:
+        if self.prefetch is not None and self.prefetch < 0:
+            raise ConfigError(f"data.prefetch={self.prefetch} must be >= 0")
+        if self.mixture is not None and not self.mixture:
+            raise ConfigError("data.mixture is empty; give {path: weight, ...} or null")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    """Peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of lr (cosine, linear and WSD decay to it)."""
+    schedule: Literal["cosine", "linear", "wsd", "constant"] = "cosine"
+    """Shape after warm-up, over the run's budget (steps, tokens or wall-clock hours)."""
+    warmup_steps: int = 100
+    """Linear LR warm-up, in optimizer steps."""
+    decay_fraction: float = 0.2
+    """WSD only: the last fraction of the budget spent decaying linearly to min_lr."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay on matrices (never on norms, biases or embeddings)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    fused: bool | None = None
+    """Fused AdamW kernel; null = on for CUDA, off elsewhere."""
+    name: Literal["adamw", "adamw8bit", "muon", "paged_adamw8bit"] = "adamw"
+    """adamw (torch); adamw8bit (torchao's 8-bit states: a quarter of AdamW's state memory); muon (torch's
+    Muon on the blocks' weight matrices, the optimizer of the modded-nanogpt records, with AdamW for
+    embeddings, head and norms; its LR is matched to AdamW's update size, so optim.lr keeps its meaning);
+    paged_adamw8bit (bitsandbytes' 8-bit AdamW with states in paged memory: QLoRA's optimizer, CUDA)."""
+    muon_momentum: float = 0.95
+    """Muon's momentum (Nesterov)."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr={self.lr} must be positive")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ConfigError(f"optim.decay_fraction={self.decay_fraction} must be in (0, 1]")
+        if self.grad_clip < 0:
+            raise ConfigError(f"optim.grad_clip={self.grad_clip} must be >= 0 (0 disables clipping)")
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = 1024
+    """Tokens per training sequence (must not exceed model.max_seq_len)."""
+    micro_batch: int | None = None
+    """Sequences per forward/backward pass; null = the largest that fits train.memory_target (see the plan)."""
+    batch_tokens: int | None = None
+    """Global batch in tokens per optimizer step, a multiple of seq_len; null = one micro-batch."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps."""
+    max_tokens: int | None = None
+    """Stop after this many training tokens."""
+    max_hours: float | None = None
+    """Stop at this wall-clock budget; the LR schedule is laid over it so the decay lands at the deadline."""
+    target_loss: float | None = None
+    """Stop as soon as a validation loss at or below this is measured."""
+    eval_every: int = 250
+    """Validation every this many steps (and at the end); 0 = only at the end."""
+    eval_windows: int = 200
+    """Most validation windows of seq_len tokens per evaluation (evenly spaced over the val split)."""
+    log_every: int = 10
+    """Print and record metrics every this many steps (the only steps that sync with the device)."""
+    ckpt_every: int = 1000
+    """Checkpoint every this many steps (and at the end); 0 = only at the end."""
+    keep_last: int = 3
+    """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
+    keep_every: int = 0
+    """Also keep every checkpoint whose step is a multiple of this (milestones); 0 = none."""
+    requeue_exit_code: int = 0
+    """Exit code after a SIGTERM/SIGUSR1 checkpoint (set e.g. 124 to let a scheduler requeue the job)."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """Compute precision; auto = bf16 on GPUs that have it, fp16 + loss scaling on older GPUs, fp32 on CPU."""
+    tf32: bool | None = None
+    """TF32 tensor cores for fp32 matmuls; null = on where the GPU has them (Ampere+)."""
+    attention: Literal["auto", "flash", "cudnn", "efficient", "math"] = "auto"
+    """SDPA kernel; auto = the fastest this GPU, dtype and head size support, with safe fallbacks."""
+    compile: bool | None = None
+    """torch.compile the model; null = on for CUDA, off on CPU."""
+    compile_mode: Literal[
+        "auto", "default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"
+    ] = "auto"
+    """torch.compile mode; auto = max-autotune-no-cudagraphs for runs of an hour or more, else default."""
+    compile_scope: Literal["auto", "block", "model"] = "auto"
+    """What torch.compile compiles: each block (+ the loss) on its own, or the whole model; auto = block."""
+    activation_checkpointing: Literal["auto", "none", "selective-op", "selective-block", "full"] = "auto"
+    """Recompute activations in the backward: selective-op keeps matmul/attention outputs and recomputes the
+    elementwise ops; selective-block recomputes every ac_every-th block; full recomputes every block;
+    auto = none when the activations fit the memory target, else the lightest mode that does."""
+    ac_every: int = 2
+    """selective-block: recompute one block in this many."""
+    fp8: Literal["auto", "off", "tensorwise", "rowwise", "native"] = "auto"
+    """float8 matmuls for the large linear layers (Hopper/Ada): tensorwise/rowwise through torchao, native
+    through torch._scaled_mm; auto = tensorwise (torchao, else native) when the GPU has fp8 tensor cores,
+    compile is on and most of the linear FLOPs are in layers large enough to gain. Falls back to bf16."""
+    fused_loss: bool | None = None
+    """Chunked linear cross-entropy that never materialises the [tokens, vocab] logits; null = on for
+    vocabularies of 8192 and more."""
+    memory_target: float = 0.9
+    """Fraction of free GPU memory (of RAM on CPU: half of it) the automatic micro-batch may fill."""
+    pin_memory: bool | None = None
+    """Page-locked host batches for asynchronous copies; null = on for CUDA."""
+    device: str = "auto"
+    """'auto', 'cpu', 'cuda' or 'cuda:N'."""
+    seed: int = 1337
+    """Seed for initialisation, data order and dropout."""
+    embed_warmup_steps: int = 0
+    """With model.init_from and a larger vocabulary: train only the new embedding and LM-head rows for this
+    many steps first (the rest frozen, old rows unchanged), then everything; 0 = off."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "log_every", "keep_last", "eval_windows", "ac_every"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"train.{name}={getattr(self, name)} must be positive")
+        for name in ("max_steps", "max_tokens", "max_hours", "batch_tokens", "micro_batch"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"train.{name}={value} must be positive (or null)")
+        for name in ("eval_every", "ckpt_every", "embed_warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}={getattr(self, name)} must be >= 0")
+        if self.max_steps is None and self.max_tokens is None and self.max_hours is None:
+            raise ConfigError(
+                "no stopping rule: set train.max_steps, train.max_tokens or train.max_hours "
+                "(e.g. --train.max_steps 1000)"
+            )
+        if not 0.05 <= self.memory_target <= 1.0:
+            raise ConfigError(f"train.memory_target={self.memory_target} must be in [0.05, 1.0]")
+        if self.batch_tokens is not None:
+            per_micro = (self.micro_batch or 1) * self.seq_len
+            if self.batch_tokens % per_micro:
+                raise ConfigError(
+                    f"train.batch_tokens={self.batch_tokens} is not a multiple of micro_batch*seq_len="
+                    f"{per_micro}; use e.g. {max(1, round(self.batch_tokens / per_micro)) * per_micro}"
+                )
+
+    @property
+    def batch_seqs(self) -> int | None:
+        """Sequences per optimizer step, when the global batch is fixed."""
+        return None if self.batch_tokens is None else self.batch_tokens // self.seq_len
+
+
+@dataclass
+class GuardConfig:
+    policy: Literal["skip", "rollback", "stop"] = "skip"
+    """On a non-finite loss or gradient norm the update is always dropped (on the device); then: skip = count
+    it and go on; rollback = reload the last good checkpoint and skip the data that caused it; stop = save and
+    exit with a message."""
+    bad_steps: int = 3
+    """rollback: this many non-finite steps within `window` steps trigger a rollback."""
+    window: int = 100
+    """Steps of history for the bad-step count and for the loss-spike statistics."""
+    spike_k: float = 8.0
+    """A loss above median + spike_k * MAD of the recent window is a spike (rollback policy); 0 = off."""
+    lr_factor: float = 1.0
+    """rollback: multiply the learning rate by this after each rollback (e.g. 0.5)."""
+    max_rollbacks: int = 5
+    """rollback: stop with a message after this many rollbacks in one run."""
+
+    def __post_init__(self) -> None:
+        if self.bad_steps < 1 or self.window < 2 or self.max_rollbacks < 0:
+            raise ConfigError("guard.bad_steps must be >= 1, guard.window >= 2, guard.max_rollbacks >= 0")
+        if self.spike_k < 0 or not 0 < self.lr_factor <= 1:
+            raise ConfigError("guard.spike_k must be >= 0 and guard.lr_factor in (0, 1]")
