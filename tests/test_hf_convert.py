@@ -54,6 +54,25 @@ def test_shards_never_exceed_the_limit(tmp_path):
     assert [n for n, _ in iter_model_tensors_files(tmp_path)] == [n for n, _ in tensors]
 
 
+def test_a_failed_export_leaves_the_old_folder_and_no_partial_one(tmp_path, monkeypatch):
+    from hopperlm.model import hf_convert
+
+    src = save_hf(tiny_hf_model("tinyllama"), tmp_path / "hf")
+    out = export_hf(import_hf(src, tmp_path / "imported", log=QUIET), tmp_path / "out", log=QUIET)
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    with pytest.raises(CheckpointError, match="exists and is not empty; pass --overwrite"):
+        export_hf(tmp_path / "imported", out, log=QUIET)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hf_convert, "write_shards", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        export_hf(tmp_path / "imported", out, overwrite=True, log=QUIET)
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "imported", "out"]
+
+
 def iter_model_tensors_files(folder):
     from hopperlm.model.hf_convert import iter_file_tensors, weight_files
 

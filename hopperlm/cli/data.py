@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hopperlm.cli.common import log
+from hopperlm.cli.common import add_verb, log
 from hopperlm.errors import ConfigError
 
 
@@ -64,10 +64,12 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
 
 
 def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
-    p = verbs.add_parser(
+    p = add_verb(
+        verbs,
+        common,
         "prepare",
-        parents=[common],
-        help="text/JSONL/Parquet -> token shards + manifest.json (resumable)",
+        cmd_prepare,
+        "text/JSONL/Parquet -> token shards + manifest.json (resumable)",
         description="An interrupted prepare resumes when run again with the same inputs and options.",
     )
     p.add_argument(
@@ -102,10 +104,9 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         "--filter",
         help="keep documents that pass: script:NAME:FRACTION (e.g. script:ethiopic:0.5) or module:function",
     )
-    p.set_defaults(func=cmd_prepare, takes_overrides=False)
 
-    p = verbs.add_parser(
-        "tokenizer", parents=[common], help="train a tokenizer, or extend one for a new language"
+    p = add_verb(
+        verbs, common, "tokenizer", cmd_tokenizer, "train a tokenizer, or extend one for a new language"
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     t = actions.add_parser("train", parents=[common], help="learn a BPE or Unigram tokenizer on a corpus")
@@ -133,4 +134,3 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         q.add_argument("--out", required=True, help="output directory for tokenizer.json")
         q.add_argument("--text-field", default="text", help="JSONL field / table column holding the text")
         q.add_argument("--overwrite", action="store_true")
-    p.set_defaults(func=cmd_tokenizer, takes_overrides=False)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hopperlm.cli.common import log, resolve_recipe
+from hopperlm.cli.common import add_verb, log, resolve_recipe
 from hopperlm.errors import ConfigError
 
 
@@ -143,11 +143,13 @@ def cmd_profile(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
-    p = verbs.add_parser(
+    p = add_verb(
+        verbs,
+        common,
         "diagnose",
-        parents=[common],
-        help="hardware report, the plan for a config with reasons, and a device self-test",
-        description="Extra --section.key value overrides apply to CONFIG.",
+        cmd_diagnose,
+        "hardware report, the plan for a config with reasons, and a device self-test",
+        overrides="CONFIG",
     )
     p.add_argument("config", nargs="?", help="YAML recipe or name from configs/ to plan for")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -160,12 +162,13 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--no-selftest", action="store_true", help="skip the matmul/copy/attention/compile checks")
     p.add_argument("--world-size", type=int, default=1, help="plan for this many ranks (DDP/FSDP choice)")
     p.add_argument("--gpus-per-node", type=int, help="ranks per node for --world-size (default: all)")
-    p.set_defaults(func=cmd_diagnose, takes_overrides=True)
 
-    p = verbs.add_parser(
+    p = add_verb(
+        verbs,
+        common,
         "bench",
-        parents=[common],
-        help="tokens/s, MFU and memory of training steps beside eager PyTorch and HF transformers",
+        cmd_bench,
+        "tokens/s, MFU and memory of training steps beside eager PyTorch and HF transformers",
     )
     p.add_argument("--presets", help="comma-separated presets (default gpt2-124m,h100-350m,tinyllama-1.1b)")
     p.add_argument(
@@ -187,16 +190,18 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="auto")
     p.add_argument("--out", help="write the results as JSON here (e.g. bench/results/DATE-GPU.json)")
-    p.set_defaults(func=cmd_bench, takes_overrides=False)
 
-    p = verbs.add_parser(
+    p = add_verb(
+        verbs,
+        common,
         "profile",
-        parents=[common],
-        help="profile training steps: trace, top-kernels table, where the time goes",
-        description="Runs the real training loop of CONFIG under torch.profiler in RUN_DIR/profile (no "
-        "checkpoints). Extra --section.key value overrides apply to CONFIG.",
+        cmd_profile,
+        "profile training steps: trace, top-kernels table, where the time goes",
+        description="Runs the real training loop of CONFIG under torch.profiler in RUN_DIR/profile "
+        "(no checkpoints).",
+        overrides="CONFIG",
+        config="YAML recipe, or a name from configs/",
     )
-    p.add_argument("config", help="YAML recipe, or a name from configs/")
     p.add_argument("--steps", type=int, default=5, help="steps recorded (default 5)")
     p.add_argument("--wait", type=int, default=1, help="steps run before the profiler starts (compilation)")
     p.add_argument("--warmup", type=int, default=2, help="steps profiled but discarded (profiler warm-up)")
@@ -206,13 +211,10 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="record every CUDA allocation and write memory_snapshot.pickle (GPU only)",
     )
-    p.set_defaults(func=cmd_profile, takes_overrides=True)
 
-    p = verbs.add_parser("plot", parents=[common], help="PNG plots of one run, or several overlaid")
+    p = add_verb(verbs, common, "plot", cmd_plot, "PNG plots of one run, or several overlaid")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (holding metrics.jsonl)")
     p.add_argument("--out", help="folder for the PNGs (default: FIRST_RUN_DIR/plots)")
-    p.set_defaults(func=cmd_plot, takes_overrides=False)
 
-    p = verbs.add_parser("report", parents=[common], help="write RUN_DIR/report.md and report.html")
+    p = add_verb(verbs, common, "report", cmd_report, "write RUN_DIR/report.md and report.html")
     p.add_argument("run", metavar="RUN_DIR")
-    p.set_defaults(func=cmd_report, takes_overrides=False)

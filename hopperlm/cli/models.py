@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hopperlm.cli.common import log
+from hopperlm.cli.common import add_verb, log
 from hopperlm.errors import ConfigError
 
 
@@ -141,21 +141,18 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 
 def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
-    p = verbs.add_parser(
-        "import", parents=[common], help="Hugging Face model folder -> hopperlm model folder"
-    )
+    p = add_verb(verbs, common, "import", cmd_import, "Hugging Face model folder -> hopperlm model folder")
     p.add_argument(
         "hf_dir", help="folder with config.json + safetensors (Llama 2/3, TinyLlama, Mistral, Qwen2)"
     )
     p.add_argument("out", help="output folder")
     p.add_argument("--overwrite", action="store_true")
-    p.set_defaults(func=cmd_import, takes_overrides=False)
 
     for verb, text in (
         ("merge", "fold a LoRA run's adapters into its base: a plain model folder"),
         ("export", "a run / checkpoint -> Hugging Face folder (default), PEFT adapter (--peft) or hopperlm"),
     ):
-        p = verbs.add_parser(verb, parents=[common], help=text)
+        p = add_verb(verbs, common, verb, cmd_export if verb == "export" else cmd_merge, text)
         p.add_argument("run", help="run dir (latest checkpoint), checkpoint dir or model folder")
         p.add_argument("out", help="output directory")
         formats = ["hf", "hopperlm"] if verb == "export" else ["hopperlm", "hf"]
@@ -167,10 +164,9 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         p.add_argument("--overwrite", action="store_true")
         if verb == "export":
             p.add_argument("--peft", action="store_true", help="LoRA runs: the adapters in PEFT's format")
-        p.set_defaults(func=cmd_export if verb == "export" else cmd_merge, takes_overrides=False)
 
-    p = verbs.add_parser(
-        "eval", parents=[common], help="held-out loss/perplexity, GSM8K exact match of generated answers"
+    p = add_verb(
+        verbs, common, "eval", cmd_eval, "held-out loss/perplexity, GSM8K exact match of generated answers"
     )
     p.add_argument("model", help="run dir, checkpoint, model folder or Hugging Face folder")
     p.add_argument(
@@ -187,9 +183,8 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--device", default="auto")
     p.add_argument("--json", help="also write the results here")
-    p.set_defaults(func=cmd_eval, takes_overrides=False)
 
-    p = verbs.add_parser("generate", parents=[common], help="sample text from a trained run")
+    p = add_verb(verbs, common, "generate", cmd_generate, "sample text from a trained run")
     p.add_argument("run", help="run dir (latest checkpoint), checkpoint dir, exported or Hugging Face folder")
     p.add_argument("--prompt", default="\n", help="text to continue")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user turn of the chat template")
@@ -199,7 +194,5 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
-    p.set_defaults(func=cmd_generate, takes_overrides=False)
 
-    p = verbs.add_parser("presets", parents=[common], help="list model presets with exact sizes")
-    p.set_defaults(func=cmd_presets, takes_overrides=False)
+    add_verb(verbs, common, "presets", cmd_presets, "list model presets with exact sizes")

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from hopperlm.cli.common import log, resolve_recipe
+from hopperlm.cli.common import add_verb, log, resolve_recipe
 from hopperlm.cli.models import model_samples
 from hopperlm.errors import ConfigError
 
@@ -131,58 +131,57 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
-    p = verbs.add_parser(
+    recipe = "YAML recipe, or a name from configs/ (e.g. shakespeare-char)"
+    p = add_verb(
+        verbs,
+        common,
         "demo",
-        parents=[common],
-        help="train the shakespeare-char recipe and print samples",
-        description="Extra --section.key value overrides apply to the demo recipe.",
+        cmd_demo,
+        "train the shakespeare-char recipe and print samples",
+        overrides="the demo recipe, e.g. --train.max_hours 0.01",
     )
     p.add_argument("--data", help="a text file to train on instead of Tiny Shakespeare")
     p.add_argument("--out", help="run directory (default runs/demo-DATE-TIME)")
     p.add_argument("--samples", type=int, default=3, help="samples to print at the end")
-    p.set_defaults(func=cmd_demo, takes_overrides=True)
 
-    p = verbs.add_parser(
+    add_verb(
+        verbs,
+        common,
         "train",
-        parents=[common],
-        help="train from a YAML recipe",
-        description="Extra --section.key value pairs override the recipe, e.g. --train.max_steps 100",
+        cmd_train,
+        "train from a YAML recipe",
+        overrides="the recipe, e.g. --train.max_steps 100",
+        config=recipe,
+        resume=True,
     )
-    p.add_argument("config", help="YAML recipe, or a name from configs/ (e.g. shakespeare-char)")
-    p.add_argument(
-        "--resume",
-        nargs="?",
-        const=True,
-        default=False,
-        metavar="PATH",
-        help="continue from the run's latest checkpoint, or from PATH; `auto`: only if it has checkpoints",
-    )
-    p.set_defaults(func=cmd_train, takes_overrides=True)
 
-    p = verbs.add_parser(
+    p = add_verb(
+        verbs,
+        common,
         "launch",
-        parents=[common],
-        help="print and run the torchrun command that trains CONFIG on several GPUs / nodes",
-        description="Extra --section.key value overrides go to `hopperlm train` on every rank.",
+        cmd_launch,
+        "print and run the torchrun command that trains CONFIG on several GPUs / nodes",
+        overrides="the recipe on every rank",
+        config=recipe,
+        resume=True,
     )
-    p.add_argument("config", help="YAML recipe, or a name from configs/")
     p.add_argument("--nproc-per-node", type=int, required=True, help="ranks per node (usually its GPUs)")
     p.add_argument("--nnodes", type=int, default=1, help="nodes; run the same command on each")
     p.add_argument(
         "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous every node reaches (several nodes)"
     )
     p.add_argument("--rdzv-id", help="job id shared by the nodes (default: hopperlm-RUN_DIR_NAME)")
-    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH", help="as for train")
     p.add_argument("--dry-run", action="store_true", help="print the command only")
-    p.set_defaults(func=cmd_launch, takes_overrides=True)
 
-    p = verbs.add_parser(
+    p = add_verb(
+        verbs,
+        common,
         "slurm",
-        parents=[common],
-        help="write an sbatch script (srun + torchrun) that checkpoints and requeues before its time limit",
-        description="Extra --section.key value overrides go to `hopperlm train` on every rank.",
+        cmd_slurm,
+        "write an sbatch script (srun + torchrun) that checkpoints and requeues before its time limit",
+        overrides="the recipe on every rank",
+        config=recipe,
     )
-    p.add_argument("config", help="YAML recipe, or a name from configs/")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--gpus-per-node", type=int, required=True)
     p.add_argument("--out", help="where to write the script (default RUN_DIR/job.sbatch)")
@@ -191,14 +190,14 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--partition")
     p.add_argument("--account")
     p.add_argument("--cpus-per-task", type=int, help="CPU cores per node for the training processes")
-    p.set_defaults(func=cmd_slurm, takes_overrides=True)
 
-    p = verbs.add_parser(
+    add_verb(
+        verbs,
+        common,
         "finetune",
-        parents=[common],
-        help="instruction/chat fine-tuning (sft section; LoRA/QLoRA with the lora section)",
-        description="Extra --section.key value pairs override the recipe, e.g. --lora.rank 8",
+        cmd_finetune,
+        "instruction/chat fine-tuning (sft section; LoRA/QLoRA with the lora section)",
+        overrides="the recipe, e.g. --lora.rank 8",
+        config="YAML recipe with an sft section, or a name from configs/",
+        resume=True,
     )
-    p.add_argument("config", help="YAML recipe with an sft section, or a name from configs/")
-    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH")
-    p.set_defaults(func=cmd_finetune, takes_overrides=True)

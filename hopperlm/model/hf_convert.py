@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -243,7 +244,13 @@ def write_shards(
     return list(final.values())
 
 
-def fresh_dir(out_dir: Path, overwrite: bool) -> Path:
+@contextmanager
+def staged_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
+    """Build an output folder beside OUT_DIR and move it into place only when the block completes: a failure
+    or Ctrl-C half-way leaves no partial folder and whatever OUT_DIR held before untouched."""
+    from hopperlm.train.checkpoint import swap_in
+
+    out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise CheckpointError(
             f"{out_dir} exists and is not empty; pass --overwrite or choose another directory"
@@ -251,7 +258,12 @@ def fresh_dir(out_dir: Path, overwrite: bool) -> Path:
     tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    return tmp
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    swap_in(tmp, out_dir)
 
 
 def output_dtype(dtype: str, model_dir: Path) -> torch.dtype:
@@ -277,8 +289,7 @@ def import_hf(hf_dir: Path, out_dir: Path, overwrite: bool = False, log=print) -
     values = hf.model_values_from_hf(hf.read_json(hf_dir / "config.json"), str(hf_dir / "config.json"), log)
     cfg = ModelConfig(**values)
     files = weight_files(hf_dir)
-    tmp = fresh_dir(out_dir, overwrite)
-    try:
+    with staged_dir(out_dir, overwrite) as tmp:
         shard_bytes = max(f.stat().st_size for f in files)
         write_shards(iter_model_tensors(hf_dir), tmp, shard_bytes)
         provenance = {
@@ -293,10 +304,7 @@ def import_hf(hf_dir: Path, out_dir: Path, overwrite: bool = False, log=print) -
                 shutil.copy2(hf_dir / name, tmp / ckpt_io.TOKENIZER_DIR / name)
         else:
             log(f"warning: {hf_dir} has no tokenizer files; generate/eval will need one")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ckpt_io.swap_in(tmp, out_dir)
+    return out_dir
 
 
 def export_hf(
@@ -319,8 +327,7 @@ def export_hf(
     base_dir = Path(cfg.init_from) if cfg.init_from and hf.is_hf_dir(Path(cfg.init_from)) else None
     base = hf.read_json(base_dir / "config.json") if base_dir else None
     config = hf.hf_config_dict(cfg, DTYPE_NAMES[torch_dtype], base)
-    tmp = fresh_dir(out_dir, overwrite)
-    try:
+    with staged_dir(out_dir, overwrite) as tmp:
         tensors = (
             (to_hf_name(name), t)
             for name, t in iter_model_tensors(model_dir)
@@ -336,10 +343,7 @@ def export_hf(
             for f in tokenizer_dir.iterdir():
                 if f.is_file():
                     shutil.copy2(f, tmp / f.name)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ckpt_io.swap_in(tmp, out_dir)
+    return out_dir
 
 
 def save_merged(
@@ -360,13 +364,9 @@ def save_merged(
         )
     cfg = ckpt_io.read_model_config(model_dir)
     torch_dtype = output_dtype(dtype, model_dir)
-    tmp = fresh_dir(Path(out_dir), overwrite)
-    try:
+    with staged_dir(out_dir, overwrite) as tmp:
         write_shards(iter_model_tensors(model_dir), tmp, parse_size(max_shard_size), torch_dtype)
         ckpt_io.write_model_config(tmp, cfg, extra={"merged_from": str(model_dir)})  # init_from: provenance
         if (model_dir / ckpt_io.TOKENIZER_DIR).is_dir():
             shutil.copytree(model_dir / ckpt_io.TOKENIZER_DIR, tmp / ckpt_io.TOKENIZER_DIR)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ckpt_io.swap_in(tmp, Path(out_dir))
+    return Path(out_dir)

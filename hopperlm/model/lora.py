@@ -270,7 +270,7 @@ def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
     `peft.PeftModel.from_pretrained(hf_base_model, out_dir)` loads."""
     from safetensors.torch import load_file, save_file
 
-    from hopperlm.model.hf_convert import fresh_dir, to_hf_name
+    from hopperlm.model.hf_convert import staged_dir, to_hf_name
     from hopperlm.train import checkpoint as ckpt_io
 
     model_dir = ckpt_io.resolve_model_dir(source)
@@ -282,10 +282,12 @@ def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
     for name, t in load_file(str(model_dir / ckpt_io.ADAPTER_FILE)).items():
         module, _, kind = name.partition(".lora_")  # layers.0.attn.q_proj / A.weight
         tensors[PEFT_PREFIX + to_hf_name(module + ".weight").removesuffix(".weight") + ".lora_" + kind] = t
-    tmp = fresh_dir(Path(out_dir), overwrite)
-    save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
-    (tmp / PEFT_CONFIG).write_text(json.dumps(peft_config(lora_cfg, model_cfg.init_from), indent=2) + "\n")
-    return ckpt_io.swap_in(tmp, Path(out_dir))
+    with staged_dir(out_dir, overwrite) as tmp:
+        save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
+        (tmp / PEFT_CONFIG).write_text(
+            json.dumps(peft_config(lora_cfg, model_cfg.init_from), indent=2) + "\n"
+        )
+    return Path(out_dir)
 
 
 def read_peft(adapter_dir: Path) -> tuple[LoRAConfig, dict[str, torch.Tensor]]:
