@@ -16,15 +16,28 @@ def run_cli(*args, env=None):
 
 
 def test_demo_end_to_end_short(tmp_path, data_dir):
-    """The demo recipe with a 6-second budget: finds the text via HOPPERLM_DATA_DIR, prepares, trains, samples."""
+    """The demo recipe for 40 steps: finds the text via HOPPERLM_DATA_DIR, prepares, trains, samples. (Steps,
+    not the recipe's clock: a loss reached in N seconds depends on how busy the machine is; test_train.py
+    checks the max_hours stop.)"""
     env = {**os.environ, "HOPPERLM_DATA_DIR": str(data_dir), "HOPPERLM_CACHE_DIR": str(tmp_path / "cache")}
     out = tmp_path / "demo"
-    result = run_cli("demo", "--out", str(out), "--samples", "2", "--train.max_hours", "0.0017", env=env)
+    result = run_cli(
+        "demo",
+        "--out",
+        str(out),
+        "--samples",
+        "2",
+        "--train.max_hours",
+        "null",
+        "--train.max_steps",
+        "40",
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     assert "tinyshakespeare/input.txt" in result.stdout.splitlines()[0]
     assert "--- samples ---" in result.stdout and "demo: val loss" in result.stdout
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["val_loss"] < 3.5 and 0 < records[-1]["elapsed_s"] < 15
+    assert records[-1]["step"] == 40 and records[-1]["val_loss"] < 3.5  # ln(256) = 5.55 at the start
     manifest = json.loads((out / "data" / "manifest.json").read_text())
     assert manifest["tokens"] == {"train": 1003855, "val": 111540}
     again = run_cli("demo", "--out", str(out), env=env)  # never trains over an existing run

@@ -149,7 +149,7 @@ def test_token_time_and_target_budgets(shakespeare_bytes, tmp_path):
         log=QUIET,
     )
     assert by_time.stopped_by == "max_hours" and by_time.step > 3
-    assert 3.6 <= by_time.elapsed_s < 8.0
+    assert 3.6 <= by_time.elapsed_s < 15.0  # the first step past the deadline stops it, busy or not
     records = read_metrics(tmp_path / "h" / "metrics.jsonl")
     assert records[-1]["lr"] < 0.2 * records[len(records) // 3]["lr"]  # the decay landed at the deadline
     by_target = train(
