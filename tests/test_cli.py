@@ -83,3 +83,19 @@ def test_diagnose_simulated_plan_and_json():
     assert report["plan"]["micro_batch"] == 8 and report["hardware"]["device_type"] in ("cpu", "cuda")
     bad = run_cli("diagnose", "debug", "--simulate", "TPU")
     assert bad.returncode == 2 and "no simulated GPU" in bad.stderr
+
+
+def test_diagnose_takes_the_vocabulary_from_prepared_data_or_a_mixture(shakespeare_bytes):
+    plan_line = lambda r: next(line for line in r.stdout.splitlines() if line.startswith("== plan"))  # noqa: E731
+    unprepared = run_cli("diagnose", "debug", "--no-selftest", "--data.path", "/nonexistent")
+    assert unprepared.returncode == 0, unprepared.stderr
+    assert "vocabulary taken as 32000" in plan_line(unprepared)
+    for source in (
+        ["--data.path", str(shakespeare_bytes)],
+        ["--data.path", str(shakespeare_bytes), "--data.mixture", f"{{{shakespeare_bytes}: 1.0}}"],
+    ):
+        planned = run_cli("diagnose", "debug", "--no-selftest", *source)
+        assert planned.returncode == 0, planned.stderr
+        assert plan_line(planned) == "== plan for debug", plan_line(planned)  # 256 byte ids, from the data
+    both = run_cli("diagnose", "debug", "--no-selftest", "--data.mixture", f"{{{shakespeare_bytes}: 1.0}}")
+    assert both.returncode == 2 and "list every dataset in data.mixture" in both.stderr  # not swallowed

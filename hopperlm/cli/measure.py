@@ -12,6 +12,7 @@ from hopperlm.errors import ConfigError
 
 def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
     """Hardware report, the plan for a config with its reasons, and a short self-test of the device."""
+    import contextlib
     import dataclasses
     import json
 
@@ -22,7 +23,7 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
     lines = ["== hardware" + (f" (simulated: {args.simulate})" if args.simulate else ""), *hw.summary()]
     if args.config:
         from hopperlm.config import load_config
-        from hopperlm.data.prepare import read_manifest
+        from hopperlm.data.train_data import resolve_datasets
         from hopperlm.errors import DataError
         from hopperlm.plan import make_plan
         from hopperlm.train.batch_finder import make_gpu_finder
@@ -30,12 +31,15 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
 
         cfg = load_config(resolve_recipe(args.config), overrides)
         model_cfg, vocab_note = cfg.model, ""
-        try:
-            model_cfg = resolve_model_config(cfg.model, read_manifest(Path(cfg.data.path))["vocab_size"])
-        except DataError:
-            if model_cfg.vocab_size is None:
-                model_cfg = dataclasses.replace(model_cfg, vocab_size=32000)
-                vocab_note = " (data not prepared: vocabulary taken as 32000)"
+        vocab = None
+        if cfg.data.path or cfg.data.mixture:
+            with contextlib.suppress(DataError):  # not prepared yet: plan with a stand-in vocabulary
+                vocab = resolve_datasets(cfg.data)[0].manifest["vocab_size"]  # data.path or data.mixture
+        if vocab is not None:
+            model_cfg = resolve_model_config(cfg.model, vocab)
+        elif model_cfg.vocab_size is None:
+            model_cfg = dataclasses.replace(model_cfg, vocab_size=32000)
+            vocab_note = " (data not prepared: vocabulary taken as 32000)"
         finder = None
         if hw.device_type == "cuda" and not args.simulate and cfg.train.micro_batch is None:
             finder = make_gpu_finder(Path(cfg.run.out_dir), cfg.train.memory_target * hw.free_memory, log)
