@@ -158,3 +158,20 @@ def test_qlora_on_cpu_fails_fast_with_one_line(tinyllama_hf, data_dir, tmp_path)
         "on this CPU use lora.quantize none (LoRA on the full-precision base)"
     ]
     assert not (tmp_path / "q" / "checkpoints").exists()
+
+
+def test_finetune_resume_auto_starts_then_continues(tinyllama_hf, data_dir, tmp_path):
+    from hopperlm.cli import main
+
+    run = tmp_path / "auto"
+    args = [
+        "finetune", str(REPO / "configs" / "debug.yaml"),
+        "--model.preset", "null", "--model.init_from", str(tinyllama_hf),
+        "--sft.path", str(data_dir / "alpaca_gpt4_demo" / "alpaca_en_demo.json"), "--sft.max_examples", "40",
+        "--train.seq_len", "128", "--train.micro_batch", "2", "--train.eval_windows", "2",
+        "--train.log_every", "1", "--run.out_dir", str(run), "--resume", "auto",
+    ]  # fmt: skip
+    main([*args, "--train.max_steps", "2"])  # nothing to resume: starts (`auto` is not a path)
+    main([*args, "--train.max_steps", "4"])  # a requeued job: continues from step 2
+    steps = [r["step"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    assert steps == [1, 2, 3, 4]

@@ -16,16 +16,21 @@ DEMO_RECIPE = "shakespeare-char"
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from hopperlm.config import load_config
+
+    train_until_done(load_config(resolve_recipe(args.config), overrides), args.resume)
+
+
+def train_until_done(cfg, resume: bool | str) -> None:
+    """`train` and `finetune`: resume `auto` = continue the run if it has checkpoints, else start it (a
+    (re)queued job); a preemption signal exits with train.requeue_exit_code so the scheduler may requeue us."""
     from hopperlm.train.loop import train
 
-    cfg = load_config(resolve_recipe(args.config), overrides)
-    resume = args.resume
-    if resume == "auto":  # a (re)queued job: continue the run if it has checkpoints, else start it
+    if resume == "auto":
         from hopperlm.train.checkpoint import list_checkpoints
 
         resume = bool(list_checkpoints(cfg.run.out_dir))
     result = train(cfg, resume=resume, log=log)
-    if result.stopped_by.startswith("signal"):  # preempted: checkpointed; the scheduler may requeue us
+    if result.stopped_by.startswith("signal"):  # preempted: checkpointed
         sys.exit(cfg.train.requeue_exit_code)
 
 
@@ -87,7 +92,6 @@ def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
 def cmd_finetune(args: argparse.Namespace, overrides: list[str]) -> None:
     """`train` for instruction data: the recipe must name sft.path (and usually model.init_from, lora)."""
     from hopperlm.config import load_config
-    from hopperlm.train.loop import train
 
     cfg = load_config(resolve_recipe(args.config), overrides)
     if not cfg.sft.path:
@@ -95,9 +99,7 @@ def cmd_finetune(args: argparse.Namespace, overrides: list[str]) -> None:
             "finetune needs instruction data: set sft.path (Alpaca/ShareGPT/messages JSON); "
             "to train on prepared token shards use `hopperlm train`"
         )
-    result = train(cfg, resume=args.resume, log=log)
-    if result.stopped_by.startswith("signal"):
-        sys.exit(cfg.train.requeue_exit_code)
+    train_until_done(cfg, args.resume)
 
 
 def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
