@@ -5,7 +5,8 @@
    measured side by side. The baseline is timed for the map alone (its load_dataset is free); ours end to end.
 2. Loading: tokens/s that the training loader delivers from memory-mapped shards on ONE core (this process is
    pinned to a single CPU) for each sampling mode, against the ~250K tokens/s the h100-350m preset consumes
-   on an H100 (the issue's figure; FIELD_NOTES puts the 100%-MFU ceiling near 400K).
+   on an H100 at about 60% MFU (its ceiling at 100% MFU is 421K: the 989 TFLOP/s H100 SXM datasheet peak over
+   2.35 GFLOP/token, 6N + 12LdT from PaLM appendix B as in nanoGPT's estimate_mfu).
 
     python bench/data.py [--corpus-mb 24] [--tokenizer PATH] [--save bench/results/DATE-data.json]
 
@@ -28,9 +29,10 @@ sys.path.insert(0, str(REPO / "tests"))
 from shared_data import DATA_DIR  # noqa: E402
 
 from hopperlm.config import DataConfig  # noqa: E402
+from hopperlm.data.batches import train_batches  # noqa: E402
 from hopperlm.data.loader import TokenShards  # noqa: E402
 from hopperlm.data.prepare import prepare  # noqa: E402
-from hopperlm.data.train_data import TrainBatches, resolve_datasets  # noqa: E402
+from hopperlm.data.train_data import resolve_datasets  # noqa: E402
 from hopperlm.hardware import cpu_cores  # noqa: E402
 from hopperlm.provenance import provenance  # noqa: E402
 
@@ -95,7 +97,17 @@ def bench_loader(
     )
     datasets = resolve_datasets(cfg)
     shards = [TokenShards(d.path, "train") for d in datasets]
-    batches = TrainBatches(cfg, datasets, shards, seq_len, micro, 1, seed=0, pin=False, prefetch=prefetch)
+    batches = train_batches(
+        cfg,
+        datasets,
+        shards,
+        seq_len=seq_len,
+        micro_batch=micro,
+        grad_accum=1,
+        seed=0,
+        pin=False,
+        prefetch=prefetch,
+    )
     for step in range(20):  # warm the page cache and the thread
         batches.next(step, 0)
     count, start = 0, time.perf_counter()

@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hopperlm.config import ModelConfig
+from hopperlm.config.finetune import parse_targets
+from hopperlm.model.lora import count_trainable, target_shapes
+from hopperlm.model.loss import default_chunk_tokens
+from hopperlm.model.qlora import nf4_bytes
 from hopperlm.model.transformer import count_params
 
 GB = 1e9
@@ -115,7 +119,6 @@ def optimizer_bytes(cfg: ModelConfig, optimizer: str, trainable: int | None = No
 def fused_loss_workspace(cfg: ModelConfig) -> int:
     """The fused loss's fixed memory: the fp32 head-weight gradient it accumulates and one chunk of fp32
     logits with its softmax and 16-bit copy."""
-    from hopperlm.model.loss import default_chunk_tokens
 
     V = cfg.vocab_size or 0
     return 4 * V * cfg.dim + 10 * default_chunk_tokens(V) * V
@@ -125,6 +128,7 @@ def estimate_memory(
     cfg: ModelConfig,
     seq_len: int,
     precision: str,
+    *,
     checkpointing: str = "none",
     fused_loss: bool = False,
     optimizer: str = "adamw",
@@ -164,17 +168,11 @@ def _lora_estimate(
     """LoRA: the adapted matrices frozen in the compute dtype (NF4 with lora.quantize), the rest of the base
     fp32 and frozen, gradients and optimizer state for the adapters only; activations add each adapter's
     rank-r intermediate (the fused loss then needs no head-weight gradient: the head is frozen)."""
-    from hopperlm.model.lora import count_trainable, parse_targets, target_shapes
 
     targets = parse_targets(lora.targets)
     shapes = target_shapes(cfg)
     adapted = cfg.n_layers * sum(shapes[t][0] * shapes[t][1] for t in targets)
-    if lora.quantize == "nf4":
-        from hopperlm.model.qlora import nf4_bytes
-
-        frozen = nf4_bytes(adapted)
-    else:
-        frozen = adapted * (4 if precision == "fp32" else 2)
+    frozen = nf4_bytes(adapted) if lora.quantize == "nf4" else adapted * (4 if precision == "fp32" else 2)
     trainable = count_trainable(cfg, lora)
     e = 4 if precision == "fp32" else 2
     kept = 1 if checkpointing in ("full", "selective-block") else cfg.n_layers

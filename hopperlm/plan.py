@@ -8,18 +8,25 @@ Hardware can be simulated, so the choices for an H100 or a T4 are tested on a CP
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from hopperlm.config import Config, ModelConfig
+from hopperlm.data.sft import describe as describe_sft
 from hopperlm.data.train_data import describe as describe_data
+from hopperlm.dist.parallelize import SHARDED, choose_strategy
 from hopperlm.dist.runtime import World
 from hopperlm.errors import ConfigError
 from hopperlm.hardware import Hardware
 from hopperlm.memory import MemoryEstimate, estimate_memory
+from hopperlm.model.lora import count_trainable
+from hopperlm.model.qlora import require_bitsandbytes
+from hopperlm.model.transformer import flops_per_token
+from hopperlm.speed.float8 import PAYOFF_SHARE, converted_share, torchao_available
 
 FUSED_LOSS_SHARE = 0.01  # the chunked loss when one sequence's logits would fill 1% of the memory budget
 LOGIT_BYTES = 10  # per logit on the standard path: 16-bit logits, their fp32 copy, the fp32 log-softmax
@@ -36,8 +43,24 @@ CUDA_GRAPH_FLOPS = 4e12
 Finder = Callable[[ModelConfig, "Plan", int], tuple[int, str]]
 
 
-@dataclass
+class Reasons(dict):
+    """The plan's reasons, key -> one line; read-only once the plan is made (a frozen plan's reasons too)."""
+
+    def _frozen(self, *args, **kwargs):
+        raise TypeError("a Plan is immutable: what changes during a run belongs to the run's state")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _frozen
+
+    def __reduce__(self):
+        return Reasons, (dict(self),)
+
+
+@dataclass(frozen=True)
 class Plan:
+    """Every choice for one run on one machine, each with a one-line reason. Immutable once made: what changes
+    while a run goes (the micro-batch after an out-of-memory error, a float8 backend that fails at start-up)
+    is the run's state, logged when it changes (train/run.py)."""
+
     device: torch.device
     precision: str  # "fp32" | "bf16" | "fp16"
     autocast_dtype: torch.dtype | None
@@ -64,7 +87,16 @@ class Plan:
     world_size: int = 1
     dp_shard: int = 1  # ranks one copy of the weights/grads/optimizer state is sharded over
     fp8_all_gather: bool = False  # FSDP all-gathers float8 weights (tensorwise fp8 only)
-    reasons: dict[str, str] = field(default_factory=dict)
+    reasons: Mapping[str, str] = field(default_factory=Reasons)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reasons, Reasons):
+            object.__setattr__(self, "reasons", Reasons(self.reasons))
+
+    def replace(self, **changes) -> Plan:
+        """A new plan with `changes` (and reasons updated from changes["reasons"], if given)."""
+        reasons = {**self.reasons, **changes.pop("reasons", {})}
+        return dataclasses.replace(self, reasons=Reasons(reasons), **changes)
 
     @property
     def tokens_per_step(self) -> int:
@@ -94,7 +126,7 @@ class Plan:
         }
         return sdpa_kernel([names[self.attention]])
 
-    def apply_runtime_settings(self) -> None:
+    def apply_runtime_settings(self, log: Callable[[str], None]) -> None:
         """Process-wide switches the plan owns (TF32, allocator)."""
         if self.device.type != "cuda":
             return
@@ -107,9 +139,7 @@ class Plan:
             try:
                 setter("expandable_segments:True")
             except (AttributeError, RuntimeError):
-                self.reasons["allocator"] = (
-                    "default (this torch cannot switch on expandable segments at run time)"
-                )
+                log("allocator: default (this torch cannot switch on expandable segments at run time)")
 
 
 def _precision(
@@ -135,8 +165,7 @@ def _precision(
 
 def _fp8(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, compiled: bool, why: dict) -> str:
     """float8 for the large linear layers, or "off" with the reason. Never an error: an explicit request that
-    cannot run here falls back to bf16 with one line (the issue of old GPUs and missing torchao)."""
-    from hopperlm.speed.float8 import PAYOFF_SHARE, converted_share, torchao_available
+    cannot run here (a GPU without fp8 tensor cores, torchao missing) falls back to bf16 with one line."""
 
     want = cfg.train.fp8
     if want == "off":
@@ -208,7 +237,6 @@ def _optimizer(cfg: Config, cuda: bool, why: dict) -> tuple[str, bool]:
     if oc.name == "paged_adamw8bit":
         if not cuda:
             raise ConfigError("optim.name=paged_adamw8bit needs a CUDA GPU (paged memory); on CPU use adamw")
-        from hopperlm.model.qlora import require_bitsandbytes
 
         require_bitsandbytes()
         why["optimizer"] = (
@@ -290,7 +318,10 @@ def _compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | None, st
     return True, mode, scope
 
 
-def _micro_batch(cfg: Config, plan: Plan, hw: Hardware, model_cfg: ModelConfig, finder: Finder | None):
+def _micro_batch(
+    cfg: Config, plan: Plan, hw: Hardware, model_cfg: ModelConfig, finder: Finder | None
+) -> tuple[int, int, str]:
+    """(micro-batch per rank, accumulation steps, reason)."""
     tc = cfg.train
     seqs = _per_rank(cfg, plan.world_size)
     est = plan.memory
@@ -331,11 +362,10 @@ def _micro_batch(cfg: Config, plan: Plan, hw: Hardware, model_cfg: ModelConfig, 
             f"ranks takes per step; use a divisor of {seqs}"
         )
     accum = 1 if seqs is None else seqs // micro
-    plan.micro_batch, plan.grad_accum = micro, accum
     global_note = "" if seqs is None else f" -> {accum} accumulation step(s) for {seqs} sequences"
     if plan.world_size > 1:
         global_note += f" per rank, x {plan.world_size} ranks"
-    plan.reasons["micro_batch"] = f"{micro} ({reason}){global_note}"
+    return micro, accum, f"{micro} ({reason}){global_note}"
 
 
 def _per_rank(cfg: Config, world_size: int) -> int | None:
@@ -351,9 +381,11 @@ def _per_rank(cfg: Config, world_size: int) -> int | None:
     return seqs // world_size
 
 
-def _checkpointing(cfg: Config, plan: Plan, model_cfg: ModelConfig, hw: Hardware) -> None:
-    """Activation checkpointing: none when one sequence's activations fit the memory target, else the
-    lightest mode that makes them fit (selective-op, then full)."""
+def _checkpointing(
+    cfg: Config, plan: Plan, model_cfg: ModelConfig, hw: Hardware
+) -> tuple[str, str, MemoryEstimate]:
+    """(mode, reason, memory estimate): activation checkpointing none when one sequence's activations fit the
+    memory target, else the lightest mode that makes them fit (selective-op, then full)."""
     tc = cfg.train
     budget = tc.memory_target * (hw.free_memory if hw.device_type == "cuda" else hw.ram * 0.5)
 
@@ -362,33 +394,29 @@ def _checkpointing(cfg: Config, plan: Plan, model_cfg: ModelConfig, hw: Hardware
             model_cfg,
             tc.seq_len,
             plan.precision,
-            mode,
-            plan.fused_loss,
-            plan.optimizer,
-            tc.ac_every,
-            plan.dp_shard,
-            cfg.lora,
+            checkpointing=mode,
+            fused_loss=plan.fused_loss,
+            optimizer=plan.optimizer,
+            every=tc.ac_every,
+            shards=plan.dp_shard,
+            lora=cfg.lora,
         )
 
     if tc.activation_checkpointing != "auto":
-        plan.activation_checkpointing = tc.activation_checkpointing
-        plan.reasons["activation_checkpointing"] = (
-            f"{tc.activation_checkpointing} (set by train.activation_checkpointing)"
-        )
+        mode = tc.activation_checkpointing
+        reason = f"{mode} (set by train.activation_checkpointing)"
     elif estimate("none").largest_micro_batch(budget) >= 1:
-        plan.reasons["activation_checkpointing"] = "none (activations fit; recomputing would cost speed)"
+        mode, reason = "none", "none (activations fit; recomputing would cost speed)"
     elif estimate("selective-op").largest_micro_batch(budget) >= 1:
-        plan.activation_checkpointing = "selective-op"
-        plan.reasons["activation_checkpointing"] = (
+        mode = "selective-op"
+        reason = (
             "selective-op (without it one sequence does not fit the memory target; matmul outputs kept, "
             "elementwise ops recomputed)"
         )
     else:
-        plan.activation_checkpointing = "full"
-        plan.reasons["activation_checkpointing"] = (
-            "full (even with selective recomputation one sequence does not fit the memory target)"
-        )
-    plan.memory = estimate(plan.activation_checkpointing)
+        mode = "full"
+        reason = "full (even with selective recomputation one sequence does not fit the memory target)"
+    return mode, reason, estimate(mode)
 
 
 def make_plan(
@@ -399,8 +427,10 @@ def make_plan(
     world: World | None = None,
 ) -> Plan:
     """Every choice for this run, with reasons. `finder` measures the micro-batch on a real GPU; without it
-    (CPU, simulated hardware) the memory estimate decides. `world`: the ranks of a torchrun launch."""
+    (CPU, simulated hardware) the memory estimate decides. `world`: the ranks of a torchrun launch.
+    train/setup.py's `plan_run` is the one caller that `train` and `diagnose` share."""
     tc = cfg.train
+    world = world or World()
     why: dict[str, str] = {"device": hw.summary()[0].removeprefix("device: ")}
     precision, autocast_dtype = _precision(cfg, model_cfg, hw, why)
     cuda = hw.device_type == "cuda"
@@ -422,12 +452,23 @@ def make_plan(
         ", pinned host memory + non-blocking copies" if pin else ""
     )
     if cfg.sft.path:
-        from hopperlm.data.sft import describe as describe_sft
-
         why["data"] = describe_sft(cfg.sft, hw.device, model_cfg.dropout)
     if cuda:
         why["allocator"] = "expandable segments (less fragmentation when batch shapes change)"
-
+    budget = tc.memory_target * (hw.free_memory if cuda else hw.ram * 0.5)
+    strategy, dp_shard, why["parallel"] = choose_strategy(
+        cfg,
+        model_cfg,
+        hw,
+        world,
+        precision=precision,
+        fused_loss=fused_loss,
+        optimizer=optimizer,
+        budget=budget,
+    )
+    fp8_all_gather = fp8 == "tensorwise" and strategy in SHARDED
+    if fp8_all_gather:
+        why["fp8"] += "; FSDP all-gathers the weights in float8 (half of bf16's bytes)"
     plan = Plan(
         device=hw.device,
         precision=precision,
@@ -448,14 +489,20 @@ def make_plan(
         fused_loss=fused_loss,
         optimizer=optimizer,
         lora=lora,
+        strategy=strategy,
+        world_size=world.size,
+        dp_shard=dp_shard,
+        fp8_all_gather=fp8_all_gather,
         reasons=why,
     )
-    _parallel(cfg, plan, model_cfg, hw, world or World())
-    _checkpointing(cfg, plan, model_cfg, hw)
-    _micro_batch(cfg, plan, hw, model_cfg, finder)
-    _cuda_graphs(cfg, plan, model_cfg)
-    why["memory"] = f"estimated {plan.memory.describe(plan.micro_batch)}"
-    return plan
+    mode, ac_reason, memory = _checkpointing(cfg, plan, model_cfg, hw)
+    plan = plan.replace(
+        activation_checkpointing=mode, memory=memory, reasons={"activation_checkpointing": ac_reason}
+    )
+    micro, accum, mb_reason = _micro_batch(cfg, plan, hw, model_cfg, finder)
+    plan = plan.replace(micro_batch=micro, grad_accum=accum, reasons={"micro_batch": mb_reason})
+    plan = _cuda_graphs(cfg, plan, model_cfg)
+    return plan.replace(reasons={"memory": f"estimated {plan.memory.describe(plan.micro_batch)}"})
 
 
 def _lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, why: dict) -> str:
@@ -463,7 +510,6 @@ def _lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, why
     lc = cfg.lora
     if not lc.enabled:
         return "none"
-    from hopperlm.model.lora import count_trainable
 
     if lc.quantize == "nf4":
         if hw.device_type != "cuda":
@@ -471,7 +517,6 @@ def _lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, why
                 "lora.quantize=nf4 (QLoRA) needs a CUDA GPU (bitsandbytes' 4-bit training path); "
                 "on this CPU use lora.quantize none (LoRA on the full-precision base)"
             )
-        from hopperlm.model.qlora import require_bitsandbytes
 
         require_bitsandbytes()
         base = "NF4 + double quantisation (bitsandbytes), computed in bf16"
@@ -486,28 +531,16 @@ def _lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, why
     return desc
 
 
-def _cuda_graphs(cfg: Config, plan: Plan, model_cfg: ModelConfig) -> None:
+def _cuda_graphs(cfg: Config, plan: Plan, model_cfg: ModelConfig) -> Plan:
     """CUDA graphs (compile mode reduce-overhead) when a micro-batch is so small that launching its kernels
     takes longer than running them; shapes are static here (fixed windows), which graphs need."""
     if not plan.compile or cfg.train.compile_mode != "auto" or plan.fp8 != "off" or plan.world_size > 1:
-        return  # (several ranks: graphs would capture the gradient collectives too; not attempted)
-    from hopperlm.model.transformer import flops_per_token
-
+        return plan  # (several ranks: graphs would capture the gradient collectives too; not attempted)
     step_flops = flops_per_token(model_cfg, plan.seq_len) * plan.seq_len * plan.micro_batch
-    if step_flops < CUDA_GRAPH_FLOPS:
-        plan.compile_mode = "reduce-overhead"
-        plan.reasons["compile"] = (
-            f"on, mode reduce-overhead (CUDA graphs: one micro-batch is {step_flops / 1e12:.1f} TFLOP, too little "
-            f"to hide the launch overhead of its kernels), scope {plan.compile_scope}"
-        )
-
-
-def _parallel(cfg: Config, plan: Plan, model_cfg: ModelConfig, hw: Hardware, world: World) -> None:
-    """Data parallelism over the world's ranks (dist/parallelize.py), and float8 all-gather under FSDP."""
-    from hopperlm.dist.parallelize import SHARDED, choose_strategy
-
-    budget = cfg.train.memory_target * (hw.free_memory if hw.device_type == "cuda" else hw.ram * 0.5)
-    choose_strategy(cfg, model_cfg, hw, world, plan, budget)
-    if plan.fp8 == "tensorwise" and plan.strategy in SHARDED:
-        plan.fp8_all_gather = True
-        plan.reasons["fp8"] += "; FSDP all-gathers the weights in float8 (half of bf16's bytes)"
+    if step_flops >= CUDA_GRAPH_FLOPS:
+        return plan
+    reason = (
+        f"on, mode reduce-overhead (CUDA graphs: one micro-batch is {step_flops / 1e12:.1f} TFLOP, too little "
+        f"to hide the launch overhead of its kernels), scope {plan.compile_scope}"
+    )
+    return plan.replace(compile_mode="reduce-overhead", reasons={"compile": reason})

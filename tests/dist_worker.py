@@ -25,17 +25,17 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     if "fail" in spec:
         from hopperlm import cli
-        from hopperlm.data import train_data
+        from hopperlm.data.batches import WindowBatches
 
         rank, bad_step = spec["fail"]["rank"], spec["fail"]["step"]
-        read = train_data.TrainBatches.next
+        read = WindowBatches.next
 
         def next_or_fail(self, step, micro):
             if int(os.environ["RANK"]) == rank and step == bad_step:
                 raise ValueError(f"injected failure on rank {rank} at step {bad_step}")
             return read(self, step, micro)
 
-        train_data.TrainBatches.next = next_or_fail
+        WindowBatches.next = next_or_fail
         (run,) = spec["runs"]
         cli.main(["train", str(DEBUG), *run["args"]])
         return

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from hopperlm.checkpoint.init_from import resolve_init_from
 from hopperlm.config import Config, config_from_dict, load_config, parse_overrides
 from hopperlm.errors import ConfigError
 
@@ -17,7 +18,7 @@ def test_recipes_in_configs_load(data_dir):
     stand_in = ["--model.init_from", str(data_dir / "tokenizers" / "tinyllama-1.1b-chat-v1.0")]
     for path in sorted((REPO / "configs").glob("*.yaml")):
         needs_base = "init_from:" in path.read_text()
-        cfg = load_config(path, stand_in if needs_base else [])
+        cfg = resolve_init_from(load_config(path, stand_in if needs_base else []))
         assert isinstance(cfg, Config)
 
 

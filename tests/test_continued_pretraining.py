@@ -7,12 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hopperlm.checkpoint.init_from import resolve_init_from
+from hopperlm.checkpoint.layout import checkpoint_dir
+from hopperlm.checkpoint.tensors import iter_model_tensors
 from hopperlm.config import load_config
 from hopperlm.data import tokenizer_train as tt
 from hopperlm.data.prepare import prepare
 from hopperlm.errors import ConfigError, DataError
-from hopperlm.model.hf_convert import iter_model_tensors
-from hopperlm.train.checkpoint import checkpoint_dir
 from hopperlm.train.loop import train
 from hopperlm.train.model_setup import build_train_model
 
@@ -33,7 +34,7 @@ def tigrinya(data_dir, tmp_path_factory):
 
 
 def cpt_config(tinyllama_hf, data, run_dir, *extra):
-    return load_config(
+    cfg = load_config(
         REPO / "configs" / "debug.yaml",
         [
             "--model.preset", "null",
@@ -48,6 +49,7 @@ def cpt_config(tinyllama_hf, data, run_dir, *extra):
             *extra,
         ],
     )  # fmt: skip
+    return resolve_init_from(cfg)
 
 
 def test_resized_model_keeps_old_outputs_and_starts_new_rows_from_their_pieces(
@@ -57,13 +59,19 @@ def test_resized_model_keeps_old_outputs_and_starts_new_rows_from_their_pieces(
     tok_dir, data, ext = tigrinya
     cfg = cpt_config(tinyllama_hf, data, tmp_path / "r", "--train.max_steps", "1")
     from hopperlm.data.tokenizer import load_tokenizer
-    from hopperlm.train.loop import resolve_model_config
+    from hopperlm.train.setup import resolve_model_config
 
     model_cfg = resolve_model_config(cfg.model, 32200)
     assert model_cfg.vocab_size == 32256  # 32,200 rounded up to a multiple of 64
     lines = []
     model, warmup = build_train_model(
-        cfg, model_cfg, torch.device("cpu"), None, lambda: load_tokenizer(tok_dir), True, lines.append
+        cfg,
+        model_cfg,
+        device=torch.device("cpu"),
+        compute_dtype=None,
+        data_tokenizer=lambda: load_tokenizer(tok_dir),
+        load=True,
+        log=lines.append,
     )
     assert warmup is None and any("200 decomposed" in line and "56 from the mean" in line for line in lines)
     base = transformers.AutoModelForCausalLM.from_pretrained(tinyllama_hf).eval()

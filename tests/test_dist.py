@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from hopperlm import cli
+from hopperlm.checkpoint.inference import load_for_inference
+from hopperlm.checkpoint.layout import latest_valid_checkpoint, list_checkpoints
 from hopperlm.config import config_from_dict, load_config
 from hopperlm.data.loader import RandomWindows, TokenShards
 from hopperlm.dist.launch import launch_command, sbatch_script
@@ -20,7 +22,6 @@ from hopperlm.dist.runtime import World, read_env
 from hopperlm.errors import ConfigError
 from hopperlm.hardware import simulated
 from hopperlm.plan import make_plan
-from hopperlm.train.checkpoint import latest_valid_checkpoint, list_checkpoints, load_pretrained
 from hopperlm.train.loop import train
 from hopperlm.train.metrics import read_metrics
 
@@ -193,9 +194,9 @@ def test_sharded_checkpoints_in_one_process(shakespeare_bytes, tmp_path, monkeyp
     cli.main(["export", str(full), str(out_hf)])
     assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "tokenizer"}
     assert {"model.safetensors", "config.json"} <= {p.name for p in out_hf.iterdir()}
-    sharded_model, _ = load_pretrained(ckpts[1])
+    sharded_model, _ = load_for_inference(ckpts[1])
     for exported in (out, out_hf):
-        exported_model, _ = load_pretrained(exported)
+        exported_model, _ = load_for_inference(exported)
         for (name, a), b in zip(
             sharded_model.state_dict().items(), exported_model.state_dict().values(), strict=True
         ):

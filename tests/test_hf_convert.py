@@ -6,12 +6,14 @@ import pytest
 import torch
 from hf_tiny import FAMILIES, save_hf, tiny_hf_model
 
+from hopperlm.checkpoint import hf
+from hopperlm.checkpoint.hf_convert import export_hf, import_hf, write_shards
+from hopperlm.checkpoint.inference import load_for_inference
+from hopperlm.checkpoint.init_from import resolve_init_from
+from hopperlm.checkpoint.tensors import iter_model_tensors, load_weights
 from hopperlm.config import ModelConfig, load_config
 from hopperlm.errors import CheckpointError, ConfigError
-from hopperlm.model import hf
-from hopperlm.model.hf_convert import export_hf, import_hf, iter_model_tensors, load_weights, write_shards
-from hopperlm.model.transformer import count_params
-from hopperlm.train.model_setup import build_empty, load_for_inference
+from hopperlm.model.transformer import build_empty, count_params
 
 transformers = pytest.importorskip("transformers")
 QUIET = lambda line: None  # noqa: E731
@@ -55,7 +57,7 @@ def test_shards_never_exceed_the_limit(tmp_path):
 
 
 def test_a_failed_export_leaves_the_old_folder_and_no_partial_one(tmp_path, monkeypatch):
-    from hopperlm.model import hf_convert
+    from hopperlm.checkpoint import hf_convert
 
     src = save_hf(tiny_hf_model("tinyllama"), tmp_path / "hf")
     out = export_hf(import_hf(src, tmp_path / "imported", log=QUIET), tmp_path / "out", log=QUIET)
@@ -74,7 +76,8 @@ def test_a_failed_export_leaves_the_old_folder_and_no_partial_one(tmp_path, monk
 
 
 def iter_model_tensors_files(folder):
-    from hopperlm.model.hf_convert import iter_file_tensors, weight_files
+    from hopperlm.checkpoint.layout import weight_files
+    from hopperlm.checkpoint.tensors import iter_file_tensors
 
     return iter_file_tensors(weight_files(folder))
 
@@ -112,7 +115,7 @@ def test_init_from_takes_the_shape_and_refuses_conflicts(tinyllama_hf, tmp_path)
     (tmp_path / "c.yaml").write_text(
         f"model:\n  init_from: {tinyllama_hf}\n  max_seq_len: 256\ntrain:\n  seq_len: 128\n  max_steps: 1\n"
     )
-    cfg = load_config(tmp_path / "c.yaml")
+    cfg = resolve_init_from(load_config(tmp_path / "c.yaml"))
     assert (cfg.model.dim, cfg.model.n_kv_heads, cfg.model.vocab_size, cfg.model.max_seq_len) == (
         64,
         2,
@@ -122,11 +125,11 @@ def test_init_from_takes_the_shape_and_refuses_conflicts(tinyllama_hf, tmp_path)
     with pytest.raises(
         ConfigError, match="model.dim=128 but .* has 64; the shape comes from model.init_from"
     ):
-        load_config(tmp_path / "c.yaml", ["--model.dim", "128"])
+        resolve_init_from(load_config(tmp_path / "c.yaml", ["--model.dim", "128"]))
     with pytest.raises(ConfigError, match="exceeds"):
-        load_config(tmp_path / "c.yaml", ["--model.max_seq_len", "4096"])
+        resolve_init_from(load_config(tmp_path / "c.yaml", ["--model.max_seq_len", "4096"]))
     with pytest.raises(ConfigError, match="does not exist"):
-        load_config(tmp_path / "c.yaml", ["--model.init_from", str(tmp_path / "nope")])
+        resolve_init_from(load_config(tmp_path / "c.yaml", ["--model.init_from", str(tmp_path / "nope")]))
 
 
 def test_hf_folder_loads_directly_for_inference(tinyllama_hf):
@@ -142,7 +145,7 @@ def test_hf_folder_loads_directly_for_inference(tinyllama_hf):
 
 @pytest.mark.parametrize("preset", ["tinyllama-1.1b", "llama2-7b", "llama3-8b"])
 def test_preset_configs_round_trip_through_config_json(preset):
-    from hopperlm.presets import get_preset
+    from hopperlm.config.presets import get_preset
 
     ours = get_preset(preset)
     back = hf.model_values_from_hf(hf.hf_config_dict(ours, "bfloat16"), "x")

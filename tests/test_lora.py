@@ -8,16 +8,15 @@ import pytest
 import torch
 from hf_tiny import REPO, finetune_config
 
+from hopperlm.checkpoint.peft import export_peft, read_peft
 from hopperlm.config import LoRAConfig, ModelConfig
 from hopperlm.errors import ConfigError
 from hopperlm.model.lora import (
     LoRALinear,
     apply_lora,
     count_trainable,
-    export_peft,
     lora_modules,
     merge_lora,
-    read_peft,
 )
 from hopperlm.model.transformer import build_model
 from hopperlm.train.loop import train
@@ -119,7 +118,8 @@ def test_lora_run_saves_adapters_resumes_exactly_and_round_trips_through_peft(
     peft = pytest.importorskip("peft")
     import transformers
 
-    from hopperlm.train.checkpoint import list_checkpoints, load_pretrained
+    from hopperlm.checkpoint.inference import load_for_inference
+    from hopperlm.checkpoint.layout import list_checkpoints
 
     args = [
         "--train.max_steps",
@@ -148,7 +148,7 @@ def test_lora_run_saves_adapters_resumes_exactly_and_round_trips_through_peft(
     assert [r.get("val_loss") for r in a] == [r.get("val_loss") for r in b]
 
     # PEFT: the exported adapter on the transformers model gives hopperlm's logits
-    merged, tokenizer = load_pretrained(full)  # adapters folded into the base
+    merged, tokenizer = load_for_inference(full)  # adapters folded into the base
     out = export_peft(full, tmp_path / "peft")
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["target_modules"] == sorted(
@@ -160,8 +160,9 @@ def test_lora_run_saves_adapters_resumes_exactly_and_round_trips_through_peft(
     with torch.no_grad():
         assert (merged(ids) - theirs(ids).logits).abs().max().item() <= 1e-4
     # the adapters unmerged (the training model) vs `hopperlm merge`'s folder
-    from hopperlm.train.checkpoint import read_lora_config, read_model_config
-    from hopperlm.train.model_setup import build_lora_model, load_checkpoint_weights
+    from hopperlm.checkpoint.layout import read_lora_config, read_model_config
+    from hopperlm.checkpoint.single import load_checkpoint_weights
+    from hopperlm.train.model_setup import build_lora_model
 
     model_cfg, adapters = read_model_config(ckpts[-1]), read_lora_config(ckpts[-1])
     unmerged = build_lora_model(model_cfg, adapters, "cpu", model_cfg.init_from, torch.float32, None, 0)
@@ -171,7 +172,7 @@ def test_lora_run_saves_adapters_resumes_exactly_and_round_trips_through_peft(
         capture_output=True, text=True, cwd=REPO,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    folded, _ = load_pretrained(tmp_path / "merged")
+    folded, _ = load_for_inference(tmp_path / "merged")
     with torch.no_grad():
         torch.testing.assert_close(folded(ids), unmerged.eval()(ids), rtol=1e-4, atol=1e-4)
     lora_cfg, tensors = read_peft(out)  # and back: the same adapters under hopperlm's names

@@ -57,8 +57,8 @@ def test_activation_checkpointing_saves_memory_as_estimated():
     apply_activation_checkpointing(model, "full")
     x = torch.randint(0, 512, (2, 256))
     measured = saved_activation_bytes(model, x)
-    full = estimate_memory(CFG, 256, "fp32", "full")
-    none = estimate_memory(CFG, 256, "fp32", "none")
+    full = estimate_memory(CFG, 256, "fp32", checkpointing="full")
+    none = estimate_memory(CFG, 256, "fp32", checkpointing="none")
     assert full.activations_per_seq < none.activations_per_seq / 2
     # checkpointing keeps block inputs + the head; the estimate adds one block's worth for the recompute
     assert measured <= 2 * (full.activations_per_seq + full.logits_per_seq)

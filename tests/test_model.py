@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from hopperlm.config import ModelConfig
+from hopperlm.config.presets import PRESETS, get_preset
 from hopperlm.model.generate import generate
 from hopperlm.model.transformer import (
     Transformer,
@@ -17,7 +18,6 @@ from hopperlm.model.transformer import (
     flops_per_token,
     rope_tables,
 )
-from hopperlm.presets import PRESETS, get_preset
 
 
 def tiny(**kw) -> ModelConfig:
@@ -143,7 +143,8 @@ def test_exact_preset_sizes():
     # TinyLlama-1.1B and Llama-3-8B: the parameter counts their model cards give
     assert count_params(get_preset("tinyllama-1.1b"))["total"] == 1_100_048_384
     assert count_params(get_preset("llama3-8b"))["total"] == 8_030_261_248
-    # FLOPs/token of the 350M model at T=1024: about 2.35 GFLOP (FIELD_NOTES: 2.4-2.5 with a larger vocab)
+    # FLOPs/token of the 350M model at T=1024 by 6N + 12LdT (PaLM appendix B, nanoGPT's estimate_mfu): about
+    # 2.35 GFLOP (2.4-2.5 with a larger vocabulary)
     assert 2.3e9 < flops_per_token(h350, 1024) < 2.4e9
 
 

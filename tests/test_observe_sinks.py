@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from hopperlm.checkpoint.layout import latest_checkpoint
 from hopperlm.config import load_config
 from hopperlm.errors import ConfigError
 from hopperlm.observe.sinks import TAGS, CsvSink, JsonlSink, TensorBoardSink, WandbSink, open_sinks, tagged
-from hopperlm.train.checkpoint import latest_checkpoint
 from hopperlm.train.loop import train
 from hopperlm.train.metrics import FIELDS, read_metrics
 

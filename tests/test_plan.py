@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 
 from hopperlm.config import config_from_dict
+from hopperlm.config.presets import get_preset
 from hopperlm.errors import ConfigError
 from hopperlm.hardware import detect, simulated
 from hopperlm.plan import make_plan
-from hopperlm.presets import get_preset
 from hopperlm.train.batch_finder import search_largest
 
 

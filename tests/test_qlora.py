@@ -7,10 +7,11 @@ import pytest
 import torch
 from hf_tiny import save_hf, tiny_hf_model
 
+from hopperlm.checkpoint import hf
 from hopperlm.config import LoRAConfig, ModelConfig
-from hopperlm.model import hf
 from hopperlm.model.lora import count_trainable, lora_modules
-from hopperlm.train.model_setup import build_empty, build_lora_model
+from hopperlm.model.transformer import build_empty
+from hopperlm.train.model_setup import build_lora_model
 
 needs_bnb = pytest.mark.skipif(
     importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes not installed"
@@ -20,7 +21,7 @@ QUIET = lambda line: None  # noqa: E731
 
 @needs_bnb
 def test_nf4_base_matches_its_dequantized_weights_and_trains_only_adapters(tmp_path):
-    from hopperlm.model.hf_convert import load_weights
+    from hopperlm.checkpoint.tensors import load_weights
     from hopperlm.model.qlora import dequantized_weight, is_quantized, nf4_bytes
 
     # q/k/v biases ride along with the 4-bit weights; widths that are multiples of 64 (bitsandbytes CPU layout)
@@ -70,6 +71,7 @@ def quant_tensors(layer):
 def test_qlora_trains_on_cuda_with_paged_8bit_adamw(tinyllama_hf, data_dir, tmp_path):
     from pathlib import Path
 
+    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
     from hopperlm.train.loop import train
     from hopperlm.train.metrics import read_metrics
@@ -86,7 +88,7 @@ def test_qlora_trains_on_cuda_with_paged_8bit_adamw(tinyllama_hf, data_dir, tmp_
         ],
     )  # fmt: skip
     lines = []
-    train(cfg, log=lines.append)
+    train(resolve_init_from(cfg), log=lines.append)
     losses = [r["loss"] for r in read_metrics(tmp_path / "q" / "metrics.jsonl")]
     assert all(x == x for x in losses) and losses[-1] < losses[0]  # finite, and falling
     assert any("NF4 + double quantisation" in line for line in lines)

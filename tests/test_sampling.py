@@ -10,12 +10,13 @@ import torch
 from shared_data import DATA_DIR
 
 from hopperlm.config import DataConfig
+from hopperlm.data.batches import train_batches
 from hopperlm.data.loader import RandomWindows, TokenShards
 from hopperlm.data.packing import window_doc_ids
 from hopperlm.data.prepare import prepare
 from hopperlm.data.sampling import SampleStream, Source
 from hopperlm.data.shards import read_manifest
-from hopperlm.data.train_data import TrainBatches, resolve_datasets
+from hopperlm.data.train_data import resolve_datasets
 from hopperlm.errors import DataError
 
 T = 48
@@ -153,8 +154,9 @@ def test_prefetch_thread_gives_the_same_batches_and_position(tir, sampling):
     cfg = DataConfig(path=str(tir), sampling=sampling, packing=True)
     datasets = resolve_datasets(cfg)
     shards = [TokenShards(tir, "train")]
-    plain = TrainBatches(cfg, datasets, shards, T, 4, 2, seed=1, pin=False, prefetch=0)
-    ahead = TrainBatches(cfg, datasets, shards, T, 4, 2, seed=1, pin=False, prefetch=3)
+    same = dict(seq_len=T, micro_batch=4, grad_accum=2, seed=1, pin=False)
+    plain = train_batches(cfg, datasets, shards, **same, prefetch=0)
+    ahead = train_batches(cfg, datasets, shards, **same, prefetch=3)
     for step in range(4):
         for micro in range(2):
             a, b = plain.next(step, micro), ahead.next(step, micro)

@@ -130,13 +130,14 @@ def test_tiny_sft_run_learns_replies(tinyllama_hf, data_dir, tmp_path):
 
 
 def test_builtin_template_is_saved_for_inference(tinyllama_hf, data_dir, tmp_path):
+    from hopperlm.checkpoint.inference import sft_tokenizer_path
     from hopperlm.data.chat import BUILTIN
     from hopperlm.data.sft import open_sft_data
 
     cfg = sft_config(
         tinyllama_hf, data_dir, tmp_path / "r", "--sft.template", "alpaca", "--sft.max_examples", "20"
     )
-    data = open_sft_data(cfg, tmp_path / "r", QUIET)
+    data = open_sft_data(cfg, tmp_path / "r", QUIET, sft_tokenizer_path(cfg))
     saved = json.loads((tmp_path / "r" / "tokenizer" / "tokenizer_config.json").read_text())
     assert saved["chat_template"] == BUILTIN["alpaca"] and data.datasets[0].manifest["vocab_size"] == 32000
 

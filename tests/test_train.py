@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from hopperlm.checkpoint.inference import load_for_inference
+from hopperlm.checkpoint.layout import latest_checkpoint, list_checkpoints
 from hopperlm.config import load_config
 from hopperlm.errors import CheckpointError, DataError
-from hopperlm.train.checkpoint import latest_checkpoint, list_checkpoints, load_pretrained
 from hopperlm.train.loop import train
 from hopperlm.train.metrics import read_metrics
 
@@ -206,7 +207,7 @@ def test_cli_train_generate_export(shakespeare_bytes, tmp_path):
     assert native.returncode == 0 and (tmp_path / "native" / "tokenizer").is_dir()
     again = run_cli("export", str(run), str(out))
     assert again.returncode == 2 and "pass --overwrite" in again.stderr
-    model, tokenizer = load_pretrained(out)
+    model, tokenizer = load_for_inference(out)
     assert model.cfg.n_layers == 2 and tokenizer.decode(tokenizer.encode("Hi")) == "Hi"
     gen2 = run_cli("generate", str(out), "--prompt", "ROMEO:", "--max-new-tokens", "40", "--seed", "1")
     assert gen2.stdout == gen.stdout  # the exported model is the checkpoint's model

@@ -8,9 +8,9 @@ import pytest
 from shared_data import DATA_DIR
 from test_train import QUIET, debug_config
 
+from hopperlm.checkpoint.layout import list_checkpoints, read_state
 from hopperlm.data.prepare import prepare
 from hopperlm.errors import ConfigError, DataError
-from hopperlm.train.checkpoint import list_checkpoints, read_state
 from hopperlm.train.loop import train
 from hopperlm.train.metrics import read_metrics
 

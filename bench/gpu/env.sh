@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
   python3 -c "import torchao; print('torchao', torchao.__version__)" 2>/dev/null | tail -1
-  git rev-parse HEAD 2>/dev/null || echo "commit: (no git on the device; see the request)"
+  git rev-parse HEAD 2>/dev/null || echo "commit: (no .git in this copy: record it by hand)"
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 hl() { python3 -m hopperlm "$@"; }

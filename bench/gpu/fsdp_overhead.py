@@ -23,15 +23,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from hopperlm.config import OptimConfig, config_from_dict  # noqa: E402
-from hopperlm.dist.parallelize import parallelize  # noqa: E402
+from hopperlm.bench import Case, Row, batch_source, bench_model_config, measure  # noqa: E402
+from hopperlm.config import config_from_dict  # noqa: E402
+from hopperlm.data.loader import Batch  # noqa: E402
 from hopperlm.dist.runtime import Runtime, World, read_env  # noqa: E402
 from hopperlm.hardware import detect, detect_for  # noqa: E402
 from hopperlm.model.transformer import build_model, flops_per_token  # noqa: E402
 from hopperlm.plan import make_plan  # noqa: E402
-from hopperlm.speed import apply_speedups  # noqa: E402
-from hopperlm.speed.bench import Case, Row, batch_source, bench_model_config, measure, provenance  # noqa: E402
-from hopperlm.train.optim import build_optimizer  # noqa: E402
+from hopperlm.provenance import provenance  # noqa: E402
+from hopperlm.train.step import build_step, train_step  # noqa: E402
 
 STRATEGIES = ("none", "ddp", "fsdp")
 
@@ -43,26 +43,18 @@ def case(strategy: str, model_cfg, hw, rt: Runtime, micro: int, seq: int, log) -
                 "model": {"preset": None, **dataclasses.asdict(model_cfg)},
                 "train": {"seq_len": seq, "micro_batch": micro, "max_steps": 1000, "fp8": "off"},
                 "parallel": {"strategy": strategy},
+                "optim": {"lr": 3e-4, "warmup_steps": 0},
             }
         )
         world = rt.world if strategy != "none" else World()  # none: every rank trains its own copy
         plan = make_plan(cfg, model_cfg, hw, world=world)
-        plan.apply_runtime_settings()
+        plan.apply_runtime_settings(log)
         model = build_model(model_cfg, hw.device, seed=0)
-        apply_speedups(model, plan, lambda line: None)
-        parallel = parallelize(model, plan, rt, lambda line: log(f"  {strategy}: {line}"))
-        opt = build_optimizer(model, OptimConfig(lr=3e-4, warmup_steps=0), plan.fused_adamw, plan.optimizer)
-        params = [p for p in model.parameters() if p.requires_grad]
+        parts, _ = build_step(model, plan, cfg.optim, log=lambda line: log(f"  {strategy}: {line}"), rt=rt)
 
-        def step(x, y):
-            with parallel.grad_sync(last=True), plan.autocast(), plan.sdpa_backends():
-                loss = parallel.module(x, y)
-            loss.backward()
-            parallel.clip_grad_norm_(params, 1.0)
-            opt.step()
-            parallel.after_optimizer_step()
-            opt.zero_grad(set_to_none=True)
-            return loss.detach()
+        def step(x, y):  # `hopperlm train`'s step: clipping, the finite check, DDP/FSDP collectives
+            batch = Batch(x, y)
+            return train_step(parts, lambda micro: batch, grad_accum=1, lr=cfg.optim.lr).loss
 
         return step, [plan.strategy, f"compile {plan.compile_mode}" if plan.compile else "no compile"]
 
@@ -127,7 +119,7 @@ def main() -> None:
         )
     if rt.is_main:
         if args.out:
-            record = {**provenance(sys.argv), "device": hw.name, "world_size": rt.world_size,
+            record = {**provenance(" ".join(sys.argv)), "device": hw.name, "world_size": rt.world_size,
                       "rows": [dataclasses.asdict(r) for r in rows], "table": lines}  # fmt: skip
             Path(args.out).write_text(json.dumps(record, indent=1))
         print("\n".join(["", *lines]))

@@ -16,9 +16,9 @@ import time
 
 import torch
 
+from hopperlm.bench import batch_source, bench_model_config, hopperlm_case
 from hopperlm.hardware import detect_for
 from hopperlm.observe.kernels import classify as category
-from hopperlm.speed.bench import batch_source, bench_model_config, hopperlm_case
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """QLoRA / LoRA on a Llama-2-7B-shaped model: hopperlm beside transformers + peft + bitsandbytes, side by side.
 
-    python3 bench/gpu/qlora.py --out /tmp/out/qlora.json          # on a GPU: the issue-6 targets
+    python3 bench/gpu/qlora.py --out /tmp/out/qlora.json          # on a GPU: the QLoRA/LoRA targets
     python3 bench/gpu/qlora.py --tiny --device cpu --cases hopperlm-lora,hf-lora   # a CPU smoke run
 
 One random checkpoint (bf16 safetensors, written once with transformers' save_pretrained) is the base of every
@@ -13,8 +13,8 @@ row, loaded the way each tool loads a Hub checkpoint:
   hf-lora         from_pretrained(bf16) + gradient checkpointing + get_peft_model, torch AdamW (fused)
 Adapters: rank 16, alpha 32, all seven projections, no dropout; seq 2048, micro-batch 1, random tokens.
 Each row runs in its own process (clean peak memory and compile caches): warm-up steps, then timed steps,
-synchronised; peak = torch.cuda.max_memory_allocated over loading and training. Targets (issue 6): QLoRA
-peak <= 10 GB (HF + bitsandbytes reference ~9 GB, unsloth ~7 GB); LoRA tokens/s >= 1.5x hf-lora.
+synchronised; peak = torch.cuda.max_memory_allocated over loading and training. Targets: QLoRA peak <= 10 GB
+(HF + bitsandbytes ~9 GB, unsloth ~7 GB: LLaMA-Factory's benchmarks); LoRA tokens/s >= 1.5x hf-lora.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def make_base(folder: Path, tiny: bool, device: str) -> None:
 
     import transformers
 
-    from hopperlm.model.hf import hf_config_dict
-    from hopperlm.presets import get_preset
+    from hopperlm.checkpoint.hf import hf_config_dict
+    from hopperlm.config.presets import get_preset
 
     if (folder / "config.json").is_file():
         return
@@ -57,47 +57,53 @@ def make_base(folder: Path, tiny: bool, device: str) -> None:
 
 
 def hopperlm_step(base: Path, quantize: str, seq: int, device: str, log):
+    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import config_from_dict
+    from hopperlm.data.loader import Batch
     from hopperlm.hardware import detect_for
     from hopperlm.plan import make_plan
-    from hopperlm.speed import apply_speedups
     from hopperlm.train.model_setup import build_train_model
-    from hopperlm.train.optim import build_optimizer
+    from hopperlm.train.step import build_step, train_step
 
-    cfg = config_from_dict(
-        {
-            "model": {"init_from": str(base), "max_seq_len": seq},
-            "lora": {"rank": RANK, "alpha": ALPHA, "targets": "all-linear", "quantize": quantize},
-            "optim": {
-                "name": "paged_adamw8bit" if quantize == "nf4" else "adamw",
-                "lr": 1e-4,
-                "warmup_steps": 0,
-            },
-            "train": {
-                "seq_len": seq,
-                "micro_batch": 1,
-                "max_steps": 1000,
-                "device": device,
-                "activation_checkpointing": "full",
-            },
-        }
+    cfg = resolve_init_from(
+        config_from_dict(
+            {
+                "model": {"init_from": str(base), "max_seq_len": seq},
+                "lora": {"rank": RANK, "alpha": ALPHA, "targets": "all-linear", "quantize": quantize},
+                "optim": {
+                    "name": "paged_adamw8bit" if quantize == "nf4" else "adamw",
+                    "lr": 1e-4,
+                    "warmup_steps": 0,
+                },
+                "train": {
+                    "seq_len": seq,
+                    "micro_batch": 1,
+                    "max_steps": 1000,
+                    "device": device,
+                    "activation_checkpointing": "full",
+                },
+            }
+        )
     )
     hw = detect_for(device)
     plan = make_plan(cfg, cfg.model, hw)
-    plan.apply_runtime_settings()
+    plan.apply_runtime_settings(log)
     for line in plan.lines():
         log(f"  plan {line}")
-    model, _ = build_train_model(cfg, cfg.model, hw.device, plan.autocast_dtype, lambda: None, True, log)
-    apply_speedups(model, plan, log)
-    opt = build_optimizer(model, cfg.optim, plan.fused_adamw, plan.optimizer)
+    model, _ = build_train_model(
+        cfg,
+        cfg.model,
+        device=hw.device,
+        compute_dtype=plan.autocast_dtype,
+        data_tokenizer=None,
+        load=True,
+        log=log,
+    )
+    parts, _ = build_step(model, plan, cfg.optim, log=log)  # `hopperlm train`'s step: clip, finite check
 
     def step(x):
-        with plan.autocast(), plan.sdpa_backends():
-            loss = model(x, x)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        batch = Batch(x, x)
+        return train_step(parts, lambda micro: batch, grad_accum=1, lr=cfg.optim.lr).loss
 
     notes = [f"compile {'on' if plan.compile else 'off'}", f"fused loss {plan.fused_loss}", plan.optimizer]
     return step, notes

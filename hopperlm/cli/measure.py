@@ -22,14 +22,14 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
     report: dict = {"hardware": hw.to_dict()}
     lines = ["== hardware" + (f" (simulated: {args.simulate})" if args.simulate else ""), *hw.summary()]
     if args.config:
+        from hopperlm.checkpoint.init_from import resolve_init_from
         from hopperlm.config import load_config
         from hopperlm.data.train_data import resolve_datasets
+        from hopperlm.dist.runtime import World
         from hopperlm.errors import DataError
-        from hopperlm.plan import make_plan
-        from hopperlm.train.batch_finder import make_gpu_finder
-        from hopperlm.train.loop import resolve_model_config
+        from hopperlm.train.setup import plan_run, resolve_model_config
 
-        cfg = load_config(resolve_recipe(args.config), overrides)
+        cfg = resolve_init_from(load_config(resolve_recipe(args.config), overrides))
         model_cfg, vocab_note = cfg.model, ""
         vocab = None
         if cfg.data.path or cfg.data.mixture:
@@ -40,13 +40,17 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
         elif model_cfg.vocab_size is None:
             model_cfg = dataclasses.replace(model_cfg, vocab_size=32000)
             vocab_note = " (data not prepared: vocabulary taken as 32000)"
-        finder = None
-        if hw.device_type == "cuda" and not args.simulate and cfg.train.micro_batch is None:
-            finder = make_gpu_finder(Path(cfg.run.out_dir), cfg.train.memory_target * hw.free_memory, log)
-        from hopperlm.dist.runtime import World
-
         world = World(args.world_size, args.gpus_per_node or args.world_size)
-        plan = make_plan(cfg, model_cfg, hw, finder if world.size == 1 else None, world)
+        # the plan `train` would make (train/setup.py); the GPU finder measures the run's own model
+        plan = plan_run(
+            cfg,
+            model_cfg,
+            hw,
+            world=world,
+            cache_dir=Path(cfg.run.out_dir),
+            log=log,
+            measure=not args.simulate and world.size == 1,
+        )
         lines += [f"== plan for {args.config}{vocab_note}", *plan.lines()]
         report["plan"] = {**dataclasses.asdict(plan), "memory_bytes": plan.memory.total(plan.micro_batch)}
     if not args.simulate and not args.no_selftest:
@@ -67,10 +71,10 @@ def cmd_bench(args: argparse.Namespace) -> None:
     import dataclasses
     import json
 
+    from hopperlm.bench import DEFAULT_PRESETS, format_table, run_bench
+    from hopperlm.config.presets import PRESETS
     from hopperlm.hardware import detect_for
-    from hopperlm.presets import PRESETS
     from hopperlm.provenance import provenance
-    from hopperlm.speed.bench import DEFAULT_PRESETS, format_table, run_bench
 
     presets = args.presets.split(",") if args.presets else list(DEFAULT_PRESETS)
     unknown = [p for p in presets if p not in PRESETS]
@@ -132,10 +136,11 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace, overrides: list[str]) -> None:
+    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
     from hopperlm.observe.profile import profile_config
 
-    cfg = load_config(resolve_recipe(args.config), overrides)
+    cfg = resolve_init_from(load_config(resolve_recipe(args.config), overrides))
     result = profile_config(cfg, args.steps, args.wait, args.warmup, args.out, args.memory_snapshot, log=log)
     kind = "GPU kernels, device time" if result.device == "cuda" else "CPU ops, self time"
     log(f"\n--- where the time goes ({kind}) ---")

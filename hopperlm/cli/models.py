@@ -10,14 +10,14 @@ from hopperlm.errors import ConfigError
 
 
 def cmd_import(args: argparse.Namespace) -> None:
-    from hopperlm.model.hf_convert import import_hf
+    from hopperlm.checkpoint.hf_convert import import_hf
 
     out = import_hf(Path(args.hf_dir), Path(args.out), overwrite=args.overwrite, log=log)
     log(f"imported {args.hf_dir} -> {out} (hopperlm model folder: weights, config.json, tokenizer/)")
 
 
 def cmd_merge(args: argparse.Namespace) -> None:
-    from hopperlm.model.hf_convert import export_hf, save_merged
+    from hopperlm.checkpoint.hf_convert import export_hf, save_merged
 
     if args.format == "hf":
         out = export_hf(Path(args.run), Path(args.out), args.dtype, args.max_shard_size, args.overwrite, log)
@@ -29,11 +29,11 @@ def cmd_merge(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     import json
 
-    from hopperlm.train.checkpoint import load_pretrained
+    from hopperlm.checkpoint.inference import load_for_inference
 
     if not args.data and not args.gsm8k:
         raise ConfigError("nothing to evaluate: pass --data FILE_OR_DIR (held-out loss) and/or --gsm8k FILE")
-    model, tokenizer = load_pretrained(args.model, device=args.device)
+    model, tokenizer = load_for_inference(args.model, device=args.device)
     report: dict = {"model": args.model, "heldout": [], "gsm8k": None}
     if args.data:
         from hopperlm.eval.heldout import heldout_loss
@@ -61,9 +61,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from hopperlm.train.checkpoint import load_pretrained
+    from hopperlm.checkpoint.inference import load_for_inference
 
-    model, tokenizer = load_pretrained(args.run, device=args.device)
+    model, tokenizer = load_for_inference(args.run, device=args.device)
     prompt, encoder = args.prompt, None
     if args.chat:  # the prompt as a user turn of the model's chat template, as fine-tuning rendered it
         from hopperlm.data.chat import chat_encoder
@@ -103,25 +103,25 @@ def model_samples(model, tokenizer, prompt, n, max_new_tokens, temperature, top_
 
 def cmd_export(args: argparse.Namespace) -> None:
     if args.peft:
-        from hopperlm.model.lora import export_peft
+        from hopperlm.checkpoint.peft import export_peft
 
         out = export_peft(Path(args.run), Path(args.out), overwrite=args.overwrite)
         log(f"exported {out} (PEFT adapter: adapter_config.json + adapter_model.safetensors)")
     elif args.format == "hopperlm":
-        from hopperlm.train.checkpoint import export_model
+        from hopperlm.checkpoint.single import export_model
 
         out = export_model(Path(args.run), Path(args.out), overwrite=args.overwrite)
         log(f"exported {out} (hopperlm model folder: weights + config.json + tokenizer/)")
     else:
-        from hopperlm.model.hf_convert import export_hf
+        from hopperlm.checkpoint.hf_convert import export_hf
 
         out = export_hf(Path(args.run), Path(args.out), args.dtype, args.max_shard_size, args.overwrite, log)
         log(f"exported {out} (Hugging Face folder: safetensors + config.json + tokenizer files)")
 
 
 def cmd_presets(args: argparse.Namespace) -> None:
+    from hopperlm.config.presets import PRESETS
     from hopperlm.model.transformer import count_params, flops_per_token
-    from hopperlm.presets import PRESETS
 
     log(
         f"{'preset':<18}{'layers':>7}{'dim':>6}{'heads':>7}{'kv':>4}{'ffn':>7}{'vocab':>8}{'ctx':>6}"

@@ -6,29 +6,31 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hopperlm.cli.common import add_verb, log, resolve_recipe
 from hopperlm.cli.models import model_samples
 from hopperlm.errors import ConfigError
 
+if TYPE_CHECKING:  # (the CLI imports torch only when a verb needs it)
+    from hopperlm.train.run import Resume
+
 DEMO_RECIPE = "shakespeare-char"
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
+    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
 
-    train_until_done(load_config(resolve_recipe(args.config), overrides), args.resume)
+    train_until_done(resolve_init_from(load_config(resolve_recipe(args.config), overrides)), args.resume)
 
 
-def train_until_done(cfg, resume: bool | str) -> None:
-    """`train` and `finetune`: resume `auto` = continue the run if it has checkpoints, else start it (a
-    (re)queued job); a preemption signal exits with train.requeue_exit_code so the scheduler may requeue us."""
+def train_until_done(cfg, resume: Resume) -> None:
+    """`train` and `finetune`: `--resume` as train/run.py's `resolve_resume` reads it (`auto`: continue the
+    run if it has checkpoints, else start it: a (re)queued job); a preemption signal exits with
+    train.requeue_exit_code so the scheduler may requeue us."""
     from hopperlm.train.loop import train
 
-    if resume == "auto":
-        from hopperlm.train.checkpoint import list_checkpoints
-
-        resume = bool(list_checkpoints(cfg.run.out_dir))
     result = train(cfg, resume=resume, log=log)
     if result.stopped_by.startswith("signal"):  # preempted: checkpointed
         sys.exit(cfg.train.requeue_exit_code)
@@ -39,11 +41,13 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
     import os
     import shlex
 
+    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
     from hopperlm.dist.launch import launch_command
 
     config = resolve_recipe(args.config)
-    cfg = load_config(config, overrides)  # a bad config fails here, once, not on every rank
+    # a bad config (model.init_from included) fails here, once, not on every rank
+    cfg = resolve_init_from(load_config(config, overrides))
     command = launch_command(
         str(config),
         args.nproc_per_node,
@@ -63,11 +67,12 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
     """Write an sbatch script that runs CONFIG on NODES x GPUS ranks and requeues itself before its time limit."""
+    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
     from hopperlm.dist.launch import sbatch_script
 
     config = resolve_recipe(args.config)
-    cfg = load_config(config, overrides)
+    cfg = resolve_init_from(load_config(config, overrides))
     run_dir = Path(cfg.run.out_dir).resolve()
     out = Path(args.out) if args.out else run_dir / "job.sbatch"
     script = sbatch_script(
@@ -91,9 +96,10 @@ def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_finetune(args: argparse.Namespace, overrides: list[str]) -> None:
     """`train` for instruction data: the recipe must name sft.path (and usually model.init_from, lora)."""
+    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
 
-    cfg = load_config(resolve_recipe(args.config), overrides)
+    cfg = resolve_init_from(load_config(resolve_recipe(args.config), overrides))
     if not cfg.sft.path:
         raise ConfigError(
             "finetune needs instruction data: set sft.path (Alpaca/ShareGPT/messages JSON); "
@@ -104,10 +110,11 @@ def cmd_finetune(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     """Tiny Shakespeare end to end: find the text, prepare it, train the demo recipe, print samples."""
+    from hopperlm.checkpoint.inference import load_for_inference
+    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
     from hopperlm.data.demo_text import resolve_demo_text
     from hopperlm.data.prepare import prepare
-    from hopperlm.train.checkpoint import load_pretrained
     from hopperlm.train.loop import train
 
     start = time.perf_counter()
@@ -116,12 +123,14 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"--out {run_dir} already exists and is not empty; choose a new directory")
     prepare([text], run_dir / "data", tokenizer="byte", val_fraction=0.1, split="tail")
-    cfg = load_config(
-        resolve_recipe(DEMO_RECIPE),
-        ["--data.path", str(run_dir / "data"), "--run.out_dir", str(run_dir), *overrides],
+    cfg = resolve_init_from(
+        load_config(
+            resolve_recipe(DEMO_RECIPE),
+            ["--data.path", str(run_dir / "data"), "--run.out_dir", str(run_dir), *overrides],
+        )
     )
     result = train(cfg, log=log)
-    model, tokenizer = load_pretrained(run_dir, device=cfg.train.device)
+    model, tokenizer = load_for_inference(run_dir, device=cfg.train.device)
     log("\n--- samples ---")
     for i, sample in enumerate(model_samples(model, tokenizer, "\n", args.samples, 300, 0.8, 200, seed=0)):
         log(f"[sample {i + 1}]\n{sample.strip()}\n")

@@ -1,12 +1,14 @@
 """Typed run configuration: dataclasses with one docstring per field, YAML loading and strict CLI overrides.
 
 A config file has up to ten sections (model, data, optim, train, guard, log, parallel, run, lora, sft).
-`model.preset` starts the model section from a preset in presets.py; keys beside it override the preset;
-`model.init_from` starts it from a Hugging Face or hopperlm checkpoint instead. Every key is checked against the
-dataclass: an unknown key, a wrong type or an impossible shape raises ConfigError naming the field and the fix.
+`model.preset` starts the model section from a preset in presets.py; keys beside it override the preset.
+`model.init_from` starts it from a Hugging Face or hopperlm checkpoint instead: reading a config opens no
+checkpoint, so such a section awaits an explicit `hopperlm.checkpoint.init_from.resolve_init_from(cfg)`,
+which fills in the checkpoint's shape. Every key is checked against the dataclass: an unknown key, a wrong type
+or an impossible shape raises ConfigError naming the field and the fix.
 
 The sections live in model.py, training.py, run.py and finetune.py; recipe.py joins them into a Config and
-loading.py reads one from YAML. Everything is importable from `hopperlm.config`.
+loading.py reads one from YAML. Everything but the presets is importable from `hopperlm.config`.
 """
 
 from hopperlm.config.finetune import LoRAConfig, SFTConfig

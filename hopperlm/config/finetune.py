@@ -7,6 +7,32 @@ from typing import Literal
 
 from hopperlm.errors import ConfigError
 
+# lora.targets' short names -> the module path inside a transformer block (model/transformer.py)
+TARGETS = {
+    "q": "attn.q_proj",
+    "k": "attn.k_proj",
+    "v": "attn.v_proj",
+    "o": "attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+}
+
+
+def parse_targets(text: str) -> list[str]:
+    """'q,k,v' -> ['q', 'k', 'v']; 'all-linear' -> all seven. ConfigError naming unknown entries."""
+    if text.strip() == "all-linear":
+        return list(TARGETS)
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    names = [n.removesuffix("_proj") for n in names]  # accept PEFT's q_proj spelling too
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown or not names:
+        raise ConfigError(
+            f"lora.targets={text!r}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
+            f"use a comma-separated subset of {','.join(TARGETS)} or all-linear"
+        )
+    return list(dict.fromkeys(names))
+
 
 @dataclass
 class LoRAConfig:
@@ -36,8 +62,6 @@ class LoRAConfig:
             raise ConfigError(f"lora.dropout={self.dropout} must be in [0, 1)")
         if self.alpha <= 0:
             raise ConfigError(f"lora.alpha={self.alpha} must be positive")
-        from hopperlm.model.lora import parse_targets
-
         parse_targets(self.targets)
 
     @property

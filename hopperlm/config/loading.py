@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import yaml
 
+from hopperlm.config.model import awaiting_init_from
+from hopperlm.config.presets import get_preset
 from hopperlm.config.recipe import SECTIONS, Config
 from hopperlm.errors import ConfigError
 
@@ -77,24 +79,26 @@ def _build_section(name: str, values: dict[str, Any]) -> Any:
     cls = SECTIONS[name]
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
+    if name == "model" and values.get("preset") is not None and values.get("init_from") is not None:
+        raise ConfigError(
+            f"model.preset={values['preset']} and model.init_from={values['init_from']} are both set; the shape "
+            "comes from init_from, drop model.preset"
+        )
     if name == "model" and values.get("preset") is not None:
-        from hopperlm.presets import get_preset
-
         values = {**dataclasses.asdict(get_preset(values["preset"])), **values}
-    if name == "model" and values.get("init_from") is not None:  # the shape comes from the checkpoint
-        from hopperlm.model.hf import init_from_values
-
-        values = init_from_values(values)
     kwargs = {}
     for key, value in values.items():
         if key not in known:
             raise _unknown(key, known, f"{name}.")
         kwargs[key] = _coerce(value, hints[key], f"{name}.{key}")
+    if name == "model" and kwargs.get("init_from") is not None:  # the shape comes from the checkpoint, later
+        return awaiting_init_from(kwargs)
     return cls(**kwargs)
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
-    """Build and validate a Config from nested plain data (as read from YAML)."""
+    """Build and validate a Config from nested plain data (as read from YAML); a model.init_from still awaits
+    resolve_init_from (checkpoint/init_from.py)."""
     if not isinstance(raw, dict):
         raise ConfigError(f"a config must be a mapping of sections ({', '.join(SECTIONS)})")
     sections = {}
@@ -166,7 +170,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Read a YAML recipe, apply `--section.key value` overrides, validate everything."""
+    """Read a YAML recipe, apply `--section.key value` overrides, validate everything. Reads no checkpoint: a
+    model.init_from is filled in by checkpoint/init_from.py's resolve_init_from, called before the run."""
     return config_from_dict(merge(read_yaml(path), parse_overrides(overrides or [])))
 
 

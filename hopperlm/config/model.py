@@ -1,10 +1,32 @@
-"""The model section: the transformer's shape, and where its weights may start from."""
+"""The model section: the transformer's shape, and where its weights may start from.
+
+A section with model.init_from takes its shape from that checkpoint; reading the config does not open it:
+until `hopperlm.checkpoint.init_from.resolve_init_from` fills the shape in, the section `awaits_init_from`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hopperlm.errors import ConfigError
+
+# the two kinds of RoPE scaling a model section may name (model/rope.py computes them)
+LINEAR_KEYS = {"factor"}
+LLAMA3_KEYS = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+
+
+def check_rope_scaling(scaling: dict[str, float], where: str) -> None:
+    """ConfigError unless `scaling` holds exactly the keys of one supported kind, with sane values."""
+    keys = set(scaling)
+    if keys not in (LINEAR_KEYS, LLAMA3_KEYS):
+        raise ConfigError(
+            f"{where} has keys {sorted(keys)}; expected {{factor}} (linear) or {sorted(LLAMA3_KEYS)} (llama3)"
+        )
+    if scaling["factor"] <= 0:
+        raise ConfigError(f"{where}.factor={scaling['factor']} must be positive")
+    if keys == LLAMA3_KEYS and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise ConfigError(f"{where}: high_freq_factor must exceed low_freq_factor")
 
 
 @dataclass
@@ -48,7 +70,7 @@ class ModelConfig:
     init_from: str | None = None
     """A Hugging Face model folder (config.json + safetensors), or a hopperlm run/checkpoint/export, to start
     from: its config gives the shape (keys here may only lower max_seq_len, grow vocab_size or set dropout),
-    its weights the values. A larger vocabulary (an extended tokenizer) gets new rows (model/resize.py)."""
+    its weights the values. A larger vocabulary (an extended tokenizer) gets new rows (train/resize.py)."""
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "max_seq_len", "multiple_of"):
@@ -79,9 +101,20 @@ class ModelConfig:
                 "then identical)"
             )
         if self.rope_scaling is not None:
-            from hopperlm.model.rope import check_rope_scaling
-
             check_rope_scaling(self.rope_scaling, "model.rope_scaling")
+
+    @property
+    def awaits_init_from(self) -> bool:
+        """True for a model section read beside model.init_from whose shape has not been filled in from the
+        checkpoint yet (checkpoint/init_from.py's resolve_init_from does that): until then its fields are
+        defaults, and `recipe_keys` holds what the recipe set."""
+        return self.recipe_keys is not None
+
+    @property
+    def recipe_keys(self) -> dict[str, Any] | None:
+        """The keys the recipe set beside model.init_from (checked types, not yet checked against the
+        checkpoint), while the shape awaits it; None once resolved, or for a section built in Python."""
+        return self.__dict__.get("_recipe_keys")
 
     @property
     def head_dim(self) -> int:
@@ -97,3 +130,12 @@ class ModelConfig:
             return self.ffn_dim
         hidden = int(8 * self.dim / 3)
         return self.multiple_of * -(-hidden // self.multiple_of)
+
+
+def awaiting_init_from(values: dict[str, Any]) -> ModelConfig:
+    """The model section of a recipe that sets model.init_from, before the checkpoint is read: defaults and
+    init_from, with the recipe's keys kept aside for resolve_init_from, which lays them over the checkpoint's
+    values and checks them there (config loading reads no checkpoint)."""
+    cfg = ModelConfig(init_from=values["init_from"])
+    cfg.__dict__["_recipe_keys"] = dict(values)
+    return cfg

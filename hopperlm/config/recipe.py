@@ -32,7 +32,8 @@ class Config:
                 "train.embed_warmup_steps trains new embedding rows, which LoRA keeps frozen; "
                 "drop one of train.embed_warmup_steps and lora.rank"
             )
-        if self.train.seq_len > self.model.max_seq_len:
+        # (a model section awaiting model.init_from is checked once resolve_init_from has filled it in)
+        if not self.model.awaits_init_from and self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(
                 f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; "
                 "lower train.seq_len or raise model.max_seq_len"

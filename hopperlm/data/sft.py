@@ -33,6 +33,7 @@ from hopperlm.data.loader import Batch
 from hopperlm.data.tokenizer import HFTokenizer, load_tokenizer
 from hopperlm.data.train_data import Dataset, ValSet
 from hopperlm.errors import ConfigError, DataError
+from hopperlm.model.attention import describe_backend
 from hopperlm.model.loss import IGNORE_INDEX
 
 SHAREGPT_ROLES = {
@@ -232,11 +233,15 @@ class ValRows:
 
 
 class SFTBatches:
-    """The loop's micro-batches (the TrainBatches interface): epochs of shuffled, packed rows, the batch of
-    (step, micro) a pure function of the seed."""
+    """The loop's micro-batches of instruction rows (data/batches.py's `BatchSource`): epochs of shuffled,
+    packed rows, the batch of (step, micro) a pure function of the seed. Rank r reads its block of every
+    global micro-batch of micro_batch * world_size rows, so the rows of a step do not depend on the ranks."""
 
-    def __init__(self, rows: Rows, micro_batch: int, grad_accum: int, seed: int) -> None:
+    def __init__(
+        self, rows: Rows, *, micro_batch: int, grad_accum: int, seed: int, rank: int = 0, world_size: int = 1
+    ) -> None:
         self.rows, self.micro_batch, self.grad_accum, self.seed = rows, micro_batch, grad_accum, seed
+        self.rank, self.world_size = rank, world_size
         self._plans: dict[int, list[list[int]]] = {}
         self._ends: list[int] = []  # cumulative row counts of epochs 0, 1, ...
 
@@ -256,7 +261,8 @@ class SFTBatches:
         return self.epoch_plan(epoch)[g - start]
 
     def next(self, step: int, micro: int) -> Batch:
-        first = (step * self.grad_accum + micro) * self.micro_batch
+        global_micro = step * self.grad_accum + micro
+        first = (global_micro * self.world_size + self.rank) * self.micro_batch
         return self.rows.batch([self._row(g) for g in range(first, first + self.micro_batch)])
 
     def rows_per_epoch(self) -> int:
@@ -279,30 +285,18 @@ def describe(sc, device: torch.device, dropout: float) -> str:
     """The plan's data line for instruction data."""
     how = "whole examples packed per row" if sc.packing else "one example per row, padded"
     if sc.packing:
-        from hopperlm.model.attention import describe_backend
-
         how += f", {describe_backend(device, dropout)}"
     return f"instruction examples from {sc.path}: {how}; loss on {'all tokens' if sc.train_on_prompt else 'replies'}"
 
 
 # ---- what the loop opens -------------------------------------------------------------------------------------
-def sft_tokenizer(cfg: Config) -> HFTokenizer:
-    spec = cfg.sft.tokenizer or cfg.model.init_from
-    if not spec:
-        raise ConfigError(
-            "sft needs a tokenizer: set sft.tokenizer, or model.init_from (its tokenizer is used)"
-        )
-    path = Path(spec)
-    if not path.is_dir() or not (path / "tokenizer.json").is_file():
-        from hopperlm.model.hf import is_hf_dir
-        from hopperlm.train.checkpoint import TOKENIZER_DIR, resolve_model_dir
-
-        if path.is_dir() and not is_hf_dir(path) and not (path / "tokenizer.json").is_file():
-            path = resolve_model_dir(path) / TOKENIZER_DIR
+def sft_tokenizer(path: Path) -> HFTokenizer:
+    """The tokenizer at `path` (checkpoint/inference.py's sft_tokenizer_path finds a run's), which must be a
+    Hugging Face one."""
     tok = load_tokenizer(path)
     if not isinstance(tok, HFTokenizer):
         raise ConfigError(
-            f"sft: the tokenizer at {spec} is {tok.kind}; instruction data needs a tokenizer.json (Hugging Face "
+            f"sft: the tokenizer at {path} is {tok.kind}; instruction data needs a tokenizer.json (Hugging Face "
             "tokenizers), which marks special tokens in text and gives character offsets"
         )
     return tok
@@ -315,8 +309,17 @@ class SFTData:
     train: Rows
     seq_len: int
 
-    def batches(self, micro_batch: int, grad_accum: int, seed: int) -> SFTBatches:
-        return SFTBatches(self.train, micro_batch, grad_accum, seed)
+    def batches(
+        self, *, micro_batch: int, grad_accum: int, seed: int, rank: int = 0, world_size: int = 1
+    ) -> SFTBatches:
+        return SFTBatches(
+            self.train,
+            micro_batch=micro_batch,
+            grad_accum=grad_accum,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+        )
 
 
 def _held_out(where_record: tuple[str, dict], fraction: float) -> bool:
@@ -324,11 +327,12 @@ def _held_out(where_record: tuple[str, dict], fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def open_sft_data(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> SFTData:
-    """Read, template, tokenize and lay out cfg.sft.path; save the tokenizer (with the chat template used) to
-    RUN_DIR/tokenizer, so checkpoints, exports and `generate --chat` render prompts the same way."""
+def open_sft_data(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer_path: Path) -> SFTData:
+    """Read, template, tokenize and lay out cfg.sft.path with the tokenizer at `tokenizer_path` (where
+    checkpoint/inference.py's sft_tokenizer_path finds it); save the tokenizer (with the chat template used)
+    to RUN_DIR/tokenizer, so checkpoints, exports and `generate --chat` render prompts the same way."""
     sc, T = cfg.sft, cfg.train.seq_len
-    tokenizer = sft_tokenizer(cfg)
+    tokenizer = sft_tokenizer(tokenizer_path)
     eos, bos = tokenizer.id_to_piece(tokenizer.eos_id), None
     if tokenizer.bos_id is not None:
         bos = tokenizer.id_to_piece(tokenizer.bos_id)

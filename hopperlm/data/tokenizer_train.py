@@ -11,8 +11,8 @@ fallback) for a new language without touching what it already does:
    contains a character outside the protected set (ASCII, Latin, general punctuation, and every character
    of the `--protect` texts). New characters come first, then the pieces;
 3. append them after the last base id (every existing id keeps its meaning, so a model's embedding rows stay
-   valid: issue 6 resizes the embedding for the new rows) and append their merges after the base merges
-   (lowest priority).
+   valid: continued pretraining with the extended tokenizer only adds rows, train/resize.py) and append their
+   merges after the base merges (lowest priority).
 Text made only of protected characters cannot form any new piece, so its tokenization is unchanged by
 construction; the fertility report checks it on held-out text anyway (identical ids, not just counts).
 """

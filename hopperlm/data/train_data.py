@@ -1,27 +1,20 @@
-"""What the training loop reads: its datasets (one, or a weighted mixture), the micro-batches of every step
-and the validation sets, chosen from the `data` section of the config.
-
-- `data.sampling: random` over one dataset (the default) is `RandomWindows`: the batch of (step, micro_step) is
-  a pure function of the seed, nothing to save. Everything else (`sequential`, or a `mixture`) is a
-  `SampleStream` whose position is saved in each checkpoint (`state_dict`) and restored on resume.
-- `data.packing` adds document numbers to every batch, so attention stays within documents.
-- `data.prefetch` batches are prepared (and pinned) by a background thread.
+"""What a pretraining run reads, chosen from the `data` section of the config: its datasets (one, or a
+weighted mixture), their train shards and the validation sets. The micro-batches of every step come from
+data/batches.py; `data.packing` adds document numbers to every batch, so attention stays within documents.
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from hopperlm.config import DataConfig
-from hopperlm.data.loader import Batch, RandomWindows, TokenShards, eval_windows
-from hopperlm.data.prefetch import Prefetcher
-from hopperlm.data.sampling import SampleStream, Source
+from hopperlm.data.loader import TokenShards, eval_windows
 from hopperlm.data.shards import read_manifest
 from hopperlm.errors import ConfigError, DataError
+from hopperlm.model.attention import describe_backend
 
 
 @dataclass
@@ -85,134 +78,10 @@ def describe(cfg: DataConfig, device: torch.device, dropout: float) -> str:
     if cfg.mixture:
         parts.append("mixture " + " + ".join(f"{Path(p).name} {w:g}" for p, w in cfg.mixture.items()))
     if cfg.packing:
-        from hopperlm.model.attention import describe_backend
-
         parts.append(f"packing with {describe_backend(device, dropout)}")
     prefetch = default_prefetch(cfg, device)
     parts.append(f"prefetch {prefetch} batches in a background thread" if prefetch else "no prefetch thread")
     return "; ".join(parts)
-
-
-class TrainBatches:
-    """The micro-batches of each step, ready for the device (pinned when asked), prefetched when asked."""
-
-    def __init__(
-        self,
-        cfg: DataConfig,
-        datasets: list[Dataset],
-        shards: list[TokenShards],
-        seq_len: int,
-        micro_batch: int,
-        grad_accum: int,
-        seed: int,
-        pin: bool,
-        prefetch: int,
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> None:
-        self.cfg, self.seq_len, self.seed, self.pin, self.depth = cfg, seq_len, seed, pin, prefetch
-        self.grad_accum, self.rank, self.world_size = grad_accum, rank, world_size
-        self.stateless = cfg.sampling == "random" and len(datasets) == 1
-        if self.stateless:
-            self.windows = RandomWindows(shards[0], seq_len, micro_batch, seed, cfg.packing, rank, world_size)
-        else:
-            sources = [Source(d.name, s, d.weight) for d, s in zip(datasets, shards, strict=True)]
-            self.stream = SampleStream(
-                sources, seq_len, micro_batch, seed, cfg.sampling, cfg.shuffle, cfg.packing, rank, world_size
-            )
-            self._consumed = self.stream.state_dict()  # the position of the next batch the loop will use
-            self._step_start = self._consumed
-        self._prefetcher: Prefetcher | None = None
-        self._next_key: tuple[int, int] | None = None
-
-    # ---- the checkpointed position -------------------------------------------------------------------------
-    def state_dict(self) -> dict | None:
-        """None for stateless random windows (the step is the position), else the stream's position."""
-        return None if self.stateless else dict(self._consumed)
-
-    def load_state_dict(self, state: dict | None) -> None:
-        if self.stateless:
-            return
-        if state is None:
-            raise DataError(
-                f"the checkpoint holds no data position, so data.sampling={self.cfg.sampling} "
-                "(or data.mixture) cannot resume exactly; resume with the run's own data config"
-            )
-        self._stop()
-        self.stream.load_state_dict(state)
-        self._consumed = self._step_start = self.stream.state_dict()
-
-    # ---- batches -------------------------------------------------------------------------------------------
-    def _ready(self, batch: Batch) -> Batch:
-        return batch.pin_memory() if self.pin else batch
-
-    def _start_prefetch(self, step: int, micro: int) -> None:
-        if self.stateless:
-            keys = (
-                (s, m)
-                for s in itertools.count(step)
-                for m in range(micro if s == step else 0, self.grad_accum)
-            )
-
-            def produce():
-                key = next(keys)
-                return key, self._ready(self.windows.get(*key))
-        else:
-
-            def produce():
-                batch = self._ready(self.stream.next_batch())
-                return None, batch, self.stream.state_dict()
-
-        self._prefetcher = Prefetcher(produce, self.depth)
-
-    def _stop(self) -> None:
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
-
-    def next(self, step: int, micro: int) -> Batch:
-        """Micro-batch `micro` of data step `step` (the stateless sampler uses both; a stream gives its next)."""
-        if micro == 0 and not self.stateless:
-            self._step_start = self._consumed
-        if not self.depth:
-            if self.stateless:
-                return self._ready(self.windows.get(step, micro))
-            batch = self._ready(self.stream.next_batch())
-            self._consumed = self.stream.state_dict()
-            return batch
-        if self.stateless:
-            if self._prefetcher is None or self._next_key != (step, micro):
-                self._stop()  # a rollback or an out-of-memory redo changed the order of steps
-                self._start_prefetch(step, micro)
-            key, batch = self._prefetcher.get()
-            self._next_key = (step, micro + 1) if micro + 1 < self.grad_accum else (step + 1, 0)
-            return batch
-        if self._prefetcher is None:
-            self._start_prefetch(step, micro)
-        _, batch, self._consumed = self._prefetcher.get()
-        return batch
-
-    def set_micro_batch(self, micro_batch: int, grad_accum: int) -> None:
-        """After an out-of-memory error: smaller micro-batches from the start of the step being redone."""
-        self._stop()
-        self.grad_accum = grad_accum
-        if self.stateless:
-            self.windows = RandomWindows(
-                self.windows.shards,
-                self.seq_len,
-                micro_batch,
-                self.seed,
-                self.cfg.packing,
-                self.rank,
-                self.world_size,
-            )
-        else:
-            self.stream.micro_batch = micro_batch
-            self.stream.load_state_dict(self._step_start)
-            self._consumed = self._step_start
-
-    def close(self) -> None:
-        self._stop()
 
 
 @dataclass

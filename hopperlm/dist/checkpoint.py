@@ -1,6 +1,6 @@
 """Checkpoints of a data-parallel run, in one of two formats under RUN_DIR/checkpoints/step_N/, each with the
 same config.json, tokenizer/, state.json, rng.pt (every rank's RNG states) and checksums.json
-(train/checkpoint.py):
+(hopperlm/checkpoint/layout.py):
 
   single   model.safetensors + optimizer.pt. One process, and DDP, where every rank holds the whole state:
            rank 0 writes it while the others wait.
@@ -14,6 +14,7 @@ files are written under a temporary name; every rank hashes and fsyncs a share o
 checksums.json last and renames the directory; a failure on any rank leaves the previous checkpoints as they
 were and every rank goes on; --resume verifies the checksums (each rank a share) and falls back to the
 checkpoint before a corrupt one. The run directory must be on a filesystem that every node sees.
+The files themselves are hopperlm/checkpoint/'s (layout.py, single.py, sharded.py); here the ranks take turns.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import json
 import shutil
 import warnings
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +30,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from hopperlm.config import ModelConfig, ParallelConfig
-from hopperlm.data.prepare import file_sha256
-from hopperlm.dist.runtime import Runtime
-from hopperlm.errors import CheckpointError
-from hopperlm.train import checkpoint as ckpt_io
-from hopperlm.train.checkpoint import (
+from hopperlm.checkpoint.atomic import fsync_path
+from hopperlm.checkpoint.layout import (
     CHECKSUM_FILE,
     MODEL_FILE,
     OPTIM_FILE,
@@ -43,19 +39,29 @@ from hopperlm.train.checkpoint import (
     RNG_FILE,
     SHARDED_DIR,
     STATE_FILE,
-    CheckpointSaveError,
     checkpoint_dir,
-    fsync_path,
     is_sharded,
-    publish_checkpoint,
-    read_model_config,
+    latest_checkpoint,
+    latest_valid_checkpoint,
+    list_checkpoints,
     read_state,
-    rng_state,
-    set_rng_state,
     verify_checkpoint,
     write_model_config,
 )
-from hopperlm.train.optim import OptimizerPair
+from hopperlm.checkpoint.sharded import first_line, single_process_ok
+from hopperlm.checkpoint.single import (
+    CheckpointSaveError,
+    load_model_weights,
+    load_training_state,
+    publish_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from hopperlm.config import ModelConfig, ParallelConfig
+from hopperlm.data.shards import file_sha256
+from hopperlm.dist.runtime import Runtime
+from hopperlm.errors import CheckpointError
 
 SHARDED_STRATEGIES = ("fsdp", "hsdp")
 
@@ -67,30 +73,17 @@ def checkpoint_format(cfg: ParallelConfig, strategy: str) -> str:
 
 
 def optimizers_of(optimizer) -> list[torch.optim.Optimizer]:
-    return list(optimizer.optimizers) if isinstance(optimizer, OptimizerPair) else [optimizer]
-
-
-def _first_line(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-@contextmanager
-def _single_process_ok():
-    """DCP warns that it assumes one process when there is no process group: that is what we asked for."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        yield
+    """The torch optimizers behind the run's: both of a pair (train/optim.py's OptimizerPair holds them in
+    `optimizers`), else the optimizer itself."""
+    return list(getattr(optimizer, "optimizers", (optimizer,)))
 
 
 def latest_valid(run_dir: Path, rt: Runtime, log: Callable[[str], None]) -> Path | None:
     """The newest checkpoint whose files verify; with several ranks each verifies a share of the files and
     all agree on the answer (rank 0's listing decides which checkpoints there are)."""
     if rt.world_size == 1:
-        return ckpt_io.latest_valid_checkpoint(run_dir, log)
-    found = rt.broadcast_object([str(p) for p in ckpt_io.list_checkpoints(run_dir)] if rt.is_main else None)
+        return latest_valid_checkpoint(run_dir, log)
+    found = rt.broadcast_object([str(p) for p in list_checkpoints(run_dir)] if rt.is_main else None)
     for name in reversed(found):
         ckpt = Path(name)
         problems = [p for p in rt.all_gather_object(verify_checkpoint(ckpt, (rt.rank, rt.world_size))) if p]
@@ -122,6 +115,7 @@ class Checkpointer:
         self,
         run_dir: Path,
         step: int,
+        *,
         model: nn.Module,
         model_cfg: ModelConfig,
         optimizer,
@@ -131,7 +125,7 @@ class Checkpointer:
         keep_last: int,
         keep_every: int = 0,
     ) -> Path:
-        """As train/checkpoint.save_checkpoint; every rank calls it. CheckpointSaveError on every rank when
+        """As checkpoint/single.py's save_checkpoint; every rank calls it. CheckpointSaveError on every rank when
         any rank could not write its part (the previous checkpoints are untouched)."""
         self.finish()
         rt = self.rt
@@ -140,18 +134,18 @@ class Checkpointer:
             error = None
             if rt.is_main:
                 try:
-                    ckpt_io.save_checkpoint(
+                    save_checkpoint(
                         run_dir,
                         step,
-                        model,
-                        model_cfg,
-                        optimizer,
-                        scaler,
-                        state,
-                        tokenizer_dir,
-                        keep_last,
-                        keep_every,
-                        rank_rng,
+                        model=model,
+                        model_cfg=model_cfg,
+                        optimizer=optimizer,
+                        scaler=scaler,
+                        state=state,
+                        tokenizer_dir=tokenizer_dir,
+                        keep_last=keep_last,
+                        keep_every=keep_every,
+                        rank_rng=rank_rng,
                     )
                 except CheckpointSaveError as e:
                     error = str(e)
@@ -160,11 +154,33 @@ class Checkpointer:
                 raise CheckpointSaveError(error)
             return checkpoint_dir(run_dir, step)
         return self._save_sharded(
-            run_dir, step, model, model_cfg, optimizer, scaler, state, tokenizer_dir, rank_rng, keep_last, keep_every
+            run_dir,
+            step,
+            model=model,
+            model_cfg=model_cfg,
+            optimizer=optimizer,
+            scaler=scaler,
+            state=state,
+            tokenizer_dir=tokenizer_dir,
+            rank_rng=rank_rng,
+            keep_last=keep_last,
+            keep_every=keep_every,
         )
 
     def _save_sharded(
-        self, run_dir, step, model, model_cfg, optimizer, scaler, state, tokenizer_dir, rank_rng, keep_last, keep_every
+        self,
+        run_dir: Path,
+        step: int,
+        *,
+        model: nn.Module,
+        model_cfg: ModelConfig,
+        optimizer,
+        scaler,
+        state: dict[str, Any],
+        tokenizer_dir: Path | None,
+        rank_rng: list | None,
+        keep_last: int,
+        keep_every: int,
     ) -> Path:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -193,16 +209,16 @@ class Checkpointer:
         alone = {} if rt.active else {"no_dist": True}  # (passed only when needed: older torch lacks it)
         try:
             if self.async_save:
-                with _single_process_ok():
+                with single_process_ok():
                     future = dcp.async_save(
                         content, checkpoint_id=tmp / SHARDED_DIR, process_group=self._group, **alone
                     )
                 self._pending = (future, tmp, final, run_dir, keep_last, keep_every)
                 return final
-            with _single_process_ok():
+            with single_process_ok():
                 dcp.save(content, checkpoint_id=tmp / SHARDED_DIR, **alone)
         except Exception as e:  # DCP raises on every rank when any rank's write failed
-            self._raise_if_any(_first_line(e), tmp, run_dir, final)
+            self._raise_if_any(first_line(e), tmp, run_dir, final)
         return self._complete(tmp, final, run_dir, keep_last, keep_every)
 
     def _complete(self, tmp: Path, final: Path, run_dir: Path, keep_last: int, keep_every: int) -> Path:
@@ -239,7 +255,7 @@ class Checkpointer:
             return
         if self.rt.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        previous = ckpt_io.latest_checkpoint(run_dir)
+        previous = latest_checkpoint(run_dir)
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
         raise CheckpointSaveError(f"could not write checkpoint {final.name} ({error}); {kept}")
 
@@ -252,7 +268,7 @@ class Checkpointer:
         try:
             future.result()
         except Exception as e:
-            self._raise_if_any(_first_line(e), tmp, run_dir, final)
+            self._raise_if_any(first_line(e), tmp, run_dir, final)
         self._complete(tmp, final, run_dir, keep_last, keep_every)
         self.log(f"checkpoint: {final} complete (written in the background)")
 
@@ -275,8 +291,8 @@ class Checkpointer:
         elif self.strategy in SHARDED_STRATEGIES:
             state = self._load_single_into_shards(ckpt, model, optimizer, scaler)
         else:
-            ckpt_io.load_model_weights(ckpt, model)
-            state = ckpt_io.load_training_state(ckpt, optimizer, scaler)
+            load_model_weights(ckpt, model)
+            state = load_training_state(ckpt, optimizer, scaler)
         self._restore_rank_rng(ckpt, state)
         return state
 
@@ -288,11 +304,11 @@ class Checkpointer:
         model_sd, optim_sd = get_state_dict(model, optimizers)
         content = {"model": model_sd, "optim": optim_sd}
         try:
-            with _single_process_ok():
+            with single_process_ok():
                 dcp.load(content, checkpoint_id=ckpt / SHARDED_DIR, **({} if self.rt.active else {"no_dist": True}))
         except Exception as e:
             raise CheckpointError(
-                f"cannot load {ckpt / SHARDED_DIR} into this model/optimizer ({_first_line(e)}); resume with "
+                f"cannot load {ckpt / SHARDED_DIR} into this model/optimizer ({first_line(e)}); resume with "
                 "the run's own config"
             ) from None
         set_state_dict(model, optimizers, model_state_dict=content["model"], optim_state_dict=content["optim"])
@@ -312,7 +328,7 @@ class Checkpointer:
             weights = safetensors.torch.load_file(str(ckpt / MODEL_FILE))
             saved = torch.load(ckpt / OPTIM_FILE, map_location="cpu", weights_only=True)
         except Exception as e:
-            raise CheckpointError(f"checkpoint {ckpt} is unreadable ({_first_line(e)})") from None
+            raise CheckpointError(f"checkpoint {ckpt} is unreadable ({first_line(e)})") from None
         for name, alias in tied_names(model):  # safetensors stores a tied tensor under one name
             if name not in weights and alias in weights:
                 weights[name] = weights[alias]
@@ -333,7 +349,7 @@ class Checkpointer:
             )
         except (RuntimeError, KeyError, ValueError) as e:
             raise CheckpointError(
-                f"{ckpt} does not match this model/optimizer ({_first_line(e)}); resume with the run's own "
+                f"{ckpt} does not match this model/optimizer ({first_line(e)}); resume with the run's own "
                 "config"
             ) from None
         state = read_state(ckpt)
@@ -391,37 +407,3 @@ def named_optimizer_state(saved: dict, optimizer: torch.optim.Optimizer, model: 
                 state[fqn] = saved["state"][index]
         groups.append({**saved_group, "params": fqns})
     return {"state": state, "param_groups": groups}
-
-
-# ---- the model alone (generate, export) -----------------------------------------------------------------
-def load_sharded_model(model_dir: Path, model: nn.Module) -> None:
-    """The weights of a sharded checkpoint into a whole (unsharded) model, in this process alone."""
-    import torch.distributed.checkpoint as dcp
-
-    weights = model.state_dict()
-    try:
-        with _single_process_ok():
-            dcp.load({"model": weights}, checkpoint_id=Path(model_dir) / SHARDED_DIR, no_dist=True)
-    except Exception as e:
-        raise CheckpointError(
-            f"cannot load {Path(model_dir) / SHARDED_DIR} into this model ({_first_line(e)}); the config's "
-            "model section must equal the checkpoint's"
-        ) from None
-    model.load_state_dict(weights)
-
-
-def materialize_model(model_dir: Path) -> nn.Module:
-    """A sharded checkpoint's model on the CPU, without spending time on a random initialisation first."""
-    from hopperlm.model.transformer import Transformer, rope_tables
-
-    cfg = read_model_config(model_dir)
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model.to_empty(device="cpu")
-    if cfg.tie_embeddings:
-        model.lm_head.weight = model.embed.weight
-    cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
-    model.rope_cos.copy_(cos)
-    model.rope_sin.copy_(sin)
-    load_sharded_model(model_dir, model)
-    return model.eval()

@@ -32,26 +32,33 @@ import torch.nn as nn
 from hopperlm.config import Config, ModelConfig
 from hopperlm.dist.runtime import Runtime, World
 from hopperlm.errors import ConfigError
+from hopperlm.memory import estimate_memory
 
 SHARDED = ("fsdp", "hsdp")
 
 
-def choose_strategy(cfg: Config, model_cfg: ModelConfig, hw, world: World, plan, budget: float) -> None:
-    """Set plan.strategy, plan.world_size and plan.dp_shard (ranks one copy of the state is spread over), with
-    the reason. `budget` is the memory one device may fill."""
-    from hopperlm.memory import estimate_memory
+def choose_strategy(
+    cfg: Config,
+    model_cfg: ModelConfig,
+    hw,
+    world: World,
+    *,
+    precision: str,
+    fused_loss: bool,
+    optimizer: str,
+    budget: float,
+) -> tuple[str, int, str]:
+    """(strategy, dp_shard, reason): the data parallelism over the world's ranks and the ranks one copy of the
+    state is spread over. `budget` is the memory one device may fill."""
 
     want, n = cfg.parallel.strategy, world.size
-    plan.world_size, plan.dp_shard = n, 1
     if want == "none" and n > 1:
         raise ConfigError(
             f"parallel.strategy=none with {n} ranks: each would train its own copy; use auto, ddp, fsdp or "
             "hsdp, or launch one process"
         )
     if want == "auto" and n == 1:
-        plan.strategy = "none"
-        plan.reasons["parallel"] = "none (one process; under torchrun auto picks DDP or FSDP)"
-        return
+        return "none", 1, "none (one process; under torchrun auto picks DDP or FSDP)"
     muon = cfg.optim.name == "muon"
     if muon and want in SHARDED:
         raise ConfigError(
@@ -61,44 +68,51 @@ def choose_strategy(cfg: Config, model_cfg: ModelConfig, hw, world: World, plan,
     where = "GPU" if hw.device_type == "cuda" else "process"
     if want == "auto":
         full = estimate_memory(
-            model_cfg, cfg.train.seq_len, plan.precision, "full", plan.fused_loss, plan.optimizer
+            model_cfg,
+            cfg.train.seq_len,
+            precision,
+            checkpointing="full",
+            fused_loss=fused_loss,
+            optimizer=optimizer,
         )
-        state = f"weights + grads + {plan.optimizer} state ({full.static / 1e9:.1f} GB)"
+        state = f"weights + grads + {optimizer} state ({full.static / 1e9:.1f} GB)"
         if full.largest_micro_batch(budget) >= 1:
-            plan.strategy = "ddp"
-            plan.reasons["parallel"] = (
-                f"ddp over {n} ranks: {state} and a sequence fit one {where} ({budget / 1e9:.1f} GB); "
-                "a replica per rank, gradients all-reduced once per step"
+            return (
+                "ddp",
+                1,
+                (
+                    f"ddp over {n} ranks: {state} and a sequence fit one {where} ({budget / 1e9:.1f} GB); "
+                    "a replica per rank, gradients all-reduced once per step"
+                ),
             )
-            return
         if muon:
             raise ConfigError(
                 f"{state} exceed one {where} ({budget / 1e9:.1f} GB), so this run needs FSDP, which "
                 "optim.name=muon cannot run on; use optim.name adamw"
             )
-        plan.strategy, plan.dp_shard = "fsdp", n
-        plan.reasons["parallel"] = (
-            f"fsdp over {n} ranks: {state} exceed one {where} ({budget / 1e9:.1f} GB); sharded, "
-            f"{full.static / n / 1e9:.1f} GB per rank"
+        return (
+            "fsdp",
+            n,
+            (
+                f"fsdp over {n} ranks: {state} exceed one {where} ({budget / 1e9:.1f} GB); sharded, "
+                f"{full.static / n / 1e9:.1f} GB per rank"
+            ),
         )
-        return
-    plan.strategy = want
     if want == "fsdp":
-        plan.dp_shard = n
-        plan.reasons["parallel"] = f"fsdp over {n} rank(s) (set by parallel.strategy)"
-    elif want == "hsdp":
+        return "fsdp", n, f"fsdp over {n} rank(s) (set by parallel.strategy)"
+    if want == "hsdp":
         shard = cfg.parallel.shard_size or world.local_size
         if n % shard:
             raise ConfigError(
                 f"parallel.shard_size={shard} does not divide the {n} ranks; use a divisor of {n} "
                 "(e.g. the GPUs of one node)"
             )
-        plan.dp_shard = shard
-        plan.reasons["parallel"] = (
-            f"hsdp (set by parallel.strategy): sharded over {shard} rank(s), {n // shard} replica(s)"
+        return (
+            "hsdp",
+            shard,
+            f"hsdp (set by parallel.strategy): sharded over {shard} rank(s), {n // shard} replica(s)",
         )
-    else:
-        plan.reasons["parallel"] = f"{want} over {n} rank(s) (set by parallel.strategy)"
+    return want, 1, f"{want} over {n} rank(s) (set by parallel.strategy)"
 
 
 @dataclass
@@ -151,8 +165,11 @@ def device_mesh(plan, rt: Runtime):
     return init_device_mesh(kind, (rt.world_size,), mesh_dim_names=("shard",))
 
 
-def parallelize(model: nn.Module, plan, rt: Runtime, log: Callable[[str], None]) -> Parallel:
-    """Wrap (DDP) or shard in place (FSDP2/HSDP) the model, after apply_speedups; none: the model as it is."""
+def parallelize(
+    model: nn.Module, plan, rt: Runtime, log: Callable[[str], None], *, fp8_all_gather: bool = False
+) -> Parallel:
+    """Wrap (DDP) or shard in place (FSDP2/HSDP) the model, after apply_speedups; none: the model as it is.
+    `fp8_all_gather`: the plan's, if float8 is in effect after the speed-ups."""
     if plan.strategy == "none":
         return Parallel("none", model)
     if plan.strategy == "ddp":
@@ -189,6 +206,6 @@ def parallelize(model: nn.Module, plan, rt: Runtime, log: Callable[[str], None])
         f"parallel: {plan.strategy.upper()} over {rt.world_size} ranks (mesh {shape}, {rt.backend}), "
         f"{len(model.layers)} blocks + root sharded"
         + (f", {plan.autocast_dtype} params / fp32 gradient reduction" if plan.autocast_dtype else "")
-        + (", float8 all-gather" if plan.fp8_all_gather else "")
+        + (", float8 all-gather" if fp8_all_gather else "")
     )
-    return Parallel(plan.strategy, model, plan.fp8_all_gather)
+    return Parallel(plan.strategy, model, fp8_all_gather)

@@ -18,7 +18,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hopperlm.data.loader import TokenShards
+from hopperlm.data.shards import read_manifest
 from hopperlm.data.tokenizer import Tokenizer
+from hopperlm.data.tokenizer_train import corpus_texts
 from hopperlm.errors import DataError
 
 
@@ -53,18 +56,14 @@ def text_documents(path: Path, text_field: str = "text") -> list[str]:
     """A .txt file is one document; other inputs are read as `prepare` reads them."""
     if path.is_file() and path.suffix == ".txt":
         return [path.read_text(encoding="utf-8")]
-    from hopperlm.data.tokenizer_train import corpus_texts
 
     return list(corpus_texts([path], text_field))
 
 
 def token_stream(path: Path, tokenizer: Tokenizer, max_tokens: int | None) -> tuple[np.ndarray, int | None]:
     """(token ids, UTF-8 bytes they cover) of a held-out source."""
-    from hopperlm.data.shards import read_manifest
 
     if path.is_dir() and (path / "manifest.json").is_file():
-        from hopperlm.data.loader import TokenShards
-
         manifest = read_manifest(path)
         if manifest["tokenizer"]["sha256"] != tokenizer.sha256:
             raise DataError(

@@ -6,7 +6,8 @@ of transformers' modeling_rope_utils, written here so no transformers is needed 
   llama3  Llama-3.1's: frequencies whose wavelength exceeds original_max_position_embeddings / low_freq_factor
           are divided by `factor`, those shorter than .../high_freq_factor are kept, and those in between
           are blended smoothly
-Other kinds (dynamic NTK, YaRN, LongRoPE) change attention at run time or per length; they are refused.
+Other kinds (dynamic NTK, YaRN, LongRoPE) change attention at run time or per length; they are refused
+(config/model.py's check_rope_scaling checks a model section's scaling when the config is read).
 """
 
 from __future__ import annotations
@@ -15,23 +16,7 @@ import math
 
 import torch
 
-from hopperlm.errors import ConfigError
-
-LINEAR_KEYS = {"factor"}
-LLAMA3_KEYS = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-
-
-def check_rope_scaling(scaling: dict[str, float], where: str) -> None:
-    """ConfigError unless `scaling` holds exactly the keys of one supported kind, with sane values."""
-    keys = set(scaling)
-    if keys not in (LINEAR_KEYS, LLAMA3_KEYS):
-        raise ConfigError(
-            f"{where} has keys {sorted(keys)}; expected {{factor}} (linear) or {sorted(LLAMA3_KEYS)} (llama3)"
-        )
-    if scaling["factor"] <= 0:
-        raise ConfigError(f"{where}.factor={scaling['factor']} must be positive")
-    if keys == LLAMA3_KEYS and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
-        raise ConfigError(f"{where}: high_freq_factor must exceed low_freq_factor")
+from hopperlm.config.model import LINEAR_KEYS
 
 
 def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, float] | None) -> torch.Tensor:

@@ -258,6 +258,16 @@ def build_model(cfg: ModelConfig, device: torch.device | str = "cpu", seed: int 
     return model
 
 
+def build_empty(cfg: ModelConfig, device: torch.device | str) -> Transformer:
+    """A model whose weights are about to be loaded: allocated, RoPE tables set and tied weights tied, no
+    random initialisation."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.to_empty(device=device)
+    model.init_buffers()
+    return model
+
+
 def count_params(cfg: ModelConfig) -> dict[str, int]:
     """Exact parameter counts from the config alone (no model needed; matches the built module)."""
     d, hd, L, V = cfg.dim, cfg.head_dim, cfg.n_layers, cfg.vocab_size or 0

@@ -1,7 +1,7 @@
 """The one object the training loop talks to: it records the plan, sends each log step's record to every sink,
 adds the GPU monitor's readings, keeps the progress display and the ETA, and writes the report at the end.
 
-    observer = RunObserver(cfg, run_dir, log, hw, plan, model_cfg, fpt, predicted, step, tokens, elapsed)
+    observer = RunObserver(cfg, run_dir, log=log, hw=hw, plan=plan, ..., step=0, tokens=0, elapsed_s=0.0)
     with observer:                      # live display, GPU sampling thread; sinks closed even on errors
         ... observer.log_step(record)   # every log step
         ... observer.restart_at(...)    # after a rollback to a checkpoint
@@ -66,6 +66,7 @@ class RunObserver:
         self,
         cfg: Config,
         run_dir: Path,
+        *,
         log: Callable[[str], None],
         hw: Hardware,
         plan: Plan,

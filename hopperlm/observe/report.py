@@ -15,9 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hopperlm.checkpoint.layout import list_checkpoints, read_state
 from hopperlm.errors import CheckpointError, DataError
+from hopperlm.observe.plot import plot_runs
 from hopperlm.observe.progress import format_duration
-from hopperlm.train.checkpoint import list_checkpoints, read_state
 from hopperlm.train.metrics import human_count, read_metrics
 
 
@@ -135,8 +136,6 @@ def write_report(run_dir: Path, plots: bool = True) -> tuple[Path, Path]:
     info = gather(run_dir)
     pngs: list[Path] = []
     if plots and info["has_metrics"]:
-        from hopperlm.observe.plot import plot_runs
-
         pngs = plot_runs([run_dir], run_dir / "plots")
     md, page = run_dir / "report.md", run_dir / "report.html"
     md.write_text(render_markdown(info, [p.relative_to(run_dir) for p in pngs]))

@@ -20,26 +20,28 @@ from hopperlm.speed.compile import apply_compile
 from hopperlm.speed.float8 import Float8NativeLinear, apply_fp8
 
 
-def apply_speedups(model: torch.nn.Module, plan, log: Callable[[str], None]) -> None:
-    """Apply the plan's speed-ups to `model` in place. A float8 backend that cannot run here is undone
-    (training continues in bf16) and `plan.fp8` is set to "off", with one line saying why."""
-    if plan.fp8 != "off":
+def apply_speedups(model: torch.nn.Module, plan, log: Callable[[str], None]) -> str:
+    """Apply the plan's speed-ups to `model` in place; returns the float8 backend in effect. A backend that
+    cannot run here is undone (training continues in bf16): "off" is returned, with one line saying why. The
+    plan itself never changes: the run keeps what is in effect in its state."""
+    fp8 = plan.fp8
+    if fp8 != "off":
         try:
-            n = apply_fp8(model, plan.fp8, fsdp_float8_all_gather=getattr(plan, "fp8_all_gather", False))
+            n = apply_fp8(model, fp8, fsdp_float8_all_gather=plan.fp8_all_gather)
             if n == 0:
                 raise RuntimeError("no linear layer is large enough, with dims divisible by 16, to gain")
             _probe(model, plan)
-            log(f"fp8: {n} linear layers in float8 ({plan.fp8}); the LM head and small layers stay bf16")
+            log(f"fp8: {n} linear layers in float8 ({fp8}); the LM head and small layers stay bf16")
         except Exception as e:  # ImportError, a CUDA capability error, a shape error: all mean bf16
             _undo_fp8(model)
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            plan.reasons["fp8"] = f"off: the {plan.fp8} backend failed at start-up ({reason}); bf16 instead"
-            log(f"fp8: off ({plan.fp8} failed at start-up: {reason}); training continues in bf16")
-            plan.fp8 = "off"
+            log(f"fp8: off ({fp8} failed at start-up: {reason}); training continues in bf16")
+            fp8 = "off"
     model.fused_loss = plan.fused_loss
     apply_activation_checkpointing(model, plan.activation_checkpointing, plan.ac_every)
     if plan.compile:
         apply_compile(model, plan.compile_mode, plan.compile_scope)
+    return fp8
 
 
 def _probe(model: torch.nn.Module, plan) -> None:

@@ -24,7 +24,9 @@ def predicted_tokens_per_s(plan: Plan, flops_per_token: int) -> tuple[float, flo
     return rate / flops_per_token, rate
 
 
-def print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted) -> None:
+def print_banner(
+    log, *, run_dir, resume_from, step, hw, plan: Plan, model_cfg, tc, manifest, fpt, predicted
+) -> None:
     counts = count_params(model_cfg)
     planned = []
     if tc.max_steps:
@@ -63,16 +65,19 @@ def print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manif
     log(f"plan: {' or '.join(planned)}" + (f" | target val loss {tc.target_loss}" if tc.target_loss else ""))
 
 
-def print_preflight_check(log, record: dict, plan: Plan, predicted: float) -> None:
-    """After the first log step: the measured numbers beside the preflight estimate."""
+def print_preflight_check(log, record: dict, plan: Plan, *, micro_batch: int, predicted: float) -> None:
+    """After the first log step: the measured numbers beside the preflight estimate (at the micro-batch the
+    run uses now: the plan's, or less after an out-of-memory error)."""
     per_rank = record.get("tokens_per_s_per_rank", record["tokens_per_s"])  # the prediction is per device
     speed = f"speed {human_count(per_rank)} tokens/s{' per rank' if 'world_size' in record else ''} = "
     speed += f"{per_rank / predicted:.0%} "
     speed += "of the matmul-bound prediction"
     if plan.device.type == "cuda":
-        memory = f"memory {record['peak_mem_gb']:.2f} GB measured vs {plan.memory.total(plan.micro_batch) / 1e9:.2f}"
+        memory = (
+            f"memory {record['peak_mem_gb']:.2f} GB measured vs {plan.memory.total(micro_batch) / 1e9:.2f}"
+        )
         memory += " GB estimated"
     else:
         memory = f"memory {record['peak_mem_gb']:.2f} GB process peak (the Python runtime included)"
-        memory += f" vs {plan.memory.total(plan.micro_batch) / 1e9:.2f} GB estimated for the model"
+        memory += f" vs {plan.memory.total(micro_batch) / 1e9:.2f} GB estimated for the model"
     log(f"preflight check: {speed} | {memory}")

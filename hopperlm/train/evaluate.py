@@ -11,14 +11,21 @@ from hopperlm.plan import Plan
 
 @torch.no_grad()
 def evaluate(
-    model, data: TokenShards, starts: list[int], plan: Plan, packing: bool = False, rt: Runtime | None = None
+    model,
+    data: TokenShards,
+    starts: list[int],
+    plan: Plan,
+    *,
+    micro_batch: int | None = None,
+    packing: bool = False,
+    rt: Runtime | None = None,
 ) -> float:
     """Mean loss over fixed validation windows (the same windows every time, in every run). With several
     ranks each evaluates every world_size-th window and the sums are added up; every rank runs the same
     number of forwards (FSDP gathers weights in lockstep), a rank short of windows repeats one at weight 0."""
     was_training = model.training
     model.eval()
-    T, B = plan.seq_len, plan.micro_batch
+    T, B = plan.seq_len, micro_batch or plan.micro_batch
     rank, world = (rt.rank, rt.world_size) if rt is not None else (0, 1)
     mine = starts[rank::world]
     total = torch.zeros((), device=plan.device)

@@ -1,55 +1,37 @@
-"""The pretraining loop, readable top to bottom: set up, then step, log, evaluate, checkpoint until a budget ends.
+"""The training loop. Start reading hopperlm here.
 
-Nothing in the step waits on the host: the loss and grad norm stay on the device and are read (`.item()`)
-only on log steps. The data for step s is a pure function of (seed, s), so resuming needs only the step.
-Under torchrun every rank runs this loop (dist/): each reads its block of the global batch, the model is
-wrapped by DDP or sharded by FSDP2 after the speed-ups, losses are averaged over ranks on log steps, and rank 0
-logs and writes.
+    train(cfg)  ->  setup_run (train/run.py: data, plan, model, optimizer, checkpoint to resume from)
+                ->  loop: LR -> train_step (train/step.py) -> maybe log / evaluate / checkpoint -> stop?
+
+Nothing in a step waits on the host: loss and grad norm stay on the device and are read (`.item()`) only on
+log steps. The data of step s is a function of (seed, s) or of a position saved in the checkpoint, so a
+resumed run continues exactly. Under torchrun every rank runs this loop: each reads its block of the global
+batch, losses are averaged over ranks on log steps, and rank 0 logs and writes (dist/).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from hopperlm.config import Config, ModelConfig, save_config
-from hopperlm.data.sft import open_sft_data
-from hopperlm.data.tokenizer import load_tokenizer
-from hopperlm.data.train_data import (
-    TrainBatches,
-    combined_val_loss,
-    default_prefetch,
-    open_train_shards,
-    open_val_sets,
-    resolve_datasets,
-)
-from hopperlm.dist import checkpoint as dist_ckpt
-from hopperlm.dist.parallelize import parallelize
-from hopperlm.dist.runtime import Runtime, session
-from hopperlm.errors import CheckpointError, ConfigError, DataError, HopperError
-from hopperlm.hardware import detect_for
-from hopperlm.model.lora import training_flops_per_token
-from hopperlm.observe.observer import NullObserver, RunObserver
-from hopperlm.plan import Plan, make_plan
-from hopperlm.speed import apply_speedups
-from hopperlm.speed.compile import uses_cuda_graphs
-from hopperlm.train import checkpoint as ckpt_io
-from hopperlm.train.banner import predicted_tokens_per_s, print_banner, print_preflight_check
-from hopperlm.train.batch_finder import make_gpu_finder
-from hopperlm.train.checkpoint import CheckpointSaveError
+from hopperlm.checkpoint.layout import list_checkpoints
+from hopperlm.checkpoint.single import CheckpointSaveError
+from hopperlm.config import Config
+from hopperlm.data.train_data import combined_val_loss
+from hopperlm.dist.runtime import session
+from hopperlm.errors import HopperError
+from hopperlm.train.banner import print_preflight_check
 from hopperlm.train.evaluate import evaluate
-from hopperlm.train.guard import Guard, GuardStop
+from hopperlm.train.guard import GuardStop
 from hopperlm.train.metrics import Interval, human_count, mfu, peak_memory_gb
-from hopperlm.train.model_setup import build_train_model
-from hopperlm.train.optim import budget_progress, build_optimizer, lr_at, set_lr
+from hopperlm.train.optim import budget_progress, lr_at
 from hopperlm.train.preemption import Preemption
+from hopperlm.train.run import Resume, Run, setup_run
+from hopperlm.train.step import StepResult, train_step
 
 
 @dataclass
@@ -63,419 +45,229 @@ class TrainResult:
     stopped_by: str
 
 
-def resolve_model_config(cfg: ModelConfig, data_vocab: int) -> ModelConfig:
-    """Take the vocabulary from the data when the model leaves it open (rounded up to 64 for fast matmuls)."""
-    if cfg.vocab_size is None:
-        return dataclasses.replace(cfg, vocab_size=64 * math.ceil(data_vocab / 64))
-    if cfg.vocab_size < data_vocab:
-        if cfg.init_from:  # a tokenizer extended with new pieces: new rows (model/resize.py)
-            return dataclasses.replace(cfg, vocab_size=64 * math.ceil(data_vocab / 64))
-        raise ConfigError(
-            f"model.vocab_size={cfg.vocab_size} is smaller than the data's vocabulary ({data_vocab}); "
-            "set model.vocab_size to null (take it from the data) or re-prepare with a smaller tokenizer"
-        )
-    return cfg
-
-
-def check_tokenizer(spec: str | None, manifest: dict, data_dir: Path) -> None:
-    if spec is None:
-        return
-    ours = load_tokenizer(spec).identity()["sha256"]
-    if ours != manifest["tokenizer"]["sha256"]:
-        raise DataError(
-            f"data.tokenizer={spec} does not match the tokenizer {data_dir} was prepared with "
-            f"({manifest['tokenizer'].get('name') or manifest['tokenizer']['kind']}); "
-            "re-run `hopperlm prepare` with this tokenizer or drop data.tokenizer"
-        )
-
-
 class OutOfMemory(HopperError):
     """Out of memory even at micro-batch 1."""
 
 
 def train(
     cfg: Config,
-    resume: bool | str = False,
+    resume: Resume = False,
     log: Callable[[str], None] = print,
     on_step: Callable[[int], None] | None = None,
 ) -> TrainResult:
-    """Train from `cfg`, fresh or from a checkpoint, until a budget ends. Under torchrun every rank calls this
-    (dist/runtime.py starts the process group and makes every rank stop when one fails). `on_step(steps_done)`
-    runs before every step (the profiler's step marks)."""
+    """Train from `cfg`, fresh or from a checkpoint (`resume`: train/run.py's `Resume`), until a budget ends.
+    Under torchrun every rank calls this. `on_step(steps_done)` runs before every step (profiler marks)."""
     with session(cfg, log) as rt:
-        return _train(cfg, resume, rt.log, rt, on_step)
+        run = setup_run(cfg, resume, rt)
+        return run_loop(run, on_step)
 
 
-def _train(
-    cfg: Config,
-    resume: bool | str,
-    log: Callable[[str], None],
-    rt: Runtime,
-    on_step: Callable[[int], None] | None,
-) -> TrainResult:
-    run_dir = Path(cfg.run.out_dir)
-    # ---- where we start: fresh, or from a checkpoint -------------------------------------------------------
-    resume_from = None
-    if resume:
-        resume_from = (
-            dist_ckpt.latest_valid(run_dir, rt, log) if resume is True else ckpt_io.resolve_model_dir(resume)
-        )
-        if resume_from is None:
-            raise CheckpointError(
-                f"--resume: {run_dir} has no valid checkpoint; drop --resume to start a new run"
-            )
-    elif ckpt_io.list_checkpoints(run_dir):
-        raise CheckpointError(
-            f"{run_dir} already holds checkpoints; pass --resume to continue it, or --run.out_dir NEW_DIR"
-        )
-
-    # ---- data --------------------------------------------------------------------------------------------
-    sft = open_sft_data(cfg, run_dir, log) if cfg.sft.path else None  # instruction data (data/sft.py)
-    if (
-        sft is not None and rt.world_size > 1
-    ):  # its batches are not split over ranks yet: each would repeat them
-        raise ConfigError(
-            "fine-tuning on sft.path runs in one process for now; start it without torchrun/`hopperlm launch`"
-        )
-    datasets = sft.datasets if sft else resolve_datasets(cfg.data)  # data.path, or data.mixture's datasets
-    data_dir, manifest = datasets[0].path, datasets[0].manifest
-    check_tokenizer(cfg.data.tokenizer, manifest, data_dir)
-    model_cfg = resolve_model_config(cfg.model, manifest["vocab_size"])
-    tc = cfg.train
-    if sft is None:
-        train_shards = open_train_shards(datasets, tc.seq_len, cfg.data.verify)
-        val_sets = open_val_sets(datasets, tc.seq_len, tc.eval_windows, cfg.data.verify)
-    else:
-        val_sets = sft.val_sets
-    if tc.target_loss is not None and not val_sets:
-        raise ConfigError(
-            f"train.target_loss is set but {data_dir} has no validation split; "
-            "re-prepare with --val-fraction above 0 or drop train.target_loss"
-        )
-
-    # ---- the plan: hardware, precision, kernels, batch -------------------------------------------------------
-    hw = detect_for(tc.device)
-    resume_state = ckpt_io.read_state(resume_from) if resume_from is not None else None
-    if resume_state is not None and resume_state.get("micro_batch"):
-        # the data of step s depends on the micro-batch: keep the checkpoint's (measured, or halved after an
-        # out-of-memory error) rather than planning anew. It is saved for all ranks together (one global
-        # micro-batch per micro-step), so any world size that divides it reads the same windows.
-        micro, accum = resume_state["micro_batch"], resume_state["grad_accum"]
-        per_rank = micro // rt.world_size if micro % rt.world_size == 0 else None
-        if (per_rank, micro * accum * tc.seq_len) != (tc.micro_batch, tc.batch_tokens):
-            log(f"resume: micro-batch {micro} x {accum} accumulation (all ranks) from the checkpoint")
-        if per_rank is None:
-            log(
-                f"resume: {micro} sequences per micro-step do not split over {rt.world_size} ranks; the global "
-                "batch is kept but the remaining steps read other windows than an uninterrupted run would"
-            )
-        tc = dataclasses.replace(tc, micro_batch=per_rank, batch_tokens=micro * accum * tc.seq_len)
-        cfg = dataclasses.replace(cfg, train=tc)
-    finder = None
-
-    # from scratch, model.init_from, LoRA/QLoRA (model_setup.py); the finder's trial models skip the weights
-    def new_model(plan: Plan, weights: bool = True):
-        return build_train_model(
-            cfg, model_cfg, plan.device, plan.autocast_dtype, lambda: load_tokenizer(data_dir), weights, log
-        )
-
-    if hw.device_type == "cuda" and tc.micro_batch is None:
-        cache_dir = run_dir if rt.world_size == 1 else run_dir / "ranks" / str(rt.rank)
-        trial_model = lambda p: new_model(p, False)[0]  # noqa: E731
-        finder = rt.agreed_finder(
-            make_gpu_finder(cache_dir, tc.memory_target * hw.free_memory, log, trial_model)
-        )
-    plan = make_plan(cfg, model_cfg, hw, finder, rt.world)
-    plan.apply_runtime_settings()
-    device = plan.device
-
-    # ---- model and optimizer -------------------------------------------------------------------------------
-    torch.manual_seed(tc.seed)
-    # the same weights on every rank; a checkpoint's are loaded below (checkpointer.load)
-    model, embed_warmup = new_model(plan, weights=resume_from is None or cfg.lora.enabled)
-    rt.seed_per_rank(tc.seed)
-    if resume_from is not None and ckpt_io.read_model_config(resume_from) != model_cfg:
-        raise CheckpointError(
-            f"{resume_from} was trained with a different model section; resume with the run's own "
-            f"config ({run_dir / 'config.yaml'})"
-        )
-    apply_speedups(model, plan, log)  # fp8 -> fused loss -> activation checkpointing -> compile, in place
-    parallel = parallelize(model, plan, rt, log)  # -> DDP, or FSDP2 sharding in place (none: as it is)
-    optimizer = build_optimizer(model, cfg.optim, plan.fused_adamw, plan.optimizer)
-    mark_step = torch.compiler.cudagraph_mark_step_begin if uses_cuda_graphs(plan.compile_mode) else None
-    scaler = parallel.grad_scaler(plan.loss_scaling)
-    checkpointer = dist_ckpt.Checkpointer(rt, plan.strategy, cfg.parallel, log)
-
-    step, tokens, elapsed_before, best_val = 0, 0, 0.0, None
-    guard = Guard(cfg.guard, run_dir / "events.jsonl" if rt.is_main else Path(os.devnull), log)
-    if resume_from is not None:
-        state = checkpointer.load(resume_from, model, optimizer, scaler)  # weights, optimizer, RNG
-        step, tokens, elapsed_before = state["step"], state["tokens"], state["elapsed_s"]
-        best_val = state.get("best_val_loss")
-        guard.load(state.get("guard"))
-
-    # ---- run directory and banner --------------------------------------------------------------------------
-    check_writable(run_dir)
-    tokenizer_dir = run_dir / "tokenizer"
-    if rt.is_main:  # one writer for the run's files
-        save_config(cfg, run_dir / "config.yaml")
-        if not tokenizer_dir.exists():
-            load_tokenizer(data_dir).save(tokenizer_dir)
-    # LoRA: the frozen base computes no weight gradients
-    fpt = training_flops_per_token(model_cfg, tc.seq_len, cfg.lora)
-    predicted = predicted_tokens_per_s(plan, fpt)
-    print_banner(log, run_dir, resume_from, step, hw, plan, model_cfg, tc, manifest, fpt, predicted)
-    # metrics.jsonl (truncated to the checkpoint's step), TensorBoard, W&B, CSV, progress, GPU monitor, plan.json
-    # rank 0 observes; the other ranks' observer does nothing
-    observer = (
-        RunObserver(cfg, run_dir, log, hw, plan, model_cfg, fpt, predicted, step, tokens, elapsed_before)
-        if rt.is_main
-        else NullObserver()
-    )
-    prefetch = default_prefetch(cfg.data, device)
-    batches = (
-        sft.batches(plan.micro_batch, plan.grad_accum, tc.seed)
-        if sft
-        else TrainBatches(
-            cfg.data,
-            datasets,
-            train_shards,
-            tc.seq_len,
-            plan.micro_batch,
-            plan.grad_accum,
-            tc.seed,
-            plan.pin_memory,
-            prefetch,
-            rank=rt.rank,  # each rank reads its block of every global micro-batch
-            world_size=rt.world_size,
-        )
-    )
-    if resume_state is not None:
-        batches.load_state_dict(resume_state.get("data"))  # sequential/mixture: exactly the next sample
-
-    # ---- the loop ------------------------------------------------------------------------------------------
-    elapsed = rt.start_clock(elapsed_before)  # several ranks: rank 0's clock, agreed on log steps
-
-    def budget_done() -> str | None:
-        if tc.max_steps is not None and step >= tc.max_steps:
-            return "max_steps"
-        if tc.max_tokens is not None and tokens >= tc.max_tokens:
-            return "max_tokens"
-        if tc.max_hours is not None and elapsed() >= tc.max_hours * 3600:
-            return "max_hours"
-        return None
-
-    def save(val_loss: float | None) -> None:
-        state = {
-            "tokens": tokens,
-            "elapsed_s": elapsed(),
-            "best_val_loss": best_val,
-            "val_loss": val_loss,
-            "micro_batch": plan.micro_batch * rt.world_size,  # all ranks together
-            "grad_accum": plan.grad_accum,
-            "world_size": rt.world_size,
-            "config": cfg.to_dict(),
-            "data_manifest_tokenizer": manifest["tokenizer"],
-            "guard": guard.to_dict(),
-            "data": batches.state_dict(),
-        }
-        try:
-            path = checkpointer.save(
-                run_dir,
-                step,
-                model,
-                model_cfg,
-                optimizer,
-                scaler,
-                state,
-                tokenizer_dir,
-                tc.keep_last,
-                tc.keep_every,
-            )
-            log(f"checkpoint: {path}")
-        except CheckpointSaveError as e:  # e.g. a full disk: keep training, the previous checkpoint stands
-            log(f"warning: {e}; training goes on")
-
-    def run_step(lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One optimizer step: grad_accum micro-batches, clip, update unless the loss or gradient is not
-        finite. Returns (loss, grad norm, finite) as device tensors."""
-        set_lr(optimizer, lr)
-        step_loss = torch.zeros((), device=device)
-        for micro in range(plan.grad_accum):
-            batch = batches.next(step + guard.state.data_offset, micro).to(device)  # pinned when planned
-            if mark_step is not None:  # CUDA graphs: the previous step's outputs may be overwritten now
-                mark_step()
-            with parallel.grad_sync(last=micro == plan.grad_accum - 1):  # DDP: all-reduce on the last only
-                with plan.autocast(), plan.sdpa_backends():
-                    loss = parallel.module(batch.x, batch.y, **batch.model_kwargs) / plan.grad_accum
-                (scaler.scale(loss) if scaler else loss).backward()
-            step_loss += loss.detach()
-        if scaler:
-            scaler.unscale_(optimizer)
-        grad_norm = parallel.clip_grad_norm_(params, clip)  # global: gradients are synced or sharded
-        if scaler:  # fp16: an inf/NaN scaled gradient is the scaler's (it skips and lowers the scale)
-            finite = torch.isfinite(step_loss)
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            finite = torch.isfinite(step_loss) & torch.isfinite(grad_norm)
-            if device_skip:  # fused AdamW drops the update on the device when found_inf is 1: no host sync
-                optimizer.found_inf = (~finite).float()
-                optimizer.step()
-            elif finite.item():  # CPU / unfused: the sync costs nothing here
-                optimizer.step()
-        parallel.after_optimizer_step()  # FSDP float8: precompute the weights' scales
-        optimizer.zero_grad(set_to_none=True)
-        return step_loss, grad_norm, finite
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    device_skip = device.type == "cuda" and plan.fused_adamw
-    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    interval = Interval()
-    pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (loss, finite) per step since the last log
-    val_loss, stopped_by, first_log = None, budget_done(), True
+def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainResult:
+    s, tc = run.state, run.cfg.train
+    stopped_by = budget_done(run)
     if stopped_by:
-        log(f"nothing to do: the run already reached its {stopped_by} budget at step {step}")
-    elif cfg.guard.policy == "rollback" and not ckpt_io.list_checkpoints(run_dir):
-        save(None)  # rollback needs a good checkpoint to return to, even before the first interval ends
-
-    def rollback(bad_step: int) -> None:
-        nonlocal step, tokens
-        ckpt = checkpointer.latest_valid(run_dir, log)
-        if ckpt is None:
-            raise GuardStop(
-                f"step {bad_step}: the run diverged and there is no valid checkpoint to roll back to"
-            )
-        state = checkpointer.load(ckpt, model, optimizer, scaler)
-        guard.after_rollback(bad_step, state["step"])
-        guard.event(
-            bad_step,
-            "divergence (bad steps or loss spike)",
-            f"rolled back to {ckpt.name}, skipping the data of steps {state['step'] + 1}-{bad_step}, "
-            f"LR x{guard.state.lr_scale:g}",
-        )
-        step, tokens = state["step"], state["tokens"]
-        observer.restart_at(step, tokens, elapsed())  # the curve restarts there; events.jsonl keeps why
-
-    model.train()
-    with Preemption(log) as preemption, observer:
+        run.log(f"nothing to do: the run already reached its {stopped_by} budget at step {s.step}")
+    elif run.cfg.guard.policy == "rollback" and not list_checkpoints(run.run_dir):
+        save_checkpoint(run)  # rollback needs a good checkpoint to return to, even before the first log step
+    pending: list[StepResult] = []  # the steps since the last log step
+    interval, lr = Interval(), 0.0
+    run.model.train()
+    with Preemption(run.log) as preemption, run.observer:
         while stopped_by is None:
             if on_step is not None:
-                on_step(step)
-            progress = budget_progress(step, tokens, elapsed(), tc, cfg.optim.warmup_steps)
-            lr = lr_at(step, progress, cfg.optim) * guard.state.lr_scale
-            if embed_warmup is not None:  # new token rows first, then everything (model_setup.py)
-                embed_warmup.before_step(step, optimizer)
+                on_step(s.step)
+            progress = budget_progress(s.step, s.tokens, run.elapsed(), tc, run.cfg.optim.warmup_steps)
+            lr = lr_at(s.step, progress, run.cfg.optim) * run.guard.state.lr_scale
+            if run.embed_warmup is not None:  # new token rows first, then everything (model_setup.py)
+                run.embed_warmup.before_step(s.step, run.parts.optimizer)
             try:
-                step_loss, grad_norm, finite = run_step(lr)
+                batch_of = partial(run.batches.next, s.step + run.guard.state.data_offset)  # (micro) -> Batch
+                result = train_step(run.parts, batch_of, grad_accum=s.grad_accum, lr=lr)
             except torch.OutOfMemoryError:
-                # free what the failed step held, halve the micro-batch, double accumulation, redo the step
-                optimizer.zero_grad(set_to_none=True)
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                if plan.micro_batch == 1 or plan.micro_batch % 2 or rt.world_size > 1:
-                    # (several ranks must change the micro-batch together: not attempted, the run stops)
-                    raise OutOfMemory(
-                        f"out of memory at step {step + 1} with micro-batch {plan.micro_batch}"
-                        f"{f' on rank {rt.rank}' if rt.world_size > 1 else ''}; use a smaller --train.micro_batch,"
-                        " --train.activation_checkpointing full, a shorter train.seq_len, or FSDP"
-                    ) from None
-                plan.micro_batch, plan.grad_accum = plan.micro_batch // 2, plan.grad_accum * 2
-                batches.set_micro_batch(plan.micro_batch, plan.grad_accum)
-                log(
-                    f"out of memory at step {step + 1}: micro-batch halved to {plan.micro_batch}, accumulation "
-                    f"doubled to {plan.grad_accum} (global batch unchanged); redoing the step"
-                )
+                back_off(run)  # halve the micro-batch, double accumulation, redo the step
                 continue
-            pending.append((step_loss, finite))
-            step += 1
-            tokens += plan.tokens_per_step
-            interval.add(plan.tokens_per_step)
-            log_step = step % tc.log_every == 0 or bool(tc.eval_every and step % tc.eval_every == 0)
-            log_step = log_step or budget_done() is not None  # (the same on every rank)
-            signal = rt.agree(preemption.requested, log_step)  # several ranks: decided together on log steps
-            stopped_by = budget_done() or (f"signal {signal}" if signal else None)
-            if not (log_step or stopped_by):
-                continue
-
-            # ---- a log step: the one host sync, the guard's review, evaluation, metrics, checkpoint ----
-            losses, flags = rt.log_step_losses(pending)  # the mean over ranks, finite on every rank
-            verdict = guard.review(step - len(pending) + 1, losses, flags)
-            pending.clear()
-            if verdict is not None:
-                action, bad_step = verdict
-                if action == "stop":
-                    save(val_loss)  # the bad update never reached the weights: this checkpoint is good
-                    guard.event(bad_step, "non-finite loss or gradient norm", "stopped (guard.policy stop)")
-                    raise GuardStop(
-                        f"non-finite loss or gradient at step {bad_step}; stopped with a checkpoint "
-                        "(guard.policy stop). Lower optim.lr, or use guard.policy skip or rollback"
-                    )
-                rollback(bad_step)
+            pending.append(result)
+            s.step, s.tokens = s.step + 1, s.tokens + run.tokens_per_step
+            interval.add(run.tokens_per_step)
+            is_log_step = s.step % tc.log_every == 0 or bool(tc.eval_every and s.step % tc.eval_every == 0)
+            is_log_step = is_log_step or budget_done(run) is not None  # (the same on every rank)
+            signal = run.rt.agree(preemption.requested, is_log_step)  # several ranks: decided on log steps
+            stopped_by = budget_done(run) or (f"signal {signal}" if signal else None)
+            if is_log_step or stopped_by:
+                stopped_by = log_step(run, pending, interval, lr, stopped_by)
+                pending.clear()
                 interval.reset()
-                stopped_by = None
-                continue
-            good = [x for x, ok in zip(losses, flags, strict=True) if ok]
-            evaluated = False
-            if val_sets and ((tc.eval_every and step % tc.eval_every == 0) or stopped_by):
-                val_losses = {
-                    v.name: evaluate(model, v.shards, v.starts, plan, cfg.data.packing, rt) for v in val_sets
-                }
-                val_loss, evaluated = combined_val_loss(val_losses, val_sets), True
-                best_val = val_loss if best_val is None else min(best_val, val_loss)
-                if tc.target_loss is not None and val_loss <= tc.target_loss and stopped_by is None:
-                    stopped_by = "target_loss"
-            tok_s, step_s = interval.rates()
-            record = {"step": step, "tokens": tokens, "loss": sum(good) / len(good) if good else float("nan")}
-            if evaluated:
-                record["val_loss"] = val_loss
-                if (
-                    len(val_sets) > 1
-                ):  # a mixture: each dataset's own loss (e.g. watch English being forgotten)
-                    record["val_losses"] = val_losses
-                    log("val by dataset: " + " | ".join(f"{k} {v:.4f}" for k, v in val_losses.items()))
-            record.update(
-                lr=lr,
-                grad_norm=grad_norm.item(),
-                tokens_per_s=tok_s,  # all ranks together
-                mfu=mfu(tok_s / rt.world_size, fpt, hw.peak_16bit),
-                step_time_s=step_s,
-                peak_mem_gb=peak_memory_gb(device),
-                elapsed_s=elapsed(),
+    return finish(run, stopped_by)
+
+
+def budget_done(run: Run) -> str | None:
+    """The budget that has run out, if any."""
+    s, tc = run.state, run.cfg.train
+    if tc.max_steps is not None and s.step >= tc.max_steps:
+        return "max_steps"
+    if tc.max_tokens is not None and s.tokens >= tc.max_tokens:
+        return "max_tokens"
+    if tc.max_hours is not None and run.elapsed() >= tc.max_hours * 3600:
+        return "max_hours"
+    return None
+
+
+def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float, stopped_by: str | None):
+    """The one host sync of the interval: the guard's review, evaluation, the metrics record, a checkpoint.
+    Returns why the run stops now (None: it goes on)."""
+    s, tc = run.state, run.cfg.train
+    losses, flags = run.rt.log_step_losses([(r.loss, r.finite) for r in pending])  # mean over ranks
+    verdict = run.guard.review(s.step - len(pending) + 1, losses, flags)
+    if verdict is not None:
+        action, bad_step = verdict
+        if action == "stop":
+            save_checkpoint(run)  # the bad update never reached the weights: this checkpoint is good
+            run.guard.event(bad_step, "non-finite loss or gradient norm", "stopped (guard.policy stop)")
+            raise GuardStop(
+                f"non-finite loss or gradient at step {bad_step}; stopped with a checkpoint "
+                "(guard.policy stop). Lower optim.lr, or use guard.policy skip or rollback"
             )
-            if guard.state.skipped:
-                record["skipped_steps"] = guard.state.skipped
-            if rt.world_size > 1:
-                record.update(world_size=rt.world_size, tokens_per_s_per_rank=tok_s / rt.world_size)
-            # the GPU readings are added, every sink written, the line printed with the ETA (rank 0 only)
-            observer.log_step(record)
-            if first_log:
-                print_preflight_check(log, record, plan, predicted[0])
-                first_log = False
-            interval.reset()
-            if (tc.ckpt_every and step % tc.ckpt_every == 0) or stopped_by:
-                save(val_loss)
-
-    batches.close()
-    checkpointer.close()  # a background checkpoint completes before the run ends
-    total = elapsed()
-    log(
-        f"done: {stopped_by} after {step:,} steps, {human_count(tokens)} tokens, {total:.1f} s"
-        + (f" | val loss {val_loss:.4f} (best {best_val:.4f})" if val_loss is not None else "")
+        rollback(run, bad_step)
+        return None
+    good = [x for x, ok in zip(losses, flags, strict=True) if ok]
+    record = {"step": s.step, "tokens": s.tokens, "loss": sum(good) / len(good) if good else float("nan")}
+    if run.data.val_sets and ((tc.eval_every and s.step % tc.eval_every == 0) or stopped_by):
+        val_losses = validate(run)
+        record["val_loss"] = s.val_loss
+        if len(val_losses) > 1:  # a mixture: each dataset's own loss (e.g. watch English being forgotten)
+            record["val_losses"] = val_losses
+            run.log("val by dataset: " + " | ".join(f"{k} {v:.4f}" for k, v in val_losses.items()))
+        if tc.target_loss is not None and s.val_loss <= tc.target_loss and stopped_by is None:
+            stopped_by = "target_loss"
+    tok_s, step_s = interval.rates()
+    world = run.rt.world_size
+    record.update(
+        lr=lr,
+        grad_norm=pending[-1].grad_norm.item(),
+        tokens_per_s=tok_s,  # all ranks together
+        mfu=mfu(tok_s / world, run.flops_per_token, run.hw.peak_16bit),
+        step_time_s=step_s,
+        peak_mem_gb=peak_memory_gb(run.plan.device),
+        elapsed_s=run.elapsed(),
     )
-    result = TrainResult(run_dir, step, tokens, total, val_loss, best_val, stopped_by)
-    observer.finish(result)
-    return result
+    if run.guard.state.skipped:
+        record["skipped_steps"] = run.guard.state.skipped
+    if world > 1:
+        record.update(world_size=world, tokens_per_s_per_rank=tok_s / world)
+    run.observer.log_step(record)  # GPU readings added, every sink written, the line printed (rank 0)
+    if not run.preflight_checked:  # the first log step: measured beside predicted
+        print_preflight_check(
+            run.log, record, run.plan, micro_batch=s.micro_batch, predicted=run.predicted[0]
+        )
+        run.preflight_checked = True
+    if (tc.ckpt_every and s.step % tc.ckpt_every == 0) or stopped_by:
+        save_checkpoint(run)
+    return stopped_by
 
 
-def check_writable(run_dir: Path) -> None:
-    """Fail at start-up, not at the first checkpoint an hour later."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-test-{socket.gethostname()}-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise CheckpointError(
-            f"run dir {run_dir} is not writable ({e.strerror}); choose another --run.out_dir"
+def validate(run: Run) -> dict[str, float]:
+    """Each validation set's loss; the run's validation loss is their mixture-weighted mean."""
+    s, val_sets = run.state, run.data.val_sets
+    losses = {
+        v.name: evaluate(
+            run.model,
+            v.shards,
+            v.starts,
+            run.plan,
+            micro_batch=s.micro_batch,
+            packing=run.cfg.data.packing,
+            rt=run.rt,
+        )
+        for v in val_sets
+    }
+    s.val_loss = combined_val_loss(losses, val_sets)
+    s.best_val = s.val_loss if s.best_val is None else min(s.best_val, s.val_loss)
+    return losses
+
+
+def back_off(run: Run) -> None:
+    """After an out-of-memory error: free what the failed step held, halve the micro-batch and double the
+    accumulation (the global batch, and so the run's data, stays the same), then the step is redone."""
+    s, rt = run.state, run.rt
+    run.parts.optimizer.zero_grad(set_to_none=True)
+    if run.plan.device.type == "cuda":
+        torch.cuda.empty_cache()
+    if s.micro_batch == 1 or s.micro_batch % 2 or rt.world_size > 1:
+        # (several ranks must change the micro-batch together: not attempted, the run stops)
+        raise OutOfMemory(
+            f"out of memory at step {s.step + 1} with micro-batch {s.micro_batch}"
+            f"{f' on rank {rt.rank}' if rt.world_size > 1 else ''}; use a smaller --train.micro_batch,"
+            " --train.activation_checkpointing full, a shorter train.seq_len, or FSDP"
         ) from None
+    s.micro_batch, s.grad_accum = s.micro_batch // 2, s.grad_accum * 2
+    run.batches.set_micro_batch(s.micro_batch, s.grad_accum)
+    run.log(
+        f"out of memory at step {s.step + 1}: micro-batch halved to {s.micro_batch}, accumulation "
+        f"doubled to {s.grad_accum} (global batch unchanged); redoing the step"
+    )
+
+
+def rollback(run: Run, bad_step: int) -> None:
+    """Back to the latest valid checkpoint, past the data of the bad steps, at a lower LR (guard.py)."""
+    s = run.state
+    ckpt = run.checkpointer.latest_valid(run.run_dir, run.log)
+    if ckpt is None:
+        raise GuardStop(f"step {bad_step}: the run diverged and there is no valid checkpoint to roll back to")
+    restored = run.checkpointer.load(ckpt, run.model, run.parts.optimizer, run.parts.scaler)
+    run.guard.after_rollback(bad_step, restored["step"])
+    run.guard.event(
+        bad_step,
+        "divergence (bad steps or loss spike)",
+        f"rolled back to {ckpt.name}, skipping the data of steps {restored['step'] + 1}-{bad_step}, "
+        f"LR x{run.guard.state.lr_scale:g}",
+    )
+    s.step, s.tokens = restored["step"], restored["tokens"]
+    run.observer.restart_at(s.step, s.tokens, run.elapsed())  # the curve restarts; events.jsonl keeps why
+
+
+def save_checkpoint(run: Run) -> None:
+    """A checkpoint of the run's state; a failed save (e.g. a full disk) is logged and training goes on."""
+    s, rt = run.state, run.rt
+    state = {
+        "tokens": s.tokens,
+        "elapsed_s": run.elapsed(),
+        "best_val_loss": s.best_val,
+        "val_loss": s.val_loss,
+        "micro_batch": s.micro_batch * rt.world_size,  # all ranks together
+        "grad_accum": s.grad_accum,
+        "world_size": rt.world_size,
+        "config": run.cfg.to_dict(),
+        "data_manifest_tokenizer": run.data.manifest["tokenizer"],
+        "guard": run.guard.to_dict(),
+        "data": run.batches.state_dict(),
+    }
+    try:
+        path = run.checkpointer.save(
+            run.run_dir,
+            s.step,
+            model=run.model,
+            model_cfg=run.model_cfg,
+            optimizer=run.parts.optimizer,
+            scaler=run.parts.scaler,
+            state=state,
+            tokenizer_dir=run.run_dir / "tokenizer",
+            keep_last=run.cfg.train.keep_last,
+            keep_every=run.cfg.train.keep_every,
+        )
+        run.log(f"checkpoint: {path}")
+    except CheckpointSaveError as e:  # the previous checkpoint stands
+        run.log(f"warning: {e}; training goes on")
+
+
+def finish(run: Run, stopped_by: str) -> TrainResult:
+    s = run.state
+    run.batches.close()
+    run.checkpointer.close()  # a background checkpoint completes before the run ends
+    total = run.elapsed()
+    run.log(
+        f"done: {stopped_by} after {s.step:,} steps, {human_count(s.tokens)} tokens, {total:.1f} s"
+        + (f" | val loss {s.val_loss:.4f} (best {s.best_val:.4f})" if s.val_loss is not None else "")
+    )
+    result = TrainResult(run.run_dir, s.step, s.tokens, total, s.val_loss, s.best_val, stopped_by)
+    run.observer.finish(result)
+    return result

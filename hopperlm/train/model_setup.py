@@ -1,15 +1,15 @@
-"""The model a run trains, and the model a checkpoint holds for inference.
+"""The model a run trains.
 
 Training (`build_train_model`), by the config:
   from scratch                 build_model, exactly as before (no init_from, no lora section)
   model.init_from              the checkpoint's weights streamed into the model; a larger vocabulary (an
-                               extended tokenizer) gets new rows (model/resize.py) and, with
+                               extended tokenizer) gets new rows (train/resize.py) and, with
                                train.embed_warmup_steps, a phase that trains only those rows
   + lora.rank                  the base built straight into its frozen form, target matrices in the compute
                                dtype (bf16 on a GPU: half of fp32's memory) or in NF4 (lora.quantize nf4),
                                never materialised in fp32 on the device; then the adapters (model/lora.py)
-Inference (`load_for_inference`): a hopperlm model folder, a LoRA checkpoint (merged into its base), or a
-Hugging Face folder converted on the fly.
+Inference (`load_for_inference`) is hopperlm/checkpoint/inference.py's, resuming (`load_checkpoint_weights`)
+hopperlm/checkpoint/single.py's.
 """
 
 from __future__ import annotations
@@ -20,34 +20,23 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from hopperlm.checkpoint import hf
+from hopperlm.checkpoint.layout import TOKENIZER_DIR, resolve_model_dir
+from hopperlm.checkpoint.tensors import load_weights
 from hopperlm.config import Config, LoRAConfig, ModelConfig
 from hopperlm.data.tokenizer import Tokenizer, load_tokenizer
 from hopperlm.errors import CheckpointError, ConfigError, DataError
-from hopperlm.model import hf
-from hopperlm.model.hf_convert import load_weights
-from hopperlm.model.lora import apply_lora, load_adapter_state, target_module_names
-from hopperlm.model.transformer import Transformer, build_model
-
-
-def build_empty(cfg: ModelConfig, device: torch.device | str) -> Transformer:
-    """A model whose weights are about to be loaded: allocated, RoPE tables set, no random init."""
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    model.to_empty(device=device)
-    model.init_buffers()
-    return model
+from hopperlm.model.lora import apply_lora, target_module_names
+from hopperlm.model.qlora import nf4_linear
+from hopperlm.model.transformer import Transformer, build_empty, build_model
+from hopperlm.train.resize import resize_for_tokenizer
 
 
 # ---- tokenizers ----------------------------------------------------------------------------------------------
 def base_tokenizer(source: str | Path) -> Tokenizer | None:
     """The tokenizer that came with a checkpoint (HF folder files, or a hopperlm tokenizer/), if any."""
     source = Path(source)
-    if hf.is_hf_dir(source):
-        folder = source
-    else:
-        from hopperlm.train.checkpoint import TOKENIZER_DIR, resolve_model_dir
-
-        folder = resolve_model_dir(source) / TOKENIZER_DIR
+    folder = source if hf.is_hf_dir(source) else resolve_model_dir(source) / TOKENIZER_DIR
     try:
         return load_tokenizer(folder)
     except DataError:
@@ -108,15 +97,17 @@ class EmbedWarmup:
 def build_train_model(
     cfg: Config,
     model_cfg: ModelConfig,
+    *,
     device: torch.device,
     compute_dtype: torch.dtype | None,
-    data_tokenizer: Callable[[], Tokenizer],
+    data_tokenizer: Callable[[], Tokenizer] | None,
     load: bool,
     log: Callable[[str], None],
 ) -> tuple[nn.Module, EmbedWarmup | None]:
     """The model `train` steps, and the embedding warm-up hook when asked for. load=False skips reading
     model.init_from (a resumed full fine-tune, whose checkpoint holds every weight, or the micro-batch finder):
-    the base is then randomly initialised."""
+    the base is then randomly initialised, and `data_tokenizer` (the data's, checked against the base's) is
+    not needed."""
     source, tc = cfg.model.init_from, cfg.train
     if not source and not cfg.lora.enabled:
         return build_model(model_cfg, device, seed=tc.seed), None  # pretraining from scratch
@@ -151,8 +142,6 @@ def build_train_model(
         base_rows = load_weights(model, source)
         log(f"init_from: {source} ({sum(p.numel() for p in model.parameters()):,} parameters loaded)")
         if base_rows < model_cfg.vocab_size:
-            from hopperlm.model.resize import resize_for_tokenizer
-
             resize_for_tokenizer(model, base_rows, data_tokenizer(), base, log)
     warmup = None
     if tc.embed_warmup_steps:
@@ -229,8 +218,6 @@ def build_lora_model(
 def _set_frozen(model, name, weight, bias, device, base_dtype, compute_dtype) -> None:
     parent_name, _, attr = name.rpartition(".")
     if base_dtype == "nf4":
-        from hopperlm.model.qlora import nf4_linear
-
         layer = nf4_linear(weight, bias, device, compute_dtype or torch.bfloat16)
     else:
         out_features, in_features = weight.shape
@@ -239,45 +226,3 @@ def _set_frozen(model, name, weight, bias, device, base_dtype, compute_dtype) ->
         if bias is not None:
             layer.bias = nn.Parameter(bias.to(device=device, dtype=torch.float32), requires_grad=False)
     setattr(model.get_submodule(parent_name), attr, layer)
-
-
-# ---- checkpoints -------------------------------------------------------------------------------------------
-def load_checkpoint_weights(model_dir: Path, model: nn.Module) -> None:
-    """Resume: a LoRA checkpoint's adapters into the LoRA model, or a sharded checkpoint's weights."""
-    from safetensors.torch import load_file
-
-    from hopperlm.train import checkpoint as ckpt_io
-
-    adapters = model_dir / ckpt_io.ADAPTER_FILE
-    if adapters.is_file():
-        ckpt_io.check_base(model_dir)
-        load_adapter_state(model, load_file(str(adapters)), str(adapters))
-    else:
-        load_weights(model, model_dir)
-
-
-def load_for_inference(path: str | Path, device: str = "auto") -> tuple[Transformer, Tokenizer]:
-    """(model in eval mode, tokenizer) from a run, checkpoint, model folder or Hugging Face folder."""
-    from hopperlm.hardware import detect_for
-    from hopperlm.train import checkpoint as ckpt_io
-
-    path = Path(path)
-    dev = detect_for(device).device
-    if hf.is_hf_dir(path):
-        model = build_empty(ModelConfig(**hf.model_values(path)), dev)
-        tokenizer_dir = path
-    else:
-        model_dir = ckpt_io.resolve_model_dir(path)
-        tokenizer_dir = model_dir / ckpt_io.TOKENIZER_DIR
-        if not tokenizer_dir.is_dir():
-            raise CheckpointError(
-                f"{model_dir} has no {ckpt_io.TOKENIZER_DIR}/ folder; it was not written by hopperlm"
-            )
-        model = build_empty(ckpt_io.read_model_config(model_dir), dev)
-        path = model_dir
-    load_weights(model, path)
-    try:
-        tokenizer = load_tokenizer(tokenizer_dir)
-    except DataError as e:
-        raise CheckpointError(f"{path} has no usable tokenizer ({e})") from None
-    return model.eval(), tokenizer

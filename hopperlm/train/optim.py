@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from hopperlm.config import OptimConfig, TrainConfig
+from hopperlm.model.qlora import require_bitsandbytes
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -38,8 +39,6 @@ def build_optimizer(
     paged 8-bit AdamW, or Muon on the blocks' matrices with AdamW for the rest."""
     betas = (cfg.beta1, cfg.beta2)
     if name == "paged_adamw8bit":  # QLoRA's optimizer (Dettmers et al. 2023)
-        from hopperlm.model.qlora import require_bitsandbytes
-
         bnb = require_bitsandbytes()
         groups = param_groups(model, cfg.weight_decay)
         return bnb.optim.PagedAdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)

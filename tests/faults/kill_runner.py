@@ -9,9 +9,9 @@ import os
 import signal
 import sys
 
+from hopperlm.checkpoint import single as checkpoint  # writes the checksums of a checkpoint
 from hopperlm.cli import main
 from hopperlm.data.loader import RandomWindows
-from hopperlm.train import checkpoint
 
 mode, when = sys.argv[1], int(sys.argv[2])
 args = sys.argv[sys.argv.index("--") + 1 :]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from hopperlm.checkpoint.layout import latest_checkpoint, verify_checkpoint
 from hopperlm.config import load_config
 from hopperlm.model.transformer import Transformer
-from hopperlm.train.checkpoint import latest_checkpoint, verify_checkpoint
 from hopperlm.train.guard import GuardStop
 from hopperlm.train.loop import train
 from hopperlm.train.metrics import read_metrics

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hopperlm.train.checkpoint import latest_checkpoint, list_checkpoints, verify_checkpoint
+from hopperlm.checkpoint.layout import latest_checkpoint, list_checkpoints, verify_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("kill_runner.py")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from hopperlm.checkpoint import layout, single
+from hopperlm.checkpoint.layout import latest_checkpoint, list_checkpoints
 from hopperlm.config import load_config
 from hopperlm.data.loader import TokenShards
 from hopperlm.errors import CheckpointError, DataError
-from hopperlm.train import checkpoint
-from hopperlm.train.checkpoint import latest_checkpoint, list_checkpoints
 from hopperlm.train.loop import train
 from hopperlm.train.preemption import Preemption
 
@@ -71,7 +71,7 @@ def test_preemption_signal_checkpoints_and_exits(shakespeare_bytes, tmp_path, si
     assert proc.returncode == code, err
     assert f"{sig.name} received" in out and "done: signal" in out
     ckpt = latest_checkpoint(run)
-    assert ckpt is not None and checkpoint.verify_checkpoint(ckpt) is None
+    assert ckpt is not None and layout.verify_checkpoint(ckpt) is None
     stopped = int(ckpt.name.split("_")[1])
     # resume continues from there
     result = train(
@@ -142,7 +142,7 @@ def test_unwritable_output_dir(shakespeare_bytes, tmp_path):
 
 def test_full_disk_keeps_previous_checkpoint(shakespeare_bytes, tmp_path, monkeypatch):
     run = tmp_path / "run"
-    real_save = checkpoint.torch.save
+    real_save = single.torch.save
     calls = [0]
 
     def save(obj, path, *a, **k):
@@ -151,7 +151,7 @@ def test_full_disk_keeps_previous_checkpoint(shakespeare_bytes, tmp_path, monkey
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(obj, path, *a, **k)
 
-    monkeypatch.setattr(checkpoint.torch, "save", save)
+    monkeypatch.setattr(single.torch, "save", save)
     lines = []
     result = train(
         config(shakespeare_bytes, run, "--train.max_steps", "30", "--train.ckpt_every", "10"),
@@ -178,7 +178,7 @@ def test_tampered_checkpoint_never_unpickles_code(shakespeare_bytes, tmp_path):
     ckpt = latest_checkpoint(run)
     torch.save({"optimizer": Payload()}, ckpt / "optimizer.pt")
     sums = json.loads((ckpt / "checksums.json").read_text())  # an attacker who also fixes the checksums
-    sums["optimizer.pt"] = checkpoint.file_sha256(ckpt / "optimizer.pt")
+    sums["optimizer.pt"] = single.file_sha256(ckpt / "optimizer.pt")
     (ckpt / "checksums.json").write_text(json.dumps(sums))
     Path("/tmp/hopperlm-pwned").unlink(missing_ok=True)
     with pytest.raises(CheckpointError, match="unreadable"):
@@ -190,9 +190,9 @@ def test_generate_and_export_skip_a_corrupt_newest_checkpoint(shakespeare_bytes,
     run = tmp_path / "run"
     train(config(shakespeare_bytes, run, "--train.max_steps", "20", "--train.ckpt_every", "10"), log=QUIET)
     (latest_checkpoint(run) / "rng.pt").write_bytes(b"")
-    assert checkpoint.resolve_model_dir(run).name == "step_000010"
+    assert layout.resolve_model_dir(run).name == "step_000010"
     assert "step_000020 is corrupt" in capsys.readouterr().err
     for ckpt in list_checkpoints(run):
         (ckpt / "config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="every checkpoint in .* is corrupt"):
-        checkpoint.resolve_model_dir(run)
+        layout.resolve_model_dir(run)

@@ -3,9 +3,11 @@ process, on one device, on the same batch.
 
 For each preset, every row trains the same architecture on the same micro-batch:
   eager            hopperlm's model in plain PyTorch: no compile, standard loss, bf16 autocast (fp32 on CPU)
-  hopperlm         what `hopperlm train` runs: the plan for this device (compile, fused loss, ...), in bf16
+  hopperlm         what `hopperlm train` runs: the plan for this device (compile, fused loss, ...), in bf16,
+                   through `train_step` (train/step.py), the step training runs: clipping, finite check
   hopperlm fp8     the same with float8 linear layers (GPUs with fp8 tensor cores)
-  hf               Hugging Face `transformers` LlamaForCausalLM, attn_implementation="sdpa", bf16 autocast
+  hf               Hugging Face `transformers` LlamaForCausalLM, attn_implementation="sdpa", bf16 autocast,
+                   clipping at 1.0 (the HF Trainer's default)
   hf+compile       the same under torch.compile
 Timing: warm-up steps first (compilation happens there and is reported apart), then `windows` timed windows
 of `steps` optimizer steps each, the device synchronised at both ends; the median window counts. Inputs are
@@ -24,10 +26,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hopperlm.config import ModelConfig, OptimConfig, config_from_dict
+from hopperlm.checkpoint.hf import llama_config, require_transformers
+from hopperlm.config import ModelConfig, config_from_dict
+from hopperlm.config.presets import get_preset
+from hopperlm.data.loader import Batch, RandomWindows, TokenShards
+from hopperlm.data.prepare import read_manifest
+from hopperlm.errors import ConfigError, DataError
 from hopperlm.hardware import Hardware
 from hopperlm.model.transformer import build_model, flops_per_token
-from hopperlm.presets import get_preset
+from hopperlm.plan import make_plan
+from hopperlm.speed.float8 import torchao_available
+from hopperlm.train.step import build_step, train_step
 
 DEFAULT_PRESETS = ("gpt2-124m", "h100-350m", "tinyllama-1.1b")
 # (micro-batch, sequence length) per preset on a GPU: the same for every row of a preset
@@ -71,45 +80,47 @@ class Case:
 
 # ---- the rows --------------------------------------------------------------------------------------------
 def hopperlm_case(
-    label: str, model_cfg: ModelConfig, hw: Hardware, micro: int, seq: int, log, **train
+    label: str,
+    model_cfg: ModelConfig,
+    hw: Hardware,
+    micro: int,
+    seq: int,
+    log,
+    optim: dict | None = None,
+    **train,
 ) -> Case:
-    """A row built exactly as `hopperlm train` builds: config -> plan -> speed-ups -> optimizer."""
-    from hopperlm.plan import make_plan
-    from hopperlm.speed import apply_speedups
-    from hopperlm.speed.compile import uses_cuda_graphs
-    from hopperlm.train.optim import build_optimizer
+    """A row built exactly as `hopperlm train` builds it: config -> plan -> speed-ups, parallel wrapper and
+    optimizer (train/step.py `build_step`), then `train_step` itself: clipping and the finite check included.
+    `optim`: the optim section (default AdamW at 3e-4), `train`: train.* overrides."""
 
     def build():
         cfg = config_from_dict(
             {
                 "model": {"preset": None, **dataclasses.asdict(model_cfg)},
                 "train": {"seq_len": seq, "micro_batch": micro, "max_steps": 1000, **train},
+                "optim": optim or {"lr": 3e-4, "warmup_steps": 0},
             }
         )
         plan = make_plan(cfg, model_cfg, hw)
-        plan.apply_runtime_settings()
+        plan.apply_runtime_settings(log)
         model = build_model(model_cfg, hw.device, seed=0)
-        apply_speedups(model, plan, lambda line: log(f"  {label}: {line}"))
-        opt = build_optimizer(model, OptimConfig(lr=3e-4, warmup_steps=0), plan.fused_adamw, plan.optimizer)
-        mark = torch.compiler.cudagraph_mark_step_begin if uses_cuda_graphs(plan.compile_mode) else None
+        parts, fp8 = build_step(model, plan, cfg.optim, log=lambda line: log(f"  {label}: {line}"))
 
-        def loss_fn(x, y):
-            if mark is not None:
-                mark()
-            with plan.autocast(), plan.sdpa_backends():
-                return model(x, y)
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            batch = Batch(x, y)
+            return train_step(parts, lambda micro: batch, grad_accum=1, lr=cfg.optim.lr).loss
 
         compiled = f"compile {plan.compile_mode}/{plan.compile_scope}" if plan.compile else "no compile"
         loss = "fused loss" if plan.fused_loss else "standard loss"
-        return _train_step(loss_fn, opt), [compiled, f"fp8 {plan.fp8}", loss, plan.precision]
+        clip = f"clip {cfg.optim.grad_clip:g}" if cfg.optim.grad_clip else "no clip"
+        return step, [compiled, f"fp8 {fp8}", loss, plan.precision, clip]
 
     return Case(label, micro, build)
 
 
 def hf_case(label: str, model_cfg: ModelConfig, hw: Hardware, micro: int, compiled: bool) -> Case:
-    """transformers' LlamaForCausalLM with SDPA attention, fp32 master weights and bf16 autocast: what the
-    HF Trainer runs with bf16=True."""
-    from hopperlm.model.hf import llama_config, require_transformers
+    """transformers' LlamaForCausalLM with SDPA attention, fp32 master weights, bf16 autocast and gradient
+    clipping at 1.0: what the HF Trainer runs with bf16=True (max_grad_norm's default)."""
 
     def build():
         transformers = require_transformers()
@@ -124,32 +135,24 @@ def hf_case(label: str, model_cfg: ModelConfig, hw: Hardware, micro: int, compil
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), fused=cuda)
         dtype = torch.bfloat16 if cuda and hw.bf16 else (torch.float16 if cuda else None)
 
-        def loss_fn(x, y):
+        def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             with torch.autocast(hw.device.type, dtype=dtype, enabled=dtype is not None):
-                return model(input_ids=x, labels=x).loss
+                loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
 
         notes = ["compile default" if compiled else "no compile", "sdpa", str(dtype).removeprefix("torch.")]
-        return _train_step(loss_fn, opt), notes
+        return step, notes + ["clip 1"]
 
     return Case(label, micro, build)
-
-
-def _train_step(loss_fn, optimizer):
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = loss_fn(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    return step
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
     """'NAME:key=value,key=value' -> (NAME, train overrides), e.g. 'scope-model:compile_scope=model'."""
     import yaml
-
-    from hopperlm.errors import ConfigError
 
     name, _, pairs = text.partition(":")
     overrides = {}
@@ -179,8 +182,6 @@ def cases_for(
         row_micro = settings.pop("micro_batch", micro)
         cases.append(hopperlm_case(f"hopperlm {name}", model_cfg, hw, row_micro, seq, log, **settings))
     if cuda and hw.fp8:
-        from hopperlm.speed.float8 import torchao_available
-
         backend = "tensorwise" if torchao_available() else "native"
         cases.append(hopperlm_case(f"hopperlm fp8 ({backend})", model_cfg, hw, micro, seq, log, fp8=backend))
     if hf:
@@ -306,9 +307,6 @@ def batch_source(vocab: int, seq: int, device: torch.device, data_dir=None):
             return fixed[micro][:, :-1], fixed[micro][:, 1:]
 
         return random_batch
-    from hopperlm.data.loader import RandomWindows, TokenShards
-    from hopperlm.data.prepare import read_manifest
-    from hopperlm.errors import DataError
 
     if read_manifest(data_dir)["vocab_size"] > vocab:
         raise DataError(

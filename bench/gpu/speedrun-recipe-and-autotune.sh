@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# GPU call 4: time to val loss 1.4697 on Tiny Shakespeare with the shakespeare-char-gpu recipe as shipped
-# (2,000-step cosine, CUDA graphs chosen by the plan) and a 1,500-step variant; h100-350m with autotuning.
+# Wall time to val loss 1.4697 on Tiny Shakespeare with the shakespeare-char-gpu recipe as shipped (2,000-step
+# cosine, CUDA graphs chosen by the plan) and with a 1,500-step cosine; `hopperlm bench` for h100-350m at
+# micro-batch 64 with and without autotuned compile (max-autotune-no-cudagraphs).
+# Carry: gpu-carry/data (tinyshakespeare/input.txt) and the torchao wheel in gpu-carry/whl.
+# Run from the repository root on the GPU machine: bash bench/gpu/speedrun-recipe-and-autotune.sh (files go to $OUT).
 source bench/gpu/env.sh
 hl prepare "$HOPPERLM_DATA_DIR/tinyshakespeare/input.txt" --out /tmp/shakespeare-byte > /dev/null
 export SPEEDRUN_TIMEOUT=100

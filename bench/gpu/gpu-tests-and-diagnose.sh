@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# GPU call 1: GPU tests, `hopperlm diagnose` with the micro-batch finder for h100-350m and tinyllama-1.1b,
-# an SDPA/GQA kernel check, and the bench for gpt2-124m.
+# The GPU-only tests (memory estimate vs measured peak, device self-test), an SDPA check of which attention
+# kernels take grouped-query attention (enable_gqa), `hopperlm diagnose` with the micro-batch finder for
+# h100-350m (seq 1024) and tinyllama-1.1b (seq 2048), and `hopperlm bench` for gpt2-124m.
+# Carry: the torchao wheel in gpu-carry/whl (bench/gpu/env.sh installs it); no data (diagnose plans with
+# a 32000 vocabulary when the recipe's data is not prepared).
+# Run from the repository root on the GPU machine: bash bench/gpu/gpu-tests-and-diagnose.sh (files go to $OUT).
 source bench/gpu/env.sh
 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_memory.py tests/test_selftest.py 2>&1 | tail -15 | tee "$OUT/gpu-tests.txt"
 python3 - <<'PY' 2>&1 | tee "$OUT/sdpa-gqa.txt"

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# GPU call 3: a profile of h100-350m training steps (kernel table + trace); time to val loss 1.4697 on Tiny
-# Shakespeare from a cold start (compile included) for a few recipes; autotuned compile for h100-350m.
+# A profile of h100-350m training steps (kernel table + Chrome trace); wall time to val loss 1.4697 on Tiny
+# Shakespeare from a cold start (compile included) for three variants of shakespeare-char-gpu (nanoGPT's shape,
+# micro-batch 128 with lr 2e-3, CUDA graphs); `hopperlm bench` for h100-350m at micro-batch 64 with and
+# without autotuned compile (max-autotune-no-cudagraphs).
+# Carry: gpu-carry/data (tinyshakespeare/input.txt) and the torchao wheel in gpu-carry/whl.
+# Run from the repository root on the GPU machine: bash bench/gpu/profile-and-speedrun-variants.sh (files go to $OUT).
 source bench/gpu/env.sh
 python3 bench/gpu/profile_step.py h100-350m --micro-batch 16 --seq-len 1024 --steps 5 \
   --trace "$OUT/trace-h100-350m.json.gz" 2>&1 | tee "$OUT/profile-h100-350m.txt"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hopperlm.config import ModelConfig
+from hopperlm.config.model import ModelConfig
 from hopperlm.errors import ConfigError
 
 PRESETS: dict[str, ModelConfig] = {
@@ -24,7 +24,7 @@ PRESETS: dict[str, ModelConfig] = {
         max_seq_len=1024,
         tie_embeddings=True,
     ),
-    # The "350M" pretraining model of our users' one-H100 recipe: 24 blocks, d=1024, 16 heads x 64,
+    # The "350M" model of the one-H100 pretraining recipe (owt-350m-h100): 24 blocks, d=1024, 16 heads x 64,
     # SwiGLU (8/3*d rounded to 256), RMSNorm, RoPE, 32K vocabulary (CS336 leaderboard setting).
     "h100-350m": ModelConfig(
         dim=1024,

@@ -8,7 +8,8 @@ families below map one to one onto a ModelConfig:
 Anything a ModelConfig cannot express (another activation, o_proj or MLP biases, a head size other than
 hidden/heads, dynamic or YaRN RoPE scaling) is refused with the key at fault, never converted approximately.
 `transformers` itself is not needed to read or write these files; it is imported lazily for `llama_config`
-(the HF baseline of `hopperlm bench`) and by the tests.
+(the HF baseline of `hopperlm bench`) and by the tests. The weights are hf_convert.py's; model.init_from's use
+of these configs is init_from.py's.
 """
 
 from __future__ import annotations
@@ -18,25 +19,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hopperlm.checkpoint.layout import FORMAT, read_model_config, resolve_model_dir
 from hopperlm.config import ModelConfig
-from hopperlm.errors import ConfigError
+from hopperlm.errors import CheckpointError, ConfigError
 
 FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-HOPPERLM_FORMAT = "hopperlm-model-v1"
-# keys of the model section that must equal the checkpoint's when model.init_from is set
-SHAPE_KEYS = (
-    "dim",
-    "n_layers",
-    "n_heads",
-    "n_kv_heads",
-    "ffn_dim",
-    "rope_theta",
-    "norm_eps",
-    "tie_embeddings",
-    "qkv_bias",
-    "rope_scaling",
-    "sliding_window",
-)
 
 
 def require_transformers():
@@ -68,7 +55,7 @@ def is_hf_dir(path: Path) -> bool:
         data = json.loads(config.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and "model_type" in data and data.get("format") != HOPPERLM_FORMAT
+    return isinstance(data, dict) and "model_type" in data and data.get("format") != FORMAT
 
 
 def _rope(raw: dict, where: str) -> tuple[float, dict[str, float] | None]:
@@ -156,9 +143,6 @@ def model_values(path: str | Path, log=None) -> dict[str, Any]:
     path = Path(path)
     if is_hf_dir(path):
         return model_values_from_hf(read_json(path / "config.json"), str(path / "config.json"), log)
-    from hopperlm.errors import CheckpointError
-    from hopperlm.train.checkpoint import read_model_config, resolve_model_dir
-
     try:
         cfg = read_model_config(resolve_model_dir(path))
     except CheckpointError as e:
@@ -170,37 +154,6 @@ def model_values(path: str | Path, log=None) -> dict[str, Any]:
     for key in ("preset", "init_from"):
         values.pop(key)
     return values
-
-
-def init_from_values(values: dict[str, Any]) -> dict[str, Any]:
-    """The model section of a config with model.init_from: the checkpoint's shape under the keys the user set,
-    which may only lower max_seq_len, grow vocab_size (new token rows) or set dropout/init_std."""
-    path = values["init_from"]
-    if values.get("preset") is not None:
-        raise ConfigError(
-            f"model.preset={values['preset']} and model.init_from={path} are both set; the shape comes from "
-            "init_from, drop model.preset"
-        )
-    if not Path(path).exists():
-        raise ConfigError(f"model.init_from={path} does not exist; point it at a Hugging Face model folder")
-    base = model_values(path)
-    for key in SHAPE_KEYS:
-        if key in values and values[key] != base[key]:
-            raise ConfigError(
-                f"model.{key}={values[key]} but {path} has {base[key]}; the shape comes from model.init_from, "
-                f"drop model.{key}"
-            )
-    if values.get("max_seq_len") is not None and values["max_seq_len"] > base["max_seq_len"]:
-        raise ConfigError(
-            f"model.max_seq_len={values['max_seq_len']} exceeds {path}'s {base['max_seq_len']} positions; "
-            "lower it (or drop it)"
-        )
-    if values.get("vocab_size") is not None and values["vocab_size"] < base["vocab_size"]:
-        raise ConfigError(
-            f"model.vocab_size={values['vocab_size']} is smaller than {path}'s {base['vocab_size']}; "
-            "rows can be added (an extended tokenizer), not removed"
-        )
-    return {**base, **values}
 
 
 def hf_config_dict(cfg: ModelConfig, dtype: str, base: dict | None = None) -> dict[str, Any]:

@@ -1,0 +1,65 @@
+"""Folders that are complete or absent: fsync, build beside the target, then rename into place.
+
+A checkpoint, an export or a conversion is written under a temporary name next to where it goes, fsynced,
+and renamed: a kill or a full disk half-way leaves the previous folder as it was and no partial one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from hopperlm.errors import CheckpointError
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory's entries: a rename survives a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every file under `path`, then `path` itself."""
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    fsync_path(path)
+
+
+def swap_in(tmp: Path, final: Path) -> Path:
+    """Move a complete folder into place; one already there is removed only once the new one is whole."""
+    if final.exists():
+        old = final.parent / f"{final.name}.old-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    return final
+
+
+@contextmanager
+def staged_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
+    """Build an output folder beside OUT_DIR and move it into place only when the block completes: a failure
+    or Ctrl-C half-way leaves no partial folder and whatever OUT_DIR held before untouched."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise CheckpointError(
+            f"{out_dir} exists and is not empty; pass --overwrite or choose another directory"
+        )
+    tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    swap_in(tmp, out_dir)

@@ -1,0 +1,60 @@
+"""The sharded checkpoint format, read in one process: a torch.distributed.checkpoint (DCP) folder `sharded/`
+holding the model (and optimizer) state of an FSDP run, one file per rank.
+
+Here the model alone is loaded whole, without a process group, for generate, export and conversion; saving
+and resuming a sharded run, where every rank takes part, is dist/checkpoint.py's (with the helpers below).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch.nn as nn
+
+from hopperlm.checkpoint.layout import SHARDED_DIR, read_model_config
+from hopperlm.errors import CheckpointError
+from hopperlm.model.transformer import build_empty
+
+
+def first_line(e: BaseException) -> str:
+    """An exception as one line (DCP's are long): an OSError's strerror, else the first line of the text."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+@contextmanager
+def single_process_ok() -> Iterator[None]:
+    """DCP warns that it assumes one process when there is no process group: that is what we asked for."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+        )
+        yield
+
+
+def load_sharded_model(model_dir: Path, model: nn.Module) -> None:
+    """The weights of a sharded checkpoint into a whole (unsharded) model, in this process alone."""
+    import torch.distributed.checkpoint as dcp
+
+    weights = model.state_dict()
+    try:
+        with single_process_ok():
+            dcp.load({"model": weights}, checkpoint_id=Path(model_dir) / SHARDED_DIR, no_dist=True)
+    except Exception as e:
+        raise CheckpointError(
+            f"cannot load {Path(model_dir) / SHARDED_DIR} into this model ({first_line(e)}); the config's "
+            "model section must equal the checkpoint's"
+        ) from None
+    model.load_state_dict(weights)
+
+
+def materialize_model(model_dir: Path) -> nn.Module:
+    """A sharded checkpoint's model on the CPU, without spending time on a random initialisation first."""
+    model = build_empty(read_model_config(model_dir), "cpu")
+    load_sharded_model(model_dir, model)
+    return model.eval()

@@ -1,0 +1,274 @@
+"""One training run, set up: `setup_run(cfg, resume, runtime)` builds the `Run` the loop steps (train/loop.py).
+
+A `Run` holds what the loop touches (the model and the parts of its training step, the batches, the
+checkpointer, the stability guard, the observer) and a small `RunState`: exactly what changes from step to step
+and is saved in every checkpoint. The plan never changes; what changes while the run goes (the micro-batch
+after an out-of-memory error, a float8 backend that failed at start-up) lives in the state and is logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from hopperlm.checkpoint import layout as ckpt_io
+from hopperlm.config import Config, ModelConfig, save_config
+from hopperlm.data.batches import BatchSource
+from hopperlm.data.tokenizer import load_tokenizer
+from hopperlm.data.train_data import default_prefetch
+from hopperlm.dist import checkpoint as dist_ckpt
+from hopperlm.dist.runtime import Clock, Runtime
+from hopperlm.errors import CheckpointError
+from hopperlm.hardware import Hardware, detect_for
+from hopperlm.model.lora import training_flops_per_token
+from hopperlm.observe.observer import NullObserver, RunObserver
+from hopperlm.plan import Plan
+from hopperlm.train.banner import predicted_tokens_per_s, print_banner
+from hopperlm.train.guard import Guard
+from hopperlm.train.model_setup import EmbedWarmup, build_train_model
+from hopperlm.train.setup import RunData, open_run_data, plan_run, resolve_model_config
+from hopperlm.train.step import StepParts, build_step
+
+# False: a new run; True or "latest": the run's latest valid checkpoint; "auto": that if the run has any
+# checkpoint, else a new run (what a requeued SLURM job passes); a path: that checkpoint (or model folder)
+Resume = bool | Literal["latest", "auto"] | str | Path
+
+
+def resolve_resume(resume: Resume, run_dir: Path, rt: Runtime, log: Callable[[str], None]) -> Path | None:
+    """The checkpoint a run starts from (None: a new run). The one place `--resume` is interpreted."""
+    if resume == "auto":
+        resume = bool(ckpt_io.list_checkpoints(run_dir))
+    if resume is False or resume is None:
+        if ckpt_io.list_checkpoints(run_dir):
+            raise CheckpointError(
+                f"{run_dir} already holds checkpoints; pass --resume to continue it, or --run.out_dir NEW_DIR"
+            )
+        return None
+    if resume is True or resume == "latest":
+        found = dist_ckpt.latest_valid(run_dir, rt, log)
+        if found is None:
+            raise CheckpointError(
+                f"--resume: {run_dir} has no valid checkpoint; drop --resume to start a new run"
+            )
+        return found
+    return ckpt_io.resolve_model_dir(resume)
+
+
+@dataclass
+class RunState:
+    """What changes from step to step; all of it is saved in every checkpoint."""
+
+    micro_batch: int  # per rank: the plan's, until an out-of-memory error halves it
+    grad_accum: int
+    fp8: str  # the float8 backend in effect (the plan's, or "off" after a start-up failure)
+    step: int = 0
+    tokens: int = 0
+    best_val: float | None = None
+    val_loss: float | None = None
+
+
+@dataclass
+class Run:
+    cfg: Config
+    rt: Runtime
+    hw: Hardware
+    plan: Plan
+    model_cfg: ModelConfig
+    data: RunData
+    model: torch.nn.Module
+    parts: StepParts  # what train_step touches: the wrapped model, optimizer, scaler
+    batches: BatchSource
+    checkpointer: dist_ckpt.Checkpointer
+    guard: Guard
+    observer: RunObserver | NullObserver
+    embed_warmup: EmbedWarmup | None
+    state: RunState
+    elapsed: Clock  # seconds of training across resumes
+    flops_per_token: int
+    predicted: tuple[float, float]  # (tokens/s bound, matmul FLOP/s measured here)
+    preflight_checked: bool = False  # the first log step compared measured with predicted
+
+    @property
+    def log(self) -> Callable[[str], None]:
+        return self.rt.log
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.run.out_dir)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.plan.tokens_per_step  # an out-of-memory halving keeps the global batch
+
+
+def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
+    """Everything before the first step: the checkpoint to start from, the data, the plan, the model and its
+    step, the restored state, the run directory, the banner and the observer."""
+    run_dir, log = Path(cfg.run.out_dir), rt.log
+    resume_from = resolve_resume(resume, run_dir, rt, log)
+    data = open_run_data(cfg, run_dir, rt.world_size, log)
+    model_cfg = resolve_model_config(cfg.model, data.manifest["vocab_size"])
+    saved = ckpt_io.read_state(resume_from) if resume_from is not None else None
+    cfg = keep_checkpoint_batch(cfg, saved, rt)
+    hw = detect_for(cfg.train.device)
+    cache_dir = run_dir if rt.world_size == 1 else run_dir / "ranks" / str(rt.rank)
+    plan = plan_run(cfg, model_cfg, hw, world=rt.world, cache_dir=cache_dir, log=log, rt=rt)
+    plan.apply_runtime_settings(log)
+
+    model, embed_warmup = build_model(cfg, model_cfg, plan, data, rt, resume_from)
+    parts, fp8 = build_step(model, plan, cfg.optim, log=log, rt=rt)
+    checkpointer = dist_ckpt.Checkpointer(rt, plan.strategy, cfg.parallel, log)
+    guard = Guard(cfg.guard, run_dir / "events.jsonl" if rt.is_main else Path(os.devnull), log)
+    state, elapsed_before = RunState(plan.micro_batch, plan.grad_accum, fp8), 0.0
+    if resume_from is not None:
+        restored = checkpointer.load(resume_from, model, parts.optimizer, parts.scaler)  # weights, RNG
+        state.step, state.tokens = restored["step"], restored["tokens"]
+        state.best_val, elapsed_before = restored.get("best_val_loss"), restored["elapsed_s"]
+        guard.load(restored.get("guard"))
+
+    fpt = training_flops_per_token(model_cfg, cfg.train.seq_len, cfg.lora)  # LoRA: no frozen weight grads
+    predicted = predicted_tokens_per_s(plan, fpt)
+    prepare_run_dir(cfg, rt, data.data_dir)
+    print_banner(
+        log,
+        run_dir=run_dir,
+        resume_from=resume_from,
+        step=state.step,
+        hw=hw,
+        plan=plan,
+        model_cfg=model_cfg,
+        tc=cfg.train,
+        manifest=data.manifest,
+        fpt=fpt,
+        predicted=predicted,
+    )
+    observer = open_observer(
+        cfg, rt, hw, plan, model_cfg, fpt, predicted, (state.step, state.tokens, elapsed_before)
+    )
+    batches = data.batches(
+        micro_batch=plan.micro_batch,
+        grad_accum=plan.grad_accum,
+        pin=plan.pin_memory,
+        prefetch=default_prefetch(cfg.data, plan.device),
+        rank=rt.rank,  # each rank reads its block of every global micro-batch
+        world_size=rt.world_size,
+    )
+    if saved is not None:
+        batches.load_state_dict(saved.get("data"))  # sequential/mixture: exactly the next sample
+    return Run(
+        cfg=cfg,
+        rt=rt,
+        hw=hw,
+        plan=plan,
+        model_cfg=model_cfg,
+        data=data,
+        model=model,
+        parts=parts,
+        batches=batches,
+        checkpointer=checkpointer,
+        guard=guard,
+        observer=observer,
+        embed_warmup=embed_warmup,
+        state=state,
+        elapsed=rt.start_clock(elapsed_before),  # several ranks: rank 0's clock, agreed on log steps
+        flops_per_token=fpt,
+        predicted=predicted,
+    )
+
+
+def build_model(
+    cfg: Config, model_cfg: ModelConfig, plan: Plan, data: RunData, rt: Runtime, resume_from: Path | None
+) -> tuple[torch.nn.Module, EmbedWarmup | None]:
+    """The model the run trains, the same on every rank (a checkpoint's weights are loaded after)."""
+    torch.manual_seed(cfg.train.seed)
+    model, embed_warmup = build_train_model(
+        cfg,
+        model_cfg,
+        device=plan.device,
+        compute_dtype=plan.autocast_dtype,
+        data_tokenizer=lambda: load_tokenizer(data.data_dir),
+        load=resume_from is None or cfg.lora.enabled,  # a resumed full run's checkpoint holds every weight
+        log=rt.log,
+    )
+    rt.seed_per_rank(cfg.train.seed)
+    if resume_from is not None and ckpt_io.read_model_config(resume_from) != model_cfg:
+        raise CheckpointError(
+            f"{resume_from} was trained with a different model section; resume with the run's own "
+            f"config ({Path(cfg.run.out_dir) / 'config.yaml'})"
+        )
+    return model, embed_warmup
+
+
+def open_observer(
+    cfg: Config,
+    rt: Runtime,
+    hw: Hardware,
+    plan: Plan,
+    model_cfg: ModelConfig,
+    fpt: int,
+    predicted: tuple[float, float],
+    start: tuple[int, int, float],
+) -> RunObserver | NullObserver:
+    """metrics.jsonl (truncated to the checkpoint's step), TensorBoard, W&B, CSV, progress, GPU monitor,
+    plan.json: rank 0 observes, the other ranks' observer does nothing. `start`: (step, tokens, elapsed)."""
+    if not rt.is_main:
+        return NullObserver()
+    step, tokens, elapsed_s = start
+    return RunObserver(
+        cfg,
+        Path(cfg.run.out_dir),
+        log=rt.log,
+        hw=hw,
+        plan=plan,
+        model_cfg=model_cfg,
+        fpt=fpt,
+        predicted=predicted,
+        step=step,
+        tokens=tokens,
+        elapsed_s=elapsed_s,
+    )
+
+
+def keep_checkpoint_batch(cfg: Config, saved: dict | None, rt: Runtime) -> Config:
+    """The data of step s depends on the micro-batch: keep the checkpoint's (measured, or halved after an
+    out-of-memory error) rather than planning anew. It is saved for all ranks together (one global
+    micro-batch per micro-step), so any world size that divides it reads the same windows."""
+    if saved is None or not saved.get("micro_batch"):
+        return cfg
+    tc = cfg.train
+    micro, accum = saved["micro_batch"], saved["grad_accum"]
+    per_rank = micro // rt.world_size if micro % rt.world_size == 0 else None
+    if (per_rank, micro * accum * tc.seq_len) != (tc.micro_batch, tc.batch_tokens):
+        rt.log(f"resume: micro-batch {micro} x {accum} accumulation (all ranks) from the checkpoint")
+    if per_rank is None:
+        rt.log(
+            f"resume: {micro} sequences per micro-step do not split over {rt.world_size} ranks; the global "
+            "batch is kept but the remaining steps read other windows than an uninterrupted run would"
+        )
+    tc = dataclasses.replace(tc, micro_batch=per_rank, batch_tokens=micro * accum * tc.seq_len)
+    return dataclasses.replace(cfg, train=tc)
+
+
+def prepare_run_dir(cfg: Config, rt: Runtime, data_dir: Path) -> None:
+    """Fail at start-up, not at the first checkpoint an hour later; then the run's config and tokenizer."""
+    run_dir = Path(cfg.run.out_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{socket.gethostname()}-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise CheckpointError(
+            f"run dir {run_dir} is not writable ({e.strerror}); choose another --run.out_dir"
+        ) from None
+    if rt.is_main:  # one writer for the run's files
+        save_config(cfg, run_dir / "config.yaml")
+        if not (run_dir / "tokenizer").exists():
+            load_tokenizer(data_dir).save(run_dir / "tokenizer")

@@ -1,0 +1,162 @@
+"""What a run is made of before its first step, shared by `train` and `diagnose`: the data it reads, the model
+config that data completes (its vocabulary), and the plan. `diagnose CONFIG` calls `plan_run` exactly as
+`train CONFIG` does, so the two always agree on the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hopperlm.checkpoint.inference import sft_tokenizer_path
+from hopperlm.config import Config, ModelConfig
+from hopperlm.data.batches import BatchSource, train_batches
+from hopperlm.data.sft import open_sft_data
+from hopperlm.data.tokenizer import load_tokenizer
+from hopperlm.data.train_data import Dataset, ValSet, open_train_shards, open_val_sets, resolve_datasets
+from hopperlm.dist.runtime import Runtime, World
+from hopperlm.errors import ConfigError, DataError
+from hopperlm.hardware import Hardware
+from hopperlm.plan import Plan, make_plan
+from hopperlm.train.batch_finder import make_gpu_finder
+from hopperlm.train.model_setup import build_train_model
+
+
+def resolve_model_config(cfg: ModelConfig, data_vocab: int) -> ModelConfig:
+    """Take the vocabulary from the data when the model leaves it open (rounded up to 64 for fast matmuls)."""
+    if cfg.awaits_init_from:  # a config from load_config that skipped the explicit step
+        raise ConfigError(
+            f"model.init_from={cfg.init_from} is not resolved yet; call "
+            "hopperlm.checkpoint.init_from.resolve_init_from(cfg) after loading the config"
+        )
+    if cfg.vocab_size is None:
+        return dataclasses.replace(cfg, vocab_size=64 * math.ceil(data_vocab / 64))
+    if cfg.vocab_size < data_vocab:
+        if cfg.init_from:  # a tokenizer extended with new pieces: new rows (resize on load)
+            return dataclasses.replace(cfg, vocab_size=64 * math.ceil(data_vocab / 64))
+        raise ConfigError(
+            f"model.vocab_size={cfg.vocab_size} is smaller than the data's vocabulary ({data_vocab}); "
+            "set model.vocab_size to null (take it from the data) or re-prepare with a smaller tokenizer"
+        )
+    return cfg
+
+
+def check_tokenizer(spec: str | None, manifest: dict, data_dir: Path) -> None:
+    if spec is None:
+        return
+    ours = load_tokenizer(spec).identity()["sha256"]
+    if ours != manifest["tokenizer"]["sha256"]:
+        raise DataError(
+            f"data.tokenizer={spec} does not match the tokenizer {data_dir} was prepared with "
+            f"({manifest['tokenizer'].get('name') or manifest['tokenizer']['kind']}); "
+            "re-run `hopperlm prepare` with this tokenizer or drop data.tokenizer"
+        )
+
+
+@dataclass
+class RunData:
+    """Pretraining shards (one dataset or a mixture) or instruction rows, behind one interface."""
+
+    cfg: Config
+    datasets: list[Dataset]
+    val_sets: list[ValSet]
+    _open: Callable[..., BatchSource]
+
+    @property
+    def data_dir(self) -> Path:
+        return self.datasets[0].path
+
+    @property
+    def manifest(self) -> dict:
+        return self.datasets[0].manifest
+
+    def batches(
+        self, *, micro_batch: int, grad_accum: int, pin: bool, prefetch: int, rank: int, world_size: int
+    ) -> BatchSource:
+        """Each rank's micro-batches; see data/batches.py."""
+        return self._open(
+            micro_batch=micro_batch,
+            grad_accum=grad_accum,
+            pin=pin,
+            prefetch=prefetch,
+            rank=rank,
+            world_size=world_size,
+        )
+
+
+def open_run_data(cfg: Config, run_dir: Path, world_size: int, log: Callable[[str], None]) -> RunData:
+    """data.path / data.mixture for pretraining, or sft.path for instruction data."""
+    tc = cfg.train
+    if cfg.sft.path:
+        if world_size > 1:  # its rows are split over ranks, but LoRA under DDP/FSDP is not tested yet
+            raise ConfigError(
+                "fine-tuning on sft.path runs in one process for now; start it without torchrun/`hopperlm launch`"
+            )
+        sft = open_sft_data(cfg, run_dir, log, sft_tokenizer_path(cfg))
+
+        def sft_batches(*, micro_batch, grad_accum, pin, prefetch, rank, world_size) -> BatchSource:
+            # (rows are built in the loop's thread: no pinning or prefetch thread for instruction data)
+            return sft.batches(
+                micro_batch=micro_batch, grad_accum=grad_accum, seed=tc.seed, rank=rank, world_size=world_size
+            )
+
+        data = RunData(cfg, sft.datasets, sft.val_sets, sft_batches)
+    else:
+        datasets = resolve_datasets(cfg.data)  # data.path, or data.mixture's datasets
+        shards = open_train_shards(datasets, tc.seq_len, cfg.data.verify)
+        val_sets = open_val_sets(datasets, tc.seq_len, tc.eval_windows, cfg.data.verify)
+
+        def pretraining_batches(**kwargs) -> BatchSource:
+            return train_batches(cfg.data, datasets, shards, seq_len=tc.seq_len, seed=tc.seed, **kwargs)
+
+        data = RunData(cfg, datasets, val_sets, pretraining_batches)
+    check_tokenizer(cfg.data.tokenizer, data.manifest, data.data_dir)
+    if tc.target_loss is not None and not data.val_sets:
+        raise ConfigError(
+            f"train.target_loss is set but {data.data_dir} has no validation split; "
+            "re-prepare with --val-fraction above 0 or drop train.target_loss"
+        )
+    return data
+
+
+def plan_run(
+    cfg: Config,
+    model_cfg: ModelConfig,
+    hw: Hardware,
+    *,
+    world: World,
+    cache_dir: Path,
+    log: Callable[[str], None],
+    measure: bool = True,
+    rt: Runtime | None = None,
+) -> Plan:
+    """The plan of `train` and `diagnose`. On a GPU with train.micro_batch unset (and `measure`), the micro-batch
+    is measured with real training steps of the run's own model (LoRA/QLoRA included) and cached in
+    `cache_dir`; under torchrun every rank measures and the smallest answer holds (`rt`)."""
+    finder = None
+    if measure and hw.device_type == "cuda" and cfg.train.micro_batch is None:
+
+        def trial_model(plan: Plan):  # the run's kind of model; the weights are not read
+            return build_train_model(
+                cfg,
+                model_cfg,
+                device=plan.device,
+                compute_dtype=plan.autocast_dtype,
+                data_tokenizer=None,
+                load=False,
+                log=log,
+            )[0]
+
+        finder = make_gpu_finder(
+            cache_dir,
+            cfg.train.memory_target * hw.free_memory,
+            log,
+            build=trial_model,
+            grad_clip=cfg.optim.grad_clip,
+        )
+        if rt is not None:
+            finder = rt.agreed_finder(finder)
+    return make_plan(cfg, model_cfg, hw, finder, world)

@@ -1,0 +1,160 @@
+"""The one training step: a bad update is never applied whatever the optimizer, `hopperlm bench` times the
+step `hopperlm train` runs (same loss on the same batches), `diagnose` plans as `train` does, and no other
+module of hopperlm runs a step of its own."""
+
+import ast
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hopperlm.bench import hopperlm_case
+from hopperlm.config import ModelConfig, config_from_dict, load_config
+from hopperlm.data.loader import Batch, RandomWindows, TokenShards
+from hopperlm.dist.parallelize import Parallel
+from hopperlm.hardware import detect_for
+from hopperlm.model.transformer import build_model
+from hopperlm.plan import make_plan
+from hopperlm.train.loop import train
+from hopperlm.train.metrics import read_metrics
+from hopperlm.train.optim import build_optimizer
+from hopperlm.train.step import honours_found_inf, make_step_parts, skip_on_device, train_step
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "hopperlm"
+DEBUG = REPO / "configs" / "debug.yaml"
+CUDA = torch.device("cuda")  # only asked about, never used: the decision a GPU run would make
+
+
+def _config(optimizer: str = "adamw"):
+    return config_from_dict(
+        {
+            "model": {"preset": "debug", "vocab_size": 256},
+            "optim": {"name": optimizer, "fused": True},
+            "train": {"seq_len": 32, "max_steps": 2},
+        }
+    )
+
+
+def _optimizer(name: str, model):
+    if name == "adamw8bit":
+        pytest.importorskip("torchao.optim")
+    return build_optimizer(model, _config(name).optim, fused=True, name=name)
+
+
+@pytest.mark.parametrize("name", ["adamw", "adamw8bit", "muon"])
+def test_a_non_finite_gradient_never_reaches_the_weights(name):
+    """optim.fused: true with each optimizer, the skip decided as on a GPU (where the device-side skip
+    applies): the step is dropped and the weights and optimizer state stay as they were."""
+    cfg = _config(name)
+    model = build_model(cfg.model, seed=0)
+    optimizer = _optimizer(name, model)
+    plan = make_plan(cfg, cfg.model, detect_for("cpu"))
+    parts = make_step_parts(model, Parallel("none", model), optimizer, plan=plan, grad_clip=1.0)
+    parts = dataclasses.replace(parts, skip_on_device=skip_on_device(optimizer, CUDA))
+    assert parts.skip_on_device == (name == "adamw")  # only fused AdamW reads found_inf
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    batch = Batch(x, x)
+    good = train_step(parts, lambda micro: batch, grad_accum=1, lr=1e-3)  # optimizer state exists now
+    assert bool(good.finite)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    hook = model.layers[0].mlp.up_proj.weight.register_hook(lambda g: torch.full_like(g, float("nan")))
+    bad = train_step(parts, lambda micro: batch, grad_accum=1, lr=1e-3)
+    hook.remove()
+    assert not bool(bad.finite) and not torch.isfinite(bad.grad_norm)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "a skipped step changed the weights"
+
+
+@pytest.mark.parametrize("name", ["adamw8bit", "muon"])
+def test_found_inf_alone_would_not_stop_these_optimizers(name):
+    """Why the skip is decided per optimizer: with found_inf set, Muon and 8-bit AdamW still apply a
+    non-finite update (the bug the per-optimizer rule prevents)."""
+    cfg = _config(name)
+    model = build_model(cfg.model, seed=0)
+    optimizer = _optimizer(name, model)
+    assert not honours_found_inf(optimizer)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    optimizer.found_inf = torch.ones(())
+    optimizer.step()
+    assert not all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_fused_adamw_honours_found_inf():
+    model = build_model(_config().model, seed=0)
+    optimizer = _optimizer("adamw", model)
+    assert honours_found_inf(optimizer) and skip_on_device(optimizer, CUDA)
+    assert not skip_on_device(optimizer, torch.device("cpu"))  # a CPU reads the flag on the host for free
+
+
+def test_bench_row_trains_exactly_as_train_does(shakespeare_bytes, tmp_path):
+    """The bench's hopperlm row and `train` give the same losses on the same batches, step after step:
+    the same step (clipping included) on the same weights."""
+    steps, micro, seq = 4, 8, 64
+    overrides = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(tmp_path / "run")]
+    overrides += [
+        "--train.max_steps",
+        str(steps),
+        "--train.log_every",
+        "1",
+        "--train.micro_batch",
+        str(micro),
+    ]
+    overrides += ["--train.seed", "0", "--optim.schedule", "constant", "--optim.warmup_steps", "0"]
+    overrides += ["--optim.grad_clip", "0.05"]  # small: every step is clipped, so clipping must match
+    cfg = load_config(DEBUG, overrides)
+    train(cfg, log=lambda line: None)
+    trained = [r["loss"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
+
+    model_record = json.loads((tmp_path / "run" / "plan.json").read_text())["model"]
+    model_cfg = ModelConfig(**{f.name: model_record[f.name] for f in dataclasses.fields(ModelConfig)})
+    case = hopperlm_case(
+        "hopperlm",
+        model_cfg,
+        detect_for("cpu"),
+        micro,
+        seq,
+        lambda line: None,
+        optim=dataclasses.asdict(cfg.optim),
+    )
+    step, notes = case.build()
+    assert "clip 0.05" in notes
+    windows = RandomWindows(TokenShards(shakespeare_bytes, "train"), seq, micro, seed=0)
+    benched = [float(step(*windows.batch(s, 0))) for s in range(steps)]
+    assert benched == pytest.approx(trained, rel=1e-6, abs=1e-6)
+
+
+def test_diagnose_plans_as_train_does(shakespeare_bytes, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(run_dir)]
+    train(load_config(DEBUG, [*args, "--train.max_steps", "1"]), log=lambda line: None)
+    trained = json.loads((run_dir / "plan.json").read_text())["plan"]
+    out = subprocess.run(
+        [sys.executable, "-m", "hopperlm", "diagnose", str(DEBUG), "--json", "--no-selftest", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr
+    planned = json.loads(out.stdout)["plan"]
+    assert planned["reasons"] == trained["reasons"]
+    assert (planned["micro_batch"], planned["grad_accum"]) == (trained["micro_batch"], trained["grad_accum"])
+
+
+def test_only_train_step_steps():
+    """Backward passes and optimizer updates happen in train/step.py only (the bench's transformers
+    baseline, a float8 start-up probe and the LR-range finder's own trial aside)."""
+    allowed = {"train/step.py", "bench.py", "speed/__init__.py", "train/optim.py"}
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            if call and node.func.attr == "backward" and rel not in allowed:
+                found.append(f"{rel}:{node.lineno}")
+    assert not found, f"a training step outside train/step.py: {found}"
