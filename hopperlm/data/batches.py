@@ -41,7 +41,25 @@ class BatchSource(Protocol):
     def close(self) -> None: ...
 
 
-class WindowBatches:
+class _Prefetched:
+    """What both pretraining sources share: pinning and the prefetch thread's lifetime."""
+
+    pin: bool
+    _prefetcher: Prefetcher | None = None
+
+    def _ready(self, batch: Batch) -> Batch:
+        return batch.pin_memory() if self.pin else batch
+
+    def _stop(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+
+    def close(self) -> None:
+        self._stop()
+
+
+class WindowBatches(_Prefetched):
     """Random windows of one dataset (nanoGPT's sampling), optionally prefetched and pinned."""
 
     def __init__(
@@ -75,9 +93,6 @@ class WindowBatches:
             self.shards, self.seq_len, micro_batch, self.seed, self.packing, self.rank, self.world_size
         )
 
-    def _ready(self, batch: Batch) -> Batch:
-        return batch.pin_memory() if self.pin else batch
-
     def next(self, step: int, micro: int) -> Batch:
         if not self.depth:
             return self._ready(self.windows.get(step, micro))
@@ -102,16 +117,8 @@ class WindowBatches:
         self._stop()
         self.grad_accum, self.windows = grad_accum, self._windows(micro_batch)
 
-    def _stop(self) -> None:
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
 
-    def close(self) -> None:
-        self._stop()
-
-
-class StreamBatches:
+class StreamBatches(_Prefetched):
     """Sequential epochs or a mixture: the stream's position is what the loop consumed, not what the
     prefetch thread read ahead."""
 
@@ -152,9 +159,6 @@ class StreamBatches:
         batch, self._consumed = self._prefetcher.get()
         return batch
 
-    def _ready(self, batch: Batch) -> Batch:
-        return batch.pin_memory() if self.pin else batch
-
     def state_dict(self) -> dict:
         return dict(self._consumed)
 
@@ -173,14 +177,6 @@ class StreamBatches:
         self.stream.micro_batch = micro_batch
         self.stream.load_state_dict(self._step_start)
         self._consumed = self._step_start
-
-    def _stop(self) -> None:
-        if self._prefetcher is not None:
-            self._prefetcher.close()
-            self._prefetcher = None
-
-    def close(self) -> None:
-        self._stop()
 
 
 def train_batches(

@@ -1,0 +1,14 @@
+"""The plan: the concrete choices for one run on one machine, each with a one-line reason, frozen once made.
+
+  record.py   Plan (the immutable record) and its Reasons
+  choices.py  one rule per device-level choice: precision, float8, loss kernel, optimizer, attention, compile,
+              LoRA/QLoRA's base
+  make.py     make_plan: the rules in order, then data parallelism, activation checkpointing, the micro-batch
+              (measured on a GPU by a finder, else estimated) and CUDA graphs
+`train` and `diagnose` both reach make_plan through train/setup.py's `plan_run`.
+"""
+
+from hopperlm.plan.make import Finder, make_plan
+from hopperlm.plan.record import Plan, Reasons
+
+__all__ = ["Finder", "Plan", "Reasons", "make_plan"]

@@ -1,0 +1,222 @@
+"""The rules behind the plan's device-level choices, one function per choice, each recording its reason in
+`why`: precision, float8, the loss kernel, the optimizer, attention, compile and LoRA/QLoRA's base."""
+
+from __future__ import annotations
+
+import torch
+
+from hopperlm.config import Config, ModelConfig
+from hopperlm.errors import ConfigError
+from hopperlm.hardware import Hardware
+from hopperlm.model.lora import count_trainable
+from hopperlm.model.qlora import require_bitsandbytes
+from hopperlm.speed.float8 import PAYOFF_SHARE, converted_share, torchao_available
+
+FUSED_LOSS_SHARE = 0.01  # the chunked loss when one sequence's logits would fill 1% of the memory budget
+LOGIT_BYTES = 10  # per logit on the standard path: 16-bit logits, their fp32 copy, the fp32 log-softmax
+LONG_RUN_HOURS = 1.0
+LONG_RUN_STEPS = 20_000
+
+
+def choose_precision(
+    cfg: Config, model_cfg: ModelConfig, hw: Hardware, why: dict
+) -> tuple[str, torch.dtype | None]:
+    want = cfg.train.precision
+    if hw.device_type != "cuda":
+        if want in ("bf16", "fp16"):
+            raise ConfigError(f"train.precision={want} needs a CUDA GPU; on CPU use --train.precision fp32")
+        why["precision"] = "fp32 (CPU: 16-bit autocast buys nothing here)"
+        return "fp32", None
+    if want == "bf16" and not hw.bf16:
+        raise ConfigError(f"train.precision=bf16 but {hw.name} ({hw.sm}) has no bf16; use fp16 or auto")
+    if want != "auto":
+        why["precision"] = f"{want} (set by train.precision)"
+        return want, {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[want]
+    if not hw.bf16:
+        why["precision"] = f"fp16 + dynamic loss scaling ({hw.sm} has no bf16 tensor cores)"
+        return "fp16", torch.float16
+    why["precision"] = f"bf16 autocast, fp32 master weights ({hw.sm} has bf16 tensor cores)"
+    return "bf16", torch.bfloat16
+
+
+def choose_fp8(
+    cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, compiled: bool, why: dict
+) -> str:
+    """float8 for the large linear layers, or "off" with the reason. Never an error: an explicit request that
+    cannot run here (a GPU without fp8 tensor cores, torchao missing) falls back to bf16 with one line."""
+
+    want = cfg.train.fp8
+    if want == "off":
+        why["fp8"] = "off (set by train.fp8)"
+        return "off"
+    if cfg.lora.enabled:
+        why["fp8"] = "off: LoRA's large matrices are frozen (float8 training is for weights that learn)"
+        return "off"
+    asked = "" if want == "auto" else f" (train.fp8={want} asked for it)"
+    if hw.device_type != "cuda" or not hw.fp8:
+        where = "CPU" if hw.device_type != "cuda" else f"{hw.sm} ({hw.name})"
+        why["fp8"] = f"off: {where} has no fp8 tensor cores{asked}"
+        return "off"
+    if precision != "bf16":
+        why["fp8"] = f"off: float8 training runs beside bf16 autocast, this run is {precision}{asked}"
+        return "off"
+    recipe = "rowwise" if want == "rowwise" else "tensorwise"
+    share = converted_share(model_cfg, recipe)
+    if want == "auto":
+        if not compiled:
+            why["fp8"] = "off: without torch.compile float8's casts cost more than its matmuls save"
+            return "off"
+        if share < PAYOFF_SHARE:
+            why["fp8"] = (
+                f"off: only {share:.0%} of the linear FLOPs are in layers large enough to gain from float8 "
+                f"at d={model_cfg.dim} (it pays from about d=2048)"
+            )
+            return "off"
+        want = "tensorwise" if torchao_available() else "native"
+        source = "torchao" if want == "tensorwise" else "hopperlm's _scaled_mm path (torchao not installed)"
+        why["fp8"] = f"{want} via {source}: {share:.0%} of the linear FLOPs convert"
+        return want
+    if want in ("tensorwise", "rowwise") and not torchao_available():
+        why["fp8"] = f"off: train.fp8={want} needs torchao (pip install torchao); or use train.fp8 native"
+        return "off"
+    note = "" if compiled else "; warning: without torch.compile it is slower than bf16"
+    why["fp8"] = f"{want} (set by train.fp8): {share:.0%} of the linear FLOPs convert{note}"
+    return want
+
+
+def choose_fused_loss(cfg: Config, model_cfg: ModelConfig, hw: Hardware, why: dict) -> bool:
+    """The chunked loss saves the logits' memory and costs ~1% speed (measured on an H200, h100-350m at
+    16 x 1024: 193.8K vs 195.8K tokens/s, bench/results/2026-11-22-h200): worth it only where the logits of
+    one sequence are a noticeable share of the memory budget (a large vocabulary, a long context, a small
+    device)."""
+    want, vocab = cfg.train.fused_loss, model_cfg.vocab_size or 0
+    if want is not None:
+        why["loss"] = f"{'fused chunked' if want else 'standard'} cross-entropy (set by train.fused_loss)"
+        return want
+    budget = cfg.train.memory_target * (hw.free_memory if hw.device_type == "cuda" else hw.ram * 0.5)
+    per_seq = LOGIT_BYTES * cfg.train.seq_len * vocab
+    share = per_seq / budget if budget else 1.0
+    if share >= FUSED_LOSS_SHARE:
+        why["loss"] = (
+            f"fused chunked cross-entropy (one sequence's logits would take {per_seq / 1e9:.2f} GB, "
+            f"{share:.1%} of the memory budget; chunks never hold them whole)"
+        )
+        return True
+    why["loss"] = (
+        f"standard cross-entropy (one sequence's logits take {share:.2%} of the memory budget: the chunked "
+        "loss would save little and cost ~1% speed)"
+    )
+    return False
+
+
+def choose_optimizer(cfg: Config, cuda: bool, why: dict) -> tuple[str, bool]:
+    oc = cfg.optim
+    fused = oc.fused if oc.fused is not None else cuda and oc.name == "adamw"
+    if oc.name == "paged_adamw8bit":
+        if not cuda:
+            raise ConfigError("optim.name=paged_adamw8bit needs a CUDA GPU (paged memory); on CPU use adamw")
+
+        require_bitsandbytes()
+        why["optimizer"] = (
+            "bitsandbytes' paged 8-bit AdamW (set by optim.name): states page to host memory under pressure"
+        )
+    elif oc.name == "adamw8bit":
+        import importlib.util
+
+        if importlib.util.find_spec("torchao") is None:
+            raise ConfigError(
+                "optim.name=adamw8bit needs torchao (pip install torchao) or use optim.name adamw"
+            )
+        why["optimizer"] = "AdamW with torchao's 8-bit states (set by optim.name)"
+    elif oc.name == "muon":
+        why["optimizer"] = (
+            "Muon on the block matrices + AdamW on embeddings, head and norms (set by optim.name)"
+        )
+    elif oc.fused is not None:
+        why["optimizer"] = f"AdamW, {'fused' if fused else 'unfused'} (set by optim.fused)"
+    else:
+        why["optimizer"] = "AdamW, fused kernel" if cuda else "AdamW, unfused (the fused kernel is for CUDA)"
+    return oc.name, fused
+
+
+def choose_attention(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, why: dict) -> str:
+    want = cfg.train.attention
+    if hw.device_type != "cuda":
+        if want not in ("auto", "math"):
+            raise ConfigError(f"train.attention={want} needs a CUDA GPU; on CPU use auto")
+        why["attention"] = "SDPA's CPU kernel (PyTorch picks it)"
+        return "auto"
+    if want != "auto":
+        if want not in hw.attention:
+            raise ConfigError(
+                f"train.attention={want} is not available on {hw.name} ({hw.sm}); "
+                f"available: {', '.join(hw.attention)}; or use auto"
+            )
+        why["attention"] = f"SDPA {want} only (set by train.attention)"
+        return want
+    hd = model_cfg.head_dim
+    if "flash" in hw.attention and precision != "fp32" and hd <= 256:
+        why["attention"] = f"SDPA flash ({hw.sm}, {precision}, head_dim {hd}); others as fallback"
+    elif precision == "fp32":
+        why["attention"] = "SDPA memory-efficient kernel (flash needs 16-bit inputs)"
+    else:
+        why["attention"] = f"SDPA memory-efficient kernel (no flash kernel for {hw.sm} / head_dim {hd})"
+    return "auto"
+
+
+def choose_compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | None, str]:
+    tc = cfg.train
+    on = tc.compile if tc.compile is not None else hw.device_type == "cuda"
+    if on and tc.compile is None and cfg.lora.quantize == "nf4":
+        why["compile"] = (
+            "off (QLoRA: bitsandbytes' 4-bit layers are not traced reliably; train.compile true to try)"
+        )
+        return False, None, "block"
+    if not on:
+        why["compile"] = (
+            "off (set by train.compile)"
+            if tc.compile is False
+            else "off (CPU: inductor's start-up outweighs its gain on a short CPU run)"
+        )
+        return False, None, "block"
+    long_run = (tc.max_hours or 0) >= LONG_RUN_HOURS or (tc.max_steps or 0) >= LONG_RUN_STEPS
+    if tc.compile_mode != "auto":
+        mode, reason = tc.compile_mode, "set by train.compile_mode"
+    elif long_run:
+        mode, reason = "max-autotune-no-cudagraphs", "a long run repays minutes of kernel autotuning"
+    else:
+        mode, reason = "default", "a short run: autotuning would cost more than it saves"
+    scope = "block" if tc.compile_scope == "auto" else tc.compile_scope
+    scope_note = (
+        "each block and the loss compiled once and reused"
+        if tc.compile_scope == "auto"
+        else "set by train.compile_scope"
+    )
+    why["compile"] = f"on, mode {mode} ({reason}), scope {scope} ({scope_note})"
+    return True, mode, scope
+
+
+def choose_lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, why: dict) -> str:
+    """LoRA/QLoRA: what is adapted and how the frozen base is kept; QLoRA refuses a CPU up front."""
+    lc = cfg.lora
+    if not lc.enabled:
+        return "none"
+
+    if lc.quantize == "nf4":
+        if hw.device_type != "cuda":
+            raise ConfigError(
+                "lora.quantize=nf4 (QLoRA) needs a CUDA GPU (bitsandbytes' 4-bit training path); "
+                "on this CPU use lora.quantize none (LoRA on the full-precision base)"
+            )
+
+        require_bitsandbytes()
+        base = "NF4 + double quantisation (bitsandbytes), computed in bf16"
+    else:
+        base = "fp32" if precision == "fp32" else precision
+    scale = "alpha/sqrt(r)" if lc.rslora else "alpha/r"
+    desc = f"rank {lc.rank} on {lc.targets}, base frozen in {base}"
+    why["lora"] = (
+        f"{desc}; {count_trainable(model_cfg, lc):,} trainable parameters, scale {scale} = "
+        f"{lc.alpha / (lc.rank**0.5 if lc.rslora else lc.rank):g}"
+    )
+    return desc

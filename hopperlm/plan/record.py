@@ -1,0 +1,111 @@
+"""The plan's record: every choice for one run with its reason, immutable once made."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from hopperlm.memory import MemoryEstimate
+
+
+class Reasons(dict):
+    """The plan's reasons, key -> one line; read-only once the plan is made (a frozen plan's reasons too)."""
+
+    def _frozen(self, *args, **kwargs):
+        raise TypeError("a Plan is immutable: what changes during a run belongs to the run's state")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _frozen
+
+    def __reduce__(self):
+        return Reasons, (dict(self),)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every choice for one run on one machine, each with a one-line reason. Immutable once made: what changes
+    while a run goes (the micro-batch after an out-of-memory error, a float8 backend that fails at start-up)
+    is the run's state, logged when it changes (train/run.py)."""
+
+    device: torch.device
+    precision: str  # "fp32" | "bf16" | "fp16"
+    autocast_dtype: torch.dtype | None
+    loss_scaling: bool
+    tf32: bool
+    attention: str  # "auto" (SDPA's own dispatch) or the backend forced first
+    compile: bool
+    compile_mode: str | None
+    activation_checkpointing: str  # "none" | "selective-op" | "selective-block" | "full"
+    fused_adamw: bool
+    pin_memory: bool
+    expandable_segments: bool
+    seq_len: int
+    compile_scope: str = "block"
+    ac_every: int = 2
+    fp8: str = "off"  # "off" | "tensorwise" | "rowwise" | "native"
+    fused_loss: bool = False
+    optimizer: str = "adamw"  # "adamw" | "adamw8bit" | "muon" | "paged_adamw8bit"
+    lora: str = "none"  # "none", or what is adapted and how the base is stored
+    micro_batch: int = 0  # per rank
+    grad_accum: int = 1
+    memory: MemoryEstimate | None = None
+    strategy: str = "none"  # "none" | "ddp" | "fsdp" | "hsdp" (dist/parallelize.py)
+    world_size: int = 1
+    dp_shard: int = 1  # ranks one copy of the weights/grads/optimizer state is sharded over
+    fp8_all_gather: bool = False  # FSDP all-gathers float8 weights (tensorwise fp8 only)
+    reasons: Mapping[str, str] = field(default_factory=Reasons)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reasons, Reasons):
+            object.__setattr__(self, "reasons", Reasons(self.reasons))
+
+    def replace(self, **changes) -> Plan:
+        """A new plan with `changes` (and reasons updated from changes["reasons"], if given)."""
+        reasons = {**self.reasons, **changes.pop("reasons", {})}
+        return dataclasses.replace(self, reasons=Reasons(reasons), **changes)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step, all ranks together."""
+        return self.micro_batch * self.seq_len * self.grad_accum * self.world_size
+
+    def lines(self) -> list[str]:
+        return [f"{key}: {reason}" for key, reason in self.reasons.items()]
+
+    def autocast(self) -> AbstractContextManager:
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def sdpa_backends(self) -> AbstractContextManager:
+        """The attention kernels SDPA may use: the chosen one first, safe fallbacks after (auto), or
+        exactly the one the config forced."""
+        if self.attention == "auto" or self.device.type != "cuda":
+            return nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        names = {
+            "flash": SDPBackend.FLASH_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "math": SDPBackend.MATH,
+        }
+        return sdpa_kernel([names[self.attention]])
+
+    def apply_runtime_settings(self, log: Callable[[str], None]) -> None:
+        """Process-wide switches the plan owns (TF32, allocator)."""
+        if self.device.type != "cuda":
+            return
+        torch.backends.cuda.matmul.allow_tf32 = self.tf32
+        torch.backends.cudnn.allow_tf32 = self.tf32
+        if self.expandable_segments:
+            # private APIs (the env var only works before CUDA starts); newer torch renamed the setter
+            setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+            setter = setter or torch.cuda.memory._set_allocator_settings
+            try:
+                setter("expandable_segments:True")
+            except (AttributeError, RuntimeError):
+                log("allocator: default (this torch cannot switch on expandable segments at run time)")
