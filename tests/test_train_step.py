@@ -16,7 +16,7 @@ from hopperlm.bench import hopperlm_case
 from hopperlm.config import ModelConfig, config_from_dict, load_config
 from hopperlm.data.loader import Batch, RandomWindows, TokenShards
 from hopperlm.dist.parallelize import Parallel
-from hopperlm.hardware import detect_for
+from hopperlm.hardware import detect_for, simulated
 from hopperlm.model.transformer import build_model
 from hopperlm.plan import make_plan
 from hopperlm.train.loop import train
@@ -158,3 +158,19 @@ def test_only_train_step_steps():
             if call and node.func.attr == "backward" and rel not in allowed:
                 found.append(f"{rel}:{node.lineno}")
     assert not found, f"a training step outside train/step.py: {found}"
+
+
+@pytest.mark.parametrize("name, where", [("adamw", "on the device"), ("muon", "on the host")])
+def test_the_plan_says_where_a_bad_step_is_caught(name, where):
+    cfg = config_from_dict(
+        {
+            "model": {"preset": "debug", "vocab_size": 256},
+            "optim": {"name": name},
+            "train": {"max_steps": 1, "seq_len": 32},
+        }
+    )
+    plan = make_plan(cfg, cfg.model, simulated("H100 80GB"))
+    assert (
+        f"non-finite step is {'dropped' if name == 'adamw' else 'caught'} {where}"
+        in plan.reasons["optimizer"]
+    )

@@ -115,7 +115,6 @@ def choose_optimizer(cfg: Config, cuda: bool, why: dict) -> tuple[str, bool]:
     if oc.name == "paged_adamw8bit":
         if not cuda:
             raise ConfigError("optim.name=paged_adamw8bit needs a CUDA GPU (paged memory); on CPU use adamw")
-
         require_bitsandbytes()
         why["optimizer"] = (
             "bitsandbytes' paged 8-bit AdamW (set by optim.name): states page to host memory under pressure"
@@ -136,6 +135,13 @@ def choose_optimizer(cfg: Config, cuda: bool, why: dict) -> tuple[str, bool]:
         why["optimizer"] = f"AdamW, {'fused' if fused else 'unfused'} (set by optim.fused)"
     else:
         why["optimizer"] = "AdamW, fused kernel" if cuda else "AdamW, unfused (the fused kernel is for CUDA)"
+    if cuda:  # train/step.py: only torch's fused AdamW drops a non-finite update itself
+        device_skip = oc.name == "adamw" and fused
+        why["optimizer"] += (
+            "; a non-finite step is dropped on the device (found_inf)"
+            if device_skip
+            else "; a non-finite step is caught on the host (one sync per step: this optimizer ignores found_inf)"
+        )
     return oc.name, fused
 
 

@@ -235,6 +235,7 @@ def save_checkpoint(run: Run) -> None:
         "val_loss": s.val_loss,
         "micro_batch": s.micro_batch * rt.world_size,  # all ranks together
         "grad_accum": s.grad_accum,
+        "fp8": s.fp8,  # in effect for these steps: the plan's, or off after a start-up fallback
         "world_size": rt.world_size,
         "config": run.cfg.to_dict(),
         "data_manifest_tokenizer": run.data.manifest["tokenizer"],
