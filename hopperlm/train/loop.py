@@ -31,7 +31,7 @@ from hopperlm.train.metrics import Interval, human_count, mfu, peak_memory_gb
 from hopperlm.train.optim import budget_progress, lr_at
 from hopperlm.train.preemption import Preemption
 from hopperlm.train.run import Resume, Run, setup_run
-from hopperlm.train.step import StepResult, train_step
+from hopperlm.train.step import StepDropped, StepResult, train_step
 
 
 @dataclass
@@ -72,7 +72,10 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
     pending: list[StepResult] = []  # the steps since the last log step
     interval, lr = Interval(), 0.0
     run.model.train()
-    with Preemption(run.log) as preemption, run.observer:
+    # one process stops at the next micro-batch boundary; several ranks must agree first (on log steps)
+    one_process = run.rt.world_size == 1
+    with Preemption(run.log, at_micro_batch=one_process) as preemption, run.observer:
+        signalled = (lambda: preemption.requested is not None) if one_process else None
         while stopped_by is None:
             if on_step is not None:
                 on_step(s.step)
@@ -82,10 +85,15 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
                 run.embed_warmup.before_step(s.step, run.parts.optimizer)
             try:
                 batch_of = partial(run.batches.next, s.step + run.guard.state.data_offset)  # (micro) -> Batch
-                result = train_step(run.parts, batch_of, grad_accum=s.grad_accum, lr=lr)
+                result = train_step(
+                    run.parts, batch_of, grad_accum=s.grad_accum, lr=lr, interrupted=signalled
+                )
             except torch.OutOfMemoryError:
                 back_off(run)  # halve the micro-batch, double accumulation, redo the step
                 continue
+            if isinstance(result, StepDropped):  # a signal mid-step: keep the last complete one
+                stopped_by = stop_mid_step(run, result, pending, interval, lr, preemption.requested)
+                break
             pending.append(result)
             s.step, s.tokens = s.step + 1, s.tokens + run.tokens_per_step
             interval.add(run.tokens_per_step)
@@ -97,7 +105,25 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
                 stopped_by = log_step(run, pending, interval, lr, stopped_by)
                 pending.clear()
                 interval.reset()
-    return finish(run, stopped_by)
+    return finish(run, stopped_by, preemption)
+
+
+def stop_mid_step(
+    run: Run, dropped: StepDropped, pending: list[StepResult], interval: Interval, lr: float, signal: str
+) -> str:
+    """The signal arrived between micro-batches of step s+1: its partial work is dropped, the data position
+    goes back to the step's start, and the run checkpoints step s (resuming redoes step s+1 exactly)."""
+    s = run.state
+    run.log(
+        f"step {s.step + 1} dropped after {dropped.at_micro} of {dropped.grad_accum} micro-batches; "
+        f"checkpointing step {s.step}"
+    )
+    run.batches.set_micro_batch(s.micro_batch, s.grad_accum)  # a stream: back to the step's first sample
+    stopped_by = f"signal {signal}"
+    if pending:  # the steps since the last log step are logged (and validated) first
+        return log_step(run, pending, interval, lr, stopped_by) or stopped_by
+    save_checkpoint(run)
+    return stopped_by
 
 
 def budget_done(run: Run) -> str | None:
@@ -260,7 +286,7 @@ def save_checkpoint(run: Run) -> None:
         run.log(f"warning: {e}; training goes on")
 
 
-def finish(run: Run, stopped_by: str) -> TrainResult:
+def finish(run: Run, stopped_by: str, preemption: Preemption | None = None) -> TrainResult:
     s = run.state
     run.batches.close()
     run.checkpointer.close()  # a background checkpoint completes before the run ends
@@ -270,5 +296,7 @@ def finish(run: Run, stopped_by: str) -> TrainResult:
         + (f" | val loss {s.val_loss:.4f} (best {s.best_val:.4f})" if s.val_loss is not None else "")
     )
     result = TrainResult(run.run_dir, s.step, s.tokens, total, s.val_loss, s.best_val, stopped_by)
-    run.observer.finish(result)
+    run.observer.finish(result)  # result.json, the report
+    if preemption is not None and preemption.requested:  # how much of a scheduler's warning the exit took
+        run.log(f"exit {preemption.seconds_since():.1f} s after {preemption.requested}")
     return result

@@ -65,6 +65,14 @@ class StepResult:
     finite: torch.Tensor  # bool: the update was applied
 
 
+@dataclass
+class StepDropped:
+    """A step given up at a micro-batch boundary (a preemption signal): nothing was applied."""
+
+    at_micro: int  # micro-batches already run (their gradients discarded)
+    grad_accum: int
+
+
 def make_step_parts(
     model: nn.Module,
     parallel: Parallel,
@@ -116,15 +124,25 @@ def build_step(
 
 
 def train_step(
-    parts: StepParts, next_batch: Callable[[int], Batch], *, grad_accum: int, lr: float
-) -> StepResult:
+    parts: StepParts,
+    next_batch: Callable[[int], Batch],
+    *,
+    grad_accum: int,
+    lr: float,
+    interrupted: Callable[[], bool] | None = None,
+) -> StepResult | StepDropped:
     """One optimizer step: `grad_accum` micro-batches (`next_batch(i)` gives the i-th, on any device),
-    clipping, and the update unless the loss or gradient is not finite. Returns device tensors."""
+    clipping, and the update unless the loss or gradient is not finite. Returns device tensors. When
+    `interrupted()` turns true before a micro-batch, the partial step is dropped: gradients cleared, no update,
+    StepDropped returned (the weights and optimizer state are those of the last complete step)."""
     optimizer, scaler, parallel = parts.optimizer, parts.scaler, parts.parallel
     device = parts.device
     set_lr(optimizer, lr)
     step_loss = torch.zeros((), device=device)
     for micro in range(grad_accum):
+        if interrupted is not None and interrupted():  # (a flag set by a signal handler: no device sync)
+            optimizer.zero_grad(set_to_none=True)
+            return StepDropped(micro, grad_accum)
         batch = next_batch(micro).to(device)  # non-blocking from pinned memory when planned
         if parts.mark_step is not None:  # CUDA graphs: the previous step's outputs may be overwritten now
             parts.mark_step()

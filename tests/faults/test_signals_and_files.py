@@ -17,6 +17,7 @@ from hopperlm.config import load_config
 from hopperlm.data.loader import TokenShards
 from hopperlm.errors import CheckpointError, DataError
 from hopperlm.train.loop import train
+from hopperlm.train.metrics import read_metrics
 from hopperlm.train.preemption import Preemption
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,3 +197,33 @@ def test_generate_and_export_skip_a_corrupt_newest_checkpoint(shakespeare_bytes,
         (ckpt / "config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="every checkpoint in .* is corrupt"):
         layout.resolve_model_dir(run)
+
+
+def test_signal_mid_step_drops_the_partial_step_and_resumes_exactly(shakespeare_bytes, tmp_path):
+    """A step of 128 micro-batches (far longer than a short preemption warning): the signal stops the run at
+    the next micro-batch boundary, the last complete step is checkpointed with the stream's position, and the
+    resumed run's losses equal those of a run that was never interrupted."""
+    long_step = ["--train.micro_batch", "4", "--train.batch_tokens", str(4 * 64 * 128)]
+    long_step += ["--data.sampling", "sequential", "--train.eval_every", "0"]
+    run = tmp_path / "run"
+    proc = start(shakespeare_bytes, run, "--train.max_steps", "1000", *long_step)
+    wait_for_step(run, 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    dropped = [line for line in out.splitlines() if " dropped after " in line]
+    assert dropped and "of 128 micro-batches" in dropped[0], out
+    exit_line = [line for line in out.splitlines() if line.startswith("exit ") and "after SIGTERM" in line]
+    assert exit_line, out
+    stopped = int(latest_checkpoint(run).name.split("_")[1])
+    assert read_metrics(run / "metrics.jsonl")[-1]["step"] == stopped  # no partial step was counted
+
+    steps = ["--train.log_every", "1", "--train.ckpt_every", "0", *long_step]
+    train(
+        config(shakespeare_bytes, run, "--train.max_steps", str(stopped + 2), *steps), resume=True, log=QUIET
+    )
+    whole = tmp_path / "whole"
+    train(config(shakespeare_bytes, whole, "--train.max_steps", str(stopped + 2), *steps), log=QUIET)
+    resumed = [(r["step"], r["loss"]) for r in read_metrics(run / "metrics.jsonl")]
+    uninterrupted = [(r["step"], r["loss"]) for r in read_metrics(whole / "metrics.jsonl")]
+    assert resumed == uninterrupted
