@@ -152,7 +152,8 @@ def test_slurm_script(tmp_path, capsys):
         assert part in srun, part
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid bash
     # quoting survives a value with spaces and quotes
-    odd = sbatch_script("c.yaml", 1, 1, "/r", ["--run.out_dir", 'my "run" dir'])
+    odd = sbatch_script("c.yaml", 1, 1, "/r", ["--run.out_dir", 'my "run" dir'], script_path="/r/job.sbatch")
+    assert "Submit with: sbatch /r/job.sbatch" in odd and "{" not in odd.splitlines()[1]
     assert subprocess.run(["bash", "-n"], input=odd, text=True).returncode == 0
     assert "'my \\\"run\\\" dir'" in odd
 

@@ -142,6 +142,7 @@ def test_diagnose_plans_as_train_does(shakespeare_bytes, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     planned = json.loads(out.stdout)["plan"]
+    assert (run_dir / "events.jsonl").read_text() == ""  # always there, empty when nothing happened
     assert planned["reasons"] == trained["reasons"]
     assert (planned["micro_batch"], planned["grad_accum"]) == (trained["micro_batch"], trained["grad_accum"])
 
@@ -174,3 +175,22 @@ def test_the_plan_says_where_a_bad_step_is_caught(name, where):
         f"non-finite step is {'dropped' if name == 'adamw' else 'caught'} {where}"
         in plan.reasons["optimizer"]
     )
+
+
+def test_a_step_of_minutes_on_a_cpu_is_announced(shakespeare_bytes, tmp_path, monkeypatch):
+    """The preflight says, before the wait, that one step will take minutes (here: a machine that would
+    compute 10 tokens/s), with the predicted time and what to change."""
+    from hopperlm.train import run as run_module
+
+    monkeypatch.setattr(run_module, "predicted_tokens_per_s", lambda plan, fpt: (10.0, 1e9))
+    lines = []
+    args = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(tmp_path / "run")]
+    train(load_config(DEBUG, [*args, "--train.max_steps", "1"]), log=lines.append)
+    warnings = [line for line in lines if line.startswith("warning: one optimizer step will take")]
+    assert len(warnings) == 1 and "at least 102 s" in warnings[0] and "made for a GPU" in warnings[0], warnings
+    monkeypatch.undo()  # this machine's own rate: the debug step takes milliseconds
+    quiet = []
+    train(
+        load_config(DEBUG, [*args[:-1], str(tmp_path / "fast"), "--train.max_steps", "1"]), log=quiet.append
+    )
+    assert not [line for line in quiet if "optimizer step will take" in line]

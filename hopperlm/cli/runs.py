@@ -87,6 +87,7 @@ def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
         account=args.account,
         cpus_per_task=args.cpus_per_task,
         python=sys.executable,
+        script_path=str(out),
     )
     run_dir.mkdir(parents=True, exist_ok=True)  # SLURM opens the --output log there before the job starts
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -92,6 +92,7 @@ def sbatch_script(
     time_limit: str = "24:00:00",
     job_name: str | None = None,
     partition: str | None = None,
+    script_path: str | None = None,
     account: str | None = None,
     cpus_per_task: int | None = None,
     python: str = "python3",
@@ -135,7 +136,7 @@ def sbatch_script(
     inner = inner.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
     lines = [
         "#!/bin/bash",
-        f"# Written by `hopperlm slurm` (hopperlm {__version__}). Submit with: sbatch {{this file}}",
+        f"# Written by `hopperlm slurm` (hopperlm {__version__}). Submit with: sbatch {script_path or 'THIS_FILE'}",
         f"# {nodes} node(s) x {gpus_per_node} GPU(s) = {nodes * gpus_per_node} ranks of `hopperlm train {config}`.",
         f"# {WARNING_SECONDS} s before the time limit SLURM sends USR1 to this script, which forwards it to every",
         "# training rank: they checkpoint at their next log step and exit, and this script requeues the job,",
@@ -158,7 +159,9 @@ def sbatch_script(
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "requeue=0",
         "on_warning() {",
-        '  echo "hopperlm: time limit in ' + str(WARNING_SECONDS) + ' s: every rank checkpoints, then the job is requeued"',
+        '  echo "hopperlm: time limit in '
+        + str(WARNING_SECONDS)
+        + ' s: every rank checkpoints, then the job is requeued"',
         "  requeue=1",
         '  scancel --signal=USR1 "$SLURM_JOB_ID"  # every process of the job step, not this shell',
         "}",

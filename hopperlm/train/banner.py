@@ -63,6 +63,40 @@ def print_banner(
         f"{rate / 1e12:.2f} TFLOP/s) | memory {plan.memory.total(plan.micro_batch) / 1e9:.2f} GB estimated"
     )
     log(f"plan: {' or '.join(planned)}" + (f" | target val loss {tc.target_loss}" if tc.target_loss else ""))
+    warning = long_step_warning(plan, tc, tok_s)
+    if warning:
+        log(warning)
+
+
+LONG_STEP_CPU_S = (
+    60.0  # a CPU step longer than this: the recipe is made for a GPU (or the batch is too large)
+)
+LONG_STEP_BUDGET_SHARE = 0.05  # one step taking more than 5% of a wall-clock budget
+
+
+def long_step_warning(plan: Plan, tc, tokens_per_s_bound: float) -> str | None:
+    """One line before a long wait: the predicted time of one optimizer step (a lower bound: the speed is the
+    matmul-bound upper bound) when it is minutes on a CPU or a sizeable share of the wall-clock budget."""
+    if tokens_per_s_bound <= 0:
+        return None
+    step_s = plan.tokens_per_step / plan.world_size / tokens_per_s_bound
+    cpu = plan.device.type != "cuda"
+    budget_s = tc.max_hours * 3600 if tc.max_hours else None
+    if not (cpu and step_s >= LONG_STEP_CPU_S) and not (
+        budget_s and step_s > LONG_STEP_BUDGET_SHARE * budget_s
+    ):
+        return None
+    when = f"{step_s / 60:.1f} min" if step_s >= 120 else f"{step_s:.0f} s"
+    share = f" ({step_s / budget_s:.0%} of the {tc.max_hours:g} h budget)" if budget_s else ""
+    fix = (
+        "this recipe is made for a GPU: run it on one, or lower train.batch_tokens / use a smaller model here"
+        if cpu
+        else "lower train.batch_tokens, or raise train.max_hours"
+    )
+    return (
+        f"warning: one optimizer step will take at least {when}{share}: {plan.tokens_per_step:,} tokens at "
+        f"most {human_count(tokens_per_s_bound)} tokens/s here; {fix}"
+    )
 
 
 def print_preflight_check(log, record: dict, plan: Plan, *, micro_batch: int, predicted: float) -> None:

@@ -269,6 +269,7 @@ def prepare_run_dir(cfg: Config, rt: Runtime, data_dir: Path) -> None:
             f"run dir {run_dir} is not writable ({e.strerror}); choose another --run.out_dir"
         ) from None
     if rt.is_main:  # one writer for the run's files
+        (run_dir / "events.jsonl").touch()  # the guard's events: present (empty) when nothing happened
         save_config(cfg, run_dir / "config.yaml")
         if not (run_dir / "tokenizer").exists():
             load_tokenizer(data_dir).save(run_dir / "tokenizer")
