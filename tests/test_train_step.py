@@ -187,10 +187,31 @@ def test_a_step_of_minutes_on_a_cpu_is_announced(shakespeare_bytes, tmp_path, mo
     args = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(tmp_path / "run")]
     train(load_config(DEBUG, [*args, "--train.max_steps", "1"]), log=lines.append)
     warnings = [line for line in lines if line.startswith("warning: one optimizer step will take")]
-    assert len(warnings) == 1 and "at least 102 s" in warnings[0] and "made for a GPU" in warnings[0], warnings
+    assert len(warnings) == 1 and "at least 102 s" in warnings[0] and "made for a GPU" in warnings[0], (
+        warnings
+    )
     monkeypatch.undo()  # this machine's own rate: the debug step takes milliseconds
     quiet = []
     train(
         load_config(DEBUG, [*args[:-1], str(tmp_path / "fast"), "--train.max_steps", "1"]), log=quiet.append
     )
     assert not [line for line in quiet if "optimizer step will take" in line]
+
+
+@pytest.mark.parametrize("horizon", ["extend", "keep"])
+def test_resuming_with_a_longer_budget_says_how_the_schedule_changes(shakespeare_bytes, tmp_path, horizon):
+    args = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(tmp_path / "run")]
+    args += ["--train.log_every", "1", "--optim.warmup_steps", "2", "--train.eval_every", "0"]
+    train(load_config(DEBUG, [*args, "--train.max_steps", "10"]), log=lambda line: None)
+    lines = []
+    resumed = load_config(DEBUG, [*args, "--train.max_steps", "20", "--optim.resume_horizon", horizon])
+    train(resumed, resume=True, log=lines.append)
+    said = [line for line in lines if line.startswith("resume: budget changed (max_steps 10 -> 20)")]
+    assert len(said) == 1, lines
+    lr = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")}
+    floor = resumed.optim.lr * resumed.optim.min_lr_ratio
+    if horizon == "keep":  # the original decay had ended: the LR stays at its floor
+        assert "original schedule kept" in said[0] and lr[11] == pytest.approx(floor)
+    else:  # cosine re-laid over 20 steps: the LR jumps back up, and the line says by how much
+        assert "re-laid" in said[0] and lr[11] > 5 * floor
+        assert f"-> {lr[11]:.3g}" in said[0]

@@ -47,6 +47,11 @@ class OptimConfig:
     """Linear LR warm-up, in optimizer steps."""
     decay_fraction: float = 0.2
     """WSD only: the last fraction of the budget spent decaying linearly to min_lr."""
+    resume_horizon: Literal["extend", "keep"] = "extend"
+    """When a resumed run's budget (train.max_steps/max_tokens/max_hours) differs from its checkpoint's:
+    `extend` lays the schedule over the new budget (cosine and linear re-lay their decay, so the LR can jump;
+    WSD lengthens its stable phase), `keep` holds the original schedule (the decay ends at the original budget
+    and the LR stays at its minimum after it). Either way the run says how the LR changes."""
     weight_decay: float = 0.1
     """AdamW decoupled weight decay on matrices (never on norms, biases or embeddings)."""
     beta1: float = 0.9

@@ -79,7 +79,8 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
         while stopped_by is None:
             if on_step is not None:
                 on_step(s.step)
-            progress = budget_progress(s.step, s.tokens, run.elapsed(), tc, run.cfg.optim.warmup_steps)
+            budget = run.schedule_budget  # the run's, or the checkpoint's (optim.resume_horizon keep)
+            progress = budget_progress(s.step, s.tokens, run.elapsed(), budget, run.cfg.optim.warmup_steps)
             lr = lr_at(s.step, progress, run.cfg.optim) * run.guard.state.lr_scale
             if run.embed_warmup is not None:  # new token rows first, then everything (model_setup.py)
                 run.embed_warmup.before_step(s.step, run.parts.optimizer)
@@ -263,6 +264,9 @@ def save_checkpoint(run: Run) -> None:
         "grad_accum": s.grad_accum,
         "fp8": s.fp8,  # in effect for these steps: the plan's, or off after a start-up fallback
         "world_size": rt.world_size,
+        "schedule_budget": {
+            k: getattr(run.schedule_budget, k) for k in ("max_steps", "max_tokens", "max_hours")
+        },
         "config": run.cfg.to_dict(),
         "data_manifest_tokenizer": run.data.manifest["tokenizer"],
         "guard": run.guard.to_dict(),

@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 
 from hopperlm.checkpoint import layout as ckpt_io
-from hopperlm.config import Config, ModelConfig, save_config
+from hopperlm.config import Config, ModelConfig, TrainConfig, save_config
 from hopperlm.data.batches import BatchSource
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import default_prefetch
@@ -33,6 +33,7 @@ from hopperlm.plan import Plan
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner
 from hopperlm.train.guard import Guard
 from hopperlm.train.model_setup import EmbedWarmup, build_train_model
+from hopperlm.train.optim import budget_progress, lr_at
 from hopperlm.train.setup import RunData, open_run_data, plan_run, resolve_model_config
 from hopperlm.train.step import StepParts, build_step
 
@@ -91,6 +92,7 @@ class Run:
     embed_warmup: EmbedWarmup | None
     state: RunState
     elapsed: Clock  # seconds of training across resumes
+    schedule_budget: TrainConfig  # the budget the LR schedule is laid over (train/run.py schedule_budget)
     flops_per_token: int
     predicted: tuple[float, float]  # (tokens/s bound, matmul FLOP/s measured here)
     preflight_checked: bool = False  # the first log step compared measured with predicted
@@ -178,6 +180,7 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         embed_warmup=embed_warmup,
         state=state,
         elapsed=rt.start_clock(elapsed_before),  # several ranks: rank 0's clock, agreed on log steps
+        schedule_budget=schedule_budget(cfg, saved, state, elapsed_before, log),
         flops_per_token=fpt,
         predicted=predicted,
     )
@@ -234,6 +237,46 @@ def open_observer(
         tokens=tokens,
         elapsed_s=elapsed_s,
     )
+
+
+BUDGET_KEYS = ("max_steps", "max_tokens", "max_hours")
+
+
+def schedule_budget(
+    cfg: Config, saved: dict | None, state: RunState, elapsed_s: float, log: Callable[[str], None]
+) -> TrainConfig:
+    """The budget the LR schedule is laid over: the run's own, or, when a resumed run changed it and
+    optim.resume_horizon is keep, the checkpoint's. Says in one line how the LR changes at the resume step."""
+    tc, oc = cfg.train, cfg.optim
+    saved = saved or {}
+    # the budget the checkpoint's schedule was laid over (a run resumed with keep remembers its original)
+    before = saved.get("schedule_budget") or saved.get("config", {}).get("train", {})
+    if not before or all(before.get(k) == getattr(tc, k) for k in BUDGET_KEYS):
+        return tc
+    original = dataclasses.replace(tc, **{k: before.get(k) for k in BUDGET_KEYS})
+    chosen = original if oc.resume_horizon == "keep" else tc
+
+    def lr(budget: TrainConfig) -> float:
+        return lr_at(
+            state.step, budget_progress(state.step, state.tokens, elapsed_s, budget, oc.warmup_steps), oc
+        )
+
+    changed = ", ".join(
+        f"{k} {before.get(k)} -> {getattr(tc, k)}" for k in BUDGET_KEYS if before.get(k) != getattr(tc, k)
+    )
+    if oc.resume_horizon == "keep":
+        how, other = "the original schedule kept (its decay ends at the original budget)", "extend"
+    elif oc.schedule == "wsd":
+        how, other = "WSD's stable phase lengthened to the new budget", "keep"
+    elif oc.schedule == "constant":
+        how, other = "constant LR, nothing to re-lay", "keep"
+    else:
+        how, other = f"{oc.schedule} decay re-laid over the new budget", "keep"
+    log(
+        f"resume: budget changed ({changed}): {how}; LR at step {state.step} {lr(original):.3g} -> "
+        f"{lr(chosen):.3g} (optim.resume_horizon {other} for the other choice)"
+    )
+    return chosen
 
 
 def keep_checkpoint_batch(cfg: Config, saved: dict | None, rt: Runtime) -> Config:
