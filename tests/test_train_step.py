@@ -143,7 +143,11 @@ def test_diagnose_plans_as_train_does(shakespeare_bytes, tmp_path):
     assert out.returncode == 0, out.stderr
     planned = json.loads(out.stdout)["plan"]
     assert (run_dir / "events.jsonl").read_text() == ""  # always there, empty when nothing happened
-    assert planned["reasons"] == trained["reasons"]
+    # (the threads line may carry a warning about the load average of that moment: the machine's, not the plan's)
+    assert {k: v for k, v in planned["reasons"].items() if k != "threads"} == {
+        k: v for k, v in trained["reasons"].items() if k != "threads"
+    }
+    assert planned["reasons"]["threads"].split(";")[0] == trained["reasons"]["threads"].split(";")[0]
     assert (planned["micro_batch"], planned["grad_accum"]) == (trained["micro_batch"], trained["grad_accum"])
 
 
@@ -215,3 +219,25 @@ def test_resuming_with_a_longer_budget_says_how_the_schedule_changes(shakespeare
     else:  # cosine re-laid over 20 steps: the LR jumps back up, and the line says by how much
         assert "re-laid" in said[0] and lr[11] > 5 * floor
         assert f"-> {lr[11]:.3g}" in said[0]
+
+
+def test_threads_are_the_users_choice_and_a_busy_machine_is_named(monkeypatch):
+    hw = detect_for("cpu")
+    cfg = _config()
+    monkeypatch.setattr("os.getloadavg", lambda: (hw.cpu_cores + 0.0, 0.0, 0.0))
+    plan = make_plan(cfg, cfg.model, hw)
+    assert plan.threads is None and "load average is" in plan.reasons["threads"]
+    assert "train.threads" in plan.reasons["threads"]
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert "warning" not in make_plan(cfg, cfg.model, hw).reasons["threads"]
+    one = make_plan(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=1)), cfg.model, hw)
+    before = torch.get_num_threads()
+    try:
+        one.apply_runtime_settings(lambda line: None)
+        assert (
+            one.threads == 1
+            and torch.get_num_threads() == 1
+            and "set by train.threads" in one.reasons["threads"]
+        )
+    finally:
+        torch.set_num_threads(before)

@@ -146,6 +146,9 @@ class TrainConfig:
     """Fraction of free GPU memory (of RAM on CPU: half of it) the automatic micro-batch may fill."""
     pin_memory: bool | None = None
     """Page-locked host batches for asynchronous copies; null = on for CUDA."""
+    threads: int | None = None
+    """CPU threads for torch's operations; null = torch's default (every core). Set it when other processes
+    share the cores: two torch processes spinning on the same cores slow each other down many times over."""
     device: str = "auto"
     """'auto', 'cpu', 'cuda' or 'cuda:N'."""
     seed: int = 1337
@@ -158,7 +161,7 @@ class TrainConfig:
         for name in ("seq_len", "log_every", "keep_last", "eval_windows", "ac_every"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train.{name}={getattr(self, name)} must be positive")
-        for name in ("max_steps", "max_tokens", "max_hours", "batch_tokens", "micro_batch"):
+        for name in ("max_steps", "max_tokens", "max_hours", "batch_tokens", "micro_batch", "threads"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"train.{name}={value} must be positive (or null)")

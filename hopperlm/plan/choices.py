@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from hopperlm.config import Config, ModelConfig
@@ -226,3 +228,28 @@ def choose_lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: st
         f"{lc.alpha / (lc.rank**0.5 if lc.rslora else lc.rank):g}"
     )
     return desc
+
+
+BUSY_LOAD = 0.5  # a 1-minute load average above this (before we start) means another process uses the cores
+
+
+def choose_threads(cfg: Config, hw: Hardware, why: dict) -> int | None:
+    """torch's CPU threads: train.threads, else torch's default (every core), with a warning when the load
+    average says other processes already use the cores. Never chosen from the load itself: the thread count
+    changes the order of float reductions, and a resumed run must compute exactly what the first did."""
+    want = cfg.train.threads
+    if want is not None:
+        why["threads"] = f"{want} (set by train.threads)"
+        return want
+    if hw.device_type == "cuda":
+        return None
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    why["threads"] = f"{hw.cpu_cores} (torch's default: every core)"
+    if load > BUSY_LOAD:
+        free = max(1, hw.cpu_cores - round(load))
+        why["threads"] += (
+            f"; warning: the load average is {load:.1f} before this run starts: other processes use the cores, "
+            f"and two torch processes on the same cores slow each other down many times over; set "
+            f"train.threads {free} (or stop the other job)"
+        )
+    return None

@@ -26,6 +26,7 @@ from hopperlm.plan.choices import (
     choose_lora,
     choose_optimizer,
     choose_precision,
+    choose_threads,
 )
 from hopperlm.plan.record import Plan
 
@@ -169,6 +170,7 @@ def make_plan(
     fp8 = choose_fp8(cfg, model_cfg, hw, precision, compile_on, why)
     fused_loss = choose_fused_loss(cfg, model_cfg, hw, why)
     optimizer, fused = choose_optimizer(cfg, cuda, why)
+    threads = choose_threads(cfg, hw, why)
     pin = tc.pin_memory if tc.pin_memory is not None else cuda
     why["data"] = describe_data(cfg.data, hw.device, model_cfg.dropout) + (
         ", pinned host memory + non-blocking copies" if pin else ""
@@ -215,6 +217,7 @@ def make_plan(
         world_size=world.size,
         dp_shard=dp_shard,
         fp8_all_gather=fp8_all_gather,
+        threads=threads,
         reasons=why,
     )
     mode, ac_reason, memory = _checkpointing(cfg, plan, model_cfg, hw)

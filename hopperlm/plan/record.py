@@ -56,6 +56,7 @@ class Plan:
     world_size: int = 1
     dp_shard: int = 1  # ranks one copy of the weights/grads/optimizer state is sharded over
     fp8_all_gather: bool = False  # FSDP all-gathers float8 weights (tensorwise fp8 only)
+    threads: int | None = None  # torch's CPU threads (None: torch's default)
     reasons: Mapping[str, str] = field(default_factory=Reasons)
 
     def __post_init__(self) -> None:
@@ -96,7 +97,9 @@ class Plan:
         return sdpa_kernel([names[self.attention]])
 
     def apply_runtime_settings(self, log: Callable[[str], None]) -> None:
-        """Process-wide switches the plan owns (TF32, allocator)."""
+        """Process-wide switches the plan owns (CPU threads, TF32, allocator)."""
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
         if self.device.type != "cuda":
             return
         torch.backends.cuda.matmul.allow_tf32 = self.tf32
