@@ -48,6 +48,8 @@ def test_presets_lists_exact_sizes():
     result = run_cli("presets")
     assert result.returncode == 0
     assert "373,867,520" in result.stdout and "1,100,048,384" in result.stdout
+    debug = next(line for line in result.stdout.splitlines() if line.startswith("debug "))
+    assert " 256 " in debug and "(vocab from data)" in debug  # the columns keep their gap
 
 
 def test_prepare_cli_and_its_errors(tmp_path, data_dir):
@@ -99,3 +101,16 @@ def test_diagnose_takes_the_vocabulary_from_prepared_data_or_a_mixture(shakespea
         assert plan_line(planned) == "== plan for debug", plan_line(planned)  # 256 byte ids, from the data
     both = run_cli("diagnose", "debug", "--no-selftest", "--data.mixture", f"{{{shakespeare_bytes}: 1.0}}")
     assert both.returncode == 2 and "list every dataset in data.mixture" in both.stderr  # not swallowed
+
+
+def test_a_folder_input_reads_wikitext_tokens_files(tmp_path, data_dir):
+    from hopperlm.data.sources import find_sources
+
+    folder = tmp_path / "wiki"
+    folder.mkdir()
+    (folder / "wiki.valid.tokens").write_bytes(
+        (data_dir / "wikitext-2" / "wiki.valid.tokens").read_bytes()[:5000]
+    )
+    assert [(s.kind, Path(s.path).name) for s in find_sources([str(folder)])] == [
+        ("text", "wiki.valid.tokens")
+    ]

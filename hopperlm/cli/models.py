@@ -125,7 +125,7 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
     log(
         f"{'preset':<18}{'layers':>7}{'dim':>6}{'heads':>7}{'kv':>4}{'ffn':>7}{'vocab':>8}{'ctx':>6}"
-        f"{'parameters':>16}{'GFLOP/token':>13}"
+        f"  {'parameters':>18}{'GFLOP/token':>13}"
     )
     for name, cfg in PRESETS.items():
         vocab = cfg.vocab_size or "data"
@@ -136,7 +136,7 @@ def cmd_presets(args: argparse.Namespace) -> None:
             gflops = f"{flops_per_token(cfg, cfg.max_seq_len) / 1e9:.3f}"
         log(
             f"{name:<18}{cfg.n_layers:>7}{cfg.dim:>6}{cfg.n_heads:>7}{cfg.kv_heads:>4}{cfg.hidden_dim:>7}"
-            f"{vocab!s:>8}{cfg.max_seq_len:>6}{params:>16}{gflops:>13}"
+            f"{vocab!s:>8}{cfg.max_seq_len:>6}  {params:>18}{gflops:>13}"
         )
 
 

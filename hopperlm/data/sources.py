@@ -25,7 +25,7 @@ UNIT_BYTES = 4 << 20  # one text/JSONL unit, extended to the next newline
 PIECE_CHARS = 128 << 10  # text is handed to the tokenizer in pieces of about this size, cut at newlines
 HUB_ROWS = 1000
 TABLE_ROWS = 1000
-FILE_SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".parquet", ".tsv", ".csv")
+FILE_SUFFIXES = (".txt", ".tokens", ".jsonl", ".jsonl.gz", ".parquet", ".tsv", ".csv")  # .tokens: WikiText
 BAD_UTF8 = ("reject", "skip")
 
 
@@ -88,6 +88,7 @@ def find_sources(inputs: list) -> list[Source]:
     sources: list[Source] = []
     kinds = {
         ".txt": "text",
+        ".tokens": "text",
         ".jsonl": "jsonl",
         ".jsonl.gz": "jsonl",
         ".parquet": "parquet",
