@@ -114,3 +114,25 @@ def test_a_folder_input_reads_wikitext_tokens_files(tmp_path, data_dir):
     assert [(s.kind, Path(s.path).name) for s in find_sources([str(folder)])] == [
         ("text", "wiki.valid.tokens")
     ]
+
+
+def test_other_libraries_log_lines_go_to_a_file(tmp_path, capfd):
+    import logging
+
+    from hopperlm.cli.third_party_logs import Redirect
+
+    with Redirect(tmp_path / "logs" / "third-party.log") as redirect:
+        logging.getLogger("torchao").warning("Failed to load _C_mxfp8.so")
+        logging.getLogger("torch.utils._pytree").warning(
+            "register_constant() on Enum subclasses is deprecated"
+        )
+    captured = capfd.readouterr()
+    assert "Failed to load" not in captured.err + captured.out and "_pytree" not in captured.err
+    text = (tmp_path / "logs" / "third-party.log").read_text()
+    assert "Failed to load _C_mxfp8.so" in text and "register_constant" in text
+    assert (
+        redirect.summary()
+        == f"(2 message(s) from other libraries written to {tmp_path / 'logs' / 'third-party.log'})"
+    )
+    logging.getLogger("torchao").warning("after the verb")  # the loggers are as they were
+    assert "after the verb" not in (tmp_path / "logs" / "third-party.log").read_text()

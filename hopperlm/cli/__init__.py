@@ -7,11 +7,27 @@ Verbs whose parser sets `takes_overrides` accept extra `--section.key value` pai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from hopperlm import __version__
-from hopperlm.cli import data, measure, models, runs
+from hopperlm.cli import data, measure, models, runs, third_party_logs
 from hopperlm.errors import ConfigError, HopperError
+
+# verbs that run torch: other libraries' log lines go to a file while they run (third_party_logs.py)
+TORCH_VERBS = {
+    "demo",
+    "train",
+    "finetune",
+    "bench",
+    "diagnose",
+    "profile",
+    "generate",
+    "eval",
+    "import",
+    "export",
+    "merge",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,13 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args, extra = build_parser().parse_known_args(argv)
+    quiet = args.verb in TORCH_VERBS and not args.debug
+    redirect = third_party_logs.Redirect() if quiet else None
     try:
-        if args.takes_overrides:
-            args.func(args, extra)
-        elif extra:
-            raise ConfigError(f"unrecognised arguments: {' '.join(extra)}; see hopperlm {args.verb} --help")
-        else:
-            args.func(args)
+        with redirect or contextlib.nullcontext():
+            if args.takes_overrides:
+                args.func(args, extra)
+            elif extra:
+                raise ConfigError(
+                    f"unrecognised arguments: {' '.join(extra)}; see hopperlm {args.verb} --help"
+                )
+            else:
+                args.func(args)
     except HopperError as e:
         if args.debug:
             raise
@@ -43,3 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        line = redirect.summary() if redirect is not None else None
+        if line:
+            print(line, file=sys.stderr, flush=True)
