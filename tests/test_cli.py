@@ -42,6 +42,10 @@ def test_demo_end_to_end_short(tmp_path, data_dir):
     assert manifest["tokens"] == {"train": 1003855, "val": 111540}
     again = run_cli("demo", "--out", str(out), env=env)  # never trains over an existing run
     assert again.returncode == 2 and "already exists" in again.stderr
+    assert (out / "metrics.jsonl").is_file()  # ...and leaves the existing run as it was
+    failed = run_cli("demo", "--out", str(tmp_path / "bad"), "--train.no_such_key", "1", env=env)
+    assert failed.returncode == 2 and "no_such_key" in failed.stderr
+    assert not (tmp_path / "bad").exists()  # a failed demo leaves nothing behind (its prepared data included)
 
 
 def test_presets_lists_exact_sizes():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -113,6 +114,7 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     """Tiny Shakespeare end to end: find the text, prepare it, train the demo recipe, print samples."""
     from hopperlm.checkpoint.inference import load_for_inference
     from hopperlm.checkpoint.init_from import resolve_init_from
+    from hopperlm.checkpoint.layout import list_checkpoints
     from hopperlm.config import load_config
     from hopperlm.data.demo_text import resolve_demo_text
     from hopperlm.data.prepare import prepare
@@ -123,14 +125,21 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     run_dir = Path(args.out or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"--out {run_dir} already exists and is not empty; choose a new directory")
-    prepare([text], run_dir / "data", tokenizer="byte", val_fraction=0.1, split="tail")
-    cfg = resolve_init_from(
-        load_config(
-            resolve_recipe(DEMO_RECIPE),
-            ["--data.path", str(run_dir / "data"), "--run.out_dir", str(run_dir), *overrides],
+    created = not run_dir.exists()
+    try:
+        prepare([text], run_dir / "data", tokenizer="byte", val_fraction=0.1, split="tail")
+        cfg = resolve_init_from(
+            load_config(
+                resolve_recipe(DEMO_RECIPE),
+                ["--data.path", str(run_dir / "data"), "--run.out_dir", str(run_dir), *overrides],
+            )
         )
-    )
-    result = train(cfg, log=log)
+        result = train(cfg, log=log)
+    except BaseException:
+        # a demo that failed before its first checkpoint leaves nothing behind; one with checkpoints is kept
+        if created and not list_checkpoints(run_dir):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     model, tokenizer = load_for_inference(run_dir, device=cfg.train.device)
     log("\n--- samples ---")
     for i, sample in enumerate(model_samples(model, tokenizer, "\n", args.samples, 300, 0.8, 200, seed=0)):
