@@ -153,8 +153,9 @@ def test_worker_processes_give_the_same_shards(tmp_path, monkeypatch):
     assert shard_files(tmp_path / "one") == shard_files(tmp_path / "two")
     tok = load_tokenizer(TINYLLAMA)
     for path, shard in ((TIR, "train_000000.bin"),):
-        # thousands of 4K-character pieces, yet exactly the ids of the whole text encoded at once
-        want = [*tok.encode(path.read_text(encoding="utf-8")), tok.eos_id]
+        # thousands of 4K-character pieces, yet exactly the ids of the whole text encoded at once, BOS first
+        # (TinyLlama's document format: `<s> text`, as transformers' tokenizer(text))
+        want = tok.encode_for_model(path.read_text(encoding="utf-8"))
         got = np.fromfile(tmp_path / "one" / shard, dtype=np.uint16)[: len(want)]
         assert got.tolist() == want
 

@@ -136,7 +136,12 @@ def test_literal_eos_in_text_falls_back_to_the_index(tmp_path):
     (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts * 40))
     tok = DATA_DIR / "tokenizers" / "tinyllama-1.1b-chat-v1.0" / "tokenizer.json"
     manifest = prepare(
-        [tmp_path / "d.jsonl"], tmp_path / "out", tokenizer=str(tok), val_fraction=0, progress=False
+        [tmp_path / "d.jsonl"],
+        tmp_path / "out",
+        tokenizer=str(tok),
+        val_fraction=0,
+        doc_format="eos",
+        progress=False,
     )
     assert manifest["eos_marks_documents"] is False
     shards = TokenShards(tmp_path / "out", "train")

@@ -202,7 +202,16 @@ def test_cli_train_generate_export(shakespeare_bytes, tmp_path):
         "export", str(run), str(out)
     )  # a Hugging Face folder (the byte tokenizer's marker beside it)
     assert exp.returncode == 0, exp.stderr
-    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "hopperlm-byte.json"}
+    # what transformers loads (tokenizer.json giving the byte ids, the token names, sampling as the run samples)
+    # and the byte marker that hopperlm import keeps
+    assert {p.name for p in out.iterdir()} == {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "hopperlm-byte.json",
+    }
     native = run_cli("export", str(run), str(tmp_path / "native"), "--format", "hopperlm")
     assert native.returncode == 0 and (tmp_path / "native" / "tokenizer").is_dir()
     again = run_cli("export", str(run), str(out))

@@ -8,6 +8,7 @@
   tensors.py     any checkpoint as a stream of tensors under hopperlm's names, and into a built model
   single.py      run checkpoints in the single-file format: save, load weights and training state, export
   hf_convert.py  import from and export to Hugging Face folders; merge LoRA adapters into a model folder
+  hf_tokenizer.py  the tokenizer files of an exported folder, for every kind of tokenizer hopperlm writes
   peft.py        LoRA adapters to and from PEFT adapter folders
   inference.py   a model and its tokenizer from any checkpoint (generate, eval); where a tokenizer is
 Nothing here imports plan, dist, train or anything above them; dist/checkpoint.py is where the ranks of a

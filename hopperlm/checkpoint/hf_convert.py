@@ -3,7 +3,10 @@
 Tensors stream through one at a time (tensors.py reads them from any checkpoint under hopperlm's names) and
 are written one output shard at a time, so a 7B/8B checkpoint converts with about one shard of memory beside
 the source's page cache. Every output folder is staged beside its target and moved into place only when
-complete (atomic.py). The config.json side is hf.py's.
+complete (atomic.py). The config.json side is hf.py's, the tokenizer files hf_tokenizer.py's.
+
+What a Hugging Face folder carries beyond weights and shapes (its family, token ids, generation_config.json)
+goes into an imported folder's config.json ("hf") and comes back out on export, also for runs started from it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import torch
 
 from hopperlm.checkpoint.atomic import staged_dir
 from hopperlm.checkpoint.hf import hf_config_dict, is_hf_dir, model_values_from_hf, read_json
+from hopperlm.checkpoint.hf_tokenizer import token_ids, write_hf_tokenizer
 from hopperlm.checkpoint.layout import (
+    CONFIG_FILE,
     INDEX_FILE,
     MODEL_FILE,
     TOKENIZER_DIR,
@@ -30,7 +35,9 @@ from hopperlm.checkpoint.layout import (
 )
 from hopperlm.checkpoint.tensors import iter_model_tensors, to_hf_name
 from hopperlm.config import ModelConfig
+from hopperlm.data.tokenizer import BYTE_MARKER
 from hopperlm.errors import CheckpointError, ConfigError
+from hopperlm.model.generate import sampling_generation_config
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -39,7 +46,7 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "added_tokens.json",
 )
-EXTRA_HF_FILES = ("generation_config.json",)
+GENERATION_FILE = "generation_config.json"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 DEFAULT_SHARD = "5GB"
@@ -113,22 +120,27 @@ def output_dtype(dtype: str, model_dir: Path) -> torch.dtype:
 
 def import_hf(hf_dir: Path, out_dir: Path, overwrite: bool = False, log=print) -> Path:
     """A Hugging Face folder -> a hopperlm model folder (renamed tensors in the source dtype and sharding,
-    hopperlm config.json, tokenizer/). Streams one source shard at a time."""
+    hopperlm config.json with the source's config.json and generation_config.json under "hf", tokenizer/).
+    A folder hopperlm exported with its byte tokenizer gets that tokenizer back (its marker), not the
+    tokenizer.json written for transformers. Streams one source shard at a time."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     if not is_hf_dir(hf_dir):
         raise CheckpointError(f"{hf_dir} is not a Hugging Face model folder (no config.json with model_type)")
-    values = model_values_from_hf(read_json(hf_dir / "config.json"), str(hf_dir / "config.json"), log)
+    raw = read_json(hf_dir / "config.json")
+    values = model_values_from_hf(raw, str(hf_dir / "config.json"), log)
     cfg = ModelConfig(**values)
     files = weight_files(hf_dir)
     with staged_dir(out_dir, overwrite) as tmp:
         shard_bytes = max(f.stat().st_size for f in files)
         write_shards(iter_model_tensors(hf_dir), tmp, shard_bytes)
-        provenance = {
-            "source": str(hf_dir.resolve()),
-            "model_type": read_json(hf_dir / "config.json")["model_type"],
-        }
-        write_model_config(tmp, cfg, extra={"hf": provenance})
-        tokenizer_files = [f for f in TOKENIZER_FILES if (hf_dir / f).is_file()]
+        origin = {"source": str(hf_dir.resolve()), "model_type": raw["model_type"], "config": raw}
+        if (hf_dir / GENERATION_FILE).is_file():
+            origin["generation_config"] = read_json(hf_dir / GENERATION_FILE)
+        write_model_config(tmp, cfg, extra={"hf": origin})
+        if (hf_dir / BYTE_MARKER).is_file():
+            tokenizer_files = [BYTE_MARKER]
+        else:
+            tokenizer_files = [f for f in TOKENIZER_FILES if (hf_dir / f).is_file()]
         if tokenizer_files:
             (tmp / TOKENIZER_DIR).mkdir()
             for name in tokenizer_files:
@@ -136,6 +148,25 @@ def import_hf(hf_dir: Path, out_dir: Path, overwrite: bool = False, log=print) -
         else:
             log(f"warning: {hf_dir} has no tokenizer files; generate/eval will need one")
     return out_dir
+
+
+def hf_origin(model_dir: Path, cfg: ModelConfig) -> tuple[dict | None, dict | None]:
+    """(config.json, generation_config.json) of the Hugging Face model a hopperlm model came from, if any: the
+    folder's own import record, else its model.init_from (a Hugging Face folder, or an imported one)."""
+    sources = [Path(model_dir)]
+    if cfg.init_from:
+        sources.append(Path(cfg.init_from))
+    for source in sources:
+        if is_hf_dir(source):
+            gen = source / GENERATION_FILE
+            return read_json(source / "config.json"), read_json(gen) if gen.is_file() else None
+        try:
+            own = json.loads((resolve_model_dir(source) / CONFIG_FILE).read_text()).get("hf") or {}
+        except (CheckpointError, OSError, ValueError):
+            continue
+        if own.get("config"):
+            return own["config"], own.get("generation_config")
+    return None, None
 
 
 def export_hf(
@@ -147,15 +178,26 @@ def export_hf(
     log=print,
 ) -> Path:
     """A hopperlm run / checkpoint / model folder (LoRA runs: merged on the way) -> a Hugging Face folder that
-    transformers.AutoModelForCausalLM.from_pretrained loads: safetensors (sharded past max_shard_size),
-    config.json, generation_config.json of the base when known, tokenizer files."""
+    transformers.AutoModelForCausalLM.from_pretrained and AutoTokenizer.from_pretrained load: safetensors
+    (sharded past max_shard_size), config.json and generation_config.json (the Hugging Face base's, else the
+    tokenizer's BOS/EOS ids), the tokenizer files (hf_tokenizer.py). `hf_files(out_dir)` names them."""
     model_dir = resolve_model_dir(source)
     cfg = read_model_config(model_dir)
     out_dir = Path(out_dir)
     torch_dtype = output_dtype(dtype, model_dir)
-    base_dir = Path(cfg.init_from) if cfg.init_from and is_hf_dir(Path(cfg.init_from)) else None
-    base = read_json(base_dir / "config.json") if base_dir else None
+    base, generation = hf_origin(model_dir, cfg)
+    ids = token_ids(model_dir / TOKENIZER_DIR)
     config = hf_config_dict(cfg, DTYPE_NAMES[torch_dtype], base)
+    for key, value in ids.items():
+        config.setdefault(key, value)
+    if (
+        generation is None and ids
+    ):  # a hopperlm-trained model: transformers samples as `hopperlm generate` does
+        generation = {
+            **ids,
+            "pad_token_id": config.get("pad_token_id", ids["eos_token_id"]),
+            **sampling_generation_config(),
+        }
     with staged_dir(out_dir, overwrite) as tmp:
         tensors = (
             (to_hf_name(name), t)
@@ -164,15 +206,27 @@ def export_hf(
         )
         write_shards(tensors, tmp, parse_size(max_shard_size), torch_dtype)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        for name in EXTRA_HF_FILES:
-            if base_dir is not None and (base_dir / name).is_file():
-                shutil.copy2(base_dir / name, tmp / name)
-        tokenizer_dir = model_dir / TOKENIZER_DIR
-        if tokenizer_dir.is_dir():  # HF tokenizer files, or hopperlm's byte marker (generate reads it)
-            for f in tokenizer_dir.iterdir():
-                if f.is_file():
-                    shutil.copy2(f, tmp / f.name)
+        if generation is not None:
+            (tmp / GENERATION_FILE).write_text(json.dumps(generation, indent=2) + "\n")
+        write_hf_tokenizer(model_dir / TOKENIZER_DIR, tmp, cfg.max_seq_len)
     return out_dir
+
+
+def hf_files(out_dir: Path) -> str:
+    """What an exported Hugging Face folder holds, for the export's message: weights, configs, tokenizer."""
+    names = sorted(p.name for p in Path(out_dir).iterdir() if p.is_file())
+    weights = [n for n in names if n.endswith(".safetensors")]
+    tokenizer = [
+        n for n in names if n not in weights and n not in ("config.json", GENERATION_FILE, INDEX_FILE)
+    ]
+    parts = [weights[0] if len(weights) == 1 else f"{len(weights)} weight shards + {INDEX_FILE}"]
+    parts += [n for n in ("config.json", GENERATION_FILE) if n in names]
+    parts.append("tokenizer: " + (", ".join(tokenizer) if tokenizer else "none (the checkpoint had none)"))
+    if BYTE_MARKER in tokenizer:
+        parts[-1] += (
+            f" (tokenizer.json: the byte tokenizer as transformers loads it; {BYTE_MARKER}: what import keeps)"
+        )
+    return "; ".join(parts)
 
 
 def save_merged(
@@ -189,11 +243,15 @@ def save_merged(
         raise CheckpointError(
             f"{model_dir} has no LoRA adapters to merge; use it as it is (or hopperlm export)"
         )
+    from hopperlm.checkpoint.inference import TRAINED_WITH, trained_with
+
     cfg = read_model_config(model_dir)
     torch_dtype = output_dtype(dtype, model_dir)
+    trained = trained_with(model_dir)
+    extra = {"merged_from": str(model_dir), **({TRAINED_WITH: trained.to_dict()} if trained else {})}
     with staged_dir(out_dir, overwrite) as tmp:
         write_shards(iter_model_tensors(model_dir), tmp, parse_size(max_shard_size), torch_dtype)
-        write_model_config(tmp, cfg, extra={"merged_from": str(model_dir)})  # init_from: provenance
+        write_model_config(tmp, cfg, extra=extra)  # init_from: provenance
         if (model_dir / TOKENIZER_DIR).is_dir():
             shutil.copytree(model_dir / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
     return Path(out_dir)

@@ -1,4 +1,5 @@
-"""A model and its tokenizer out of any checkpoint, for generate, eval and chat; where a checkpoint's tokenizer is.
+"""A model and its tokenizer out of any checkpoint, for generate, eval and chat; where a checkpoint's tokenizer is;
+how a run trained (the context and validation windows `eval` repeats).
 
 Sources: a hopperlm run (its newest valid checkpoint), checkpoint or model folder (a LoRA checkpoint is merged
 into its base on the way), or a Hugging Face folder, converted on the fly.
@@ -6,13 +7,21 @@ into its base on the way), or a Hugging Face folder, converted on the fly.
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hopperlm.checkpoint.hf import is_hf_dir, model_values
-from hopperlm.checkpoint.layout import TOKENIZER_DIR, read_model_config, resolve_model_dir
+from hopperlm.checkpoint.layout import (
+    CONFIG_FILE,
+    STATE_FILE,
+    TOKENIZER_DIR,
+    read_model_config,
+    resolve_model_dir,
+)
 from hopperlm.checkpoint.tensors import load_weights
 from hopperlm.config import Config, ModelConfig
-from hopperlm.data.tokenizer import Tokenizer, load_tokenizer
+from hopperlm.data.tokenizer import BYTE_MARKER, Tokenizer, load_tokenizer
 from hopperlm.errors import CheckpointError, ConfigError, DataError
 from hopperlm.hardware import detect_for
 from hopperlm.model.transformer import Transformer, build_empty
@@ -35,8 +44,9 @@ def load_for_inference(path: str | Path, device: str = "auto") -> tuple[Transfor
         model = build_empty(read_model_config(model_dir), dev)
         path = model_dir
     load_weights(model, path)
-    try:
-        tokenizer = load_tokenizer(tokenizer_dir)
+    try:  # a folder hopperlm exported with its byte tokenizer: the marker, not its transformers form
+        marker = tokenizer_dir / BYTE_MARKER
+        tokenizer = load_tokenizer(marker if marker.is_file() else tokenizer_dir)
     except DataError as e:
         raise CheckpointError(f"{path} has no usable tokenizer ({e})") from None
     return model.eval(), tokenizer
@@ -59,3 +69,49 @@ def sft_tokenizer_path(cfg: Config) -> Path:
             "sft needs a tokenizer: set sft.tokenizer, or model.init_from (its tokenizer is used)"
         )
     return tokenizer_path(spec)
+
+
+TRAINED_WITH = "trained_with"  # the key of config.json that keeps TrainedWith in exported and merged folders
+
+
+@dataclass(frozen=True)
+class TrainedWith:
+    """How a hopperlm run trained and validated, which `hopperlm eval` repeats by default."""
+
+    seq_len: int
+    """train.seq_len: the context the model was trained at."""
+    eval_windows: int
+    """train.eval_windows: the validation windows per evaluation."""
+    packing: bool
+    """data.packing: validation windows were read with document masks."""
+    micro_batch: int
+    """Validation windows per forward (the run's micro-batch, all ranks together)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def trained_with(source: str | Path) -> TrainedWith | None:
+    """How the run behind `source` trained: from a checkpoint's state.json, or the record export and merge keep
+    in config.json. None for a Hugging Face folder or a model folder without either."""
+    source = Path(source)
+    if is_hf_dir(source):
+        return None
+    model_dir = resolve_model_dir(source)
+    try:
+        state = json.loads((model_dir / STATE_FILE).read_text()) if (model_dir / STATE_FILE).is_file() else {}
+        kept = json.loads((model_dir / CONFIG_FILE).read_text()).get(TRAINED_WITH)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{model_dir} has an unreadable {STATE_FILE} or {CONFIG_FILE} ({e})") from None
+    if kept:
+        return TrainedWith(**kept)
+    cfg = state.get("config") or {}
+    train, data = cfg.get("train") or {}, cfg.get("data") or {}
+    if not train.get("seq_len"):
+        return None
+    return TrainedWith(
+        seq_len=int(train["seq_len"]),
+        eval_windows=int(train.get("eval_windows", 200)),
+        packing=bool(data.get("packing", False)),
+        micro_batch=int(state.get("micro_batch") or train.get("micro_batch") or 1),
+    )

@@ -14,7 +14,14 @@ from pathlib import Path
 import torch
 
 from hopperlm.checkpoint.atomic import staged_dir
-from hopperlm.checkpoint.layout import ADAPTER_FILE, read_lora_config, read_model_config, resolve_model_dir
+from hopperlm.checkpoint.hf_tokenizer import write_hf_tokenizer
+from hopperlm.checkpoint.layout import (
+    ADAPTER_FILE,
+    TOKENIZER_DIR,
+    read_lora_config,
+    read_model_config,
+    resolve_model_dir,
+)
 from hopperlm.checkpoint.tensors import from_hf_name, to_hf_name
 from hopperlm.config import LoRAConfig
 from hopperlm.config.finetune import TARGETS, parse_targets
@@ -52,7 +59,8 @@ def peft_config(lora_cfg: LoRAConfig, base_path: str | None) -> dict:
 
 def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
     """A LoRA run/checkpoint -> adapter_config.json + adapter_model.safetensors with PEFT's key names, which
-    `peft.PeftModel.from_pretrained(hf_base_model, out_dir)` loads."""
+    `peft.PeftModel.from_pretrained(hf_base_model, out_dir)` loads, and the run's tokenizer files (its chat
+    template and special tokens, as `export` writes them) for `AutoTokenizer.from_pretrained(out_dir)`."""
     from safetensors.torch import load_file, save_file
 
     model_dir = resolve_model_dir(source)
@@ -69,6 +77,7 @@ def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
         (tmp / PEFT_CONFIG).write_text(
             json.dumps(peft_config(lora_cfg, model_cfg.init_from), indent=2) + "\n"
         )
+        write_hf_tokenizer(model_dir / TOKENIZER_DIR, tmp, model_cfg.max_seq_len)
     return Path(out_dir)
 
 

@@ -207,7 +207,11 @@ def load_training_state(
 
 
 def export_model(path: str | Path, out_dir: Path, overwrite: bool = False) -> Path:
-    """Copy the model part of a checkpoint (weights, config, tokenizer) to out_dir, atomically."""
+    """Copy the model part of a checkpoint (weights, config, tokenizer) to out_dir, atomically. config.json
+    also keeps how the run trained (inference.py's TrainedWith), so `eval` of the copy repeats the run's
+    context and validation windows."""
+    from hopperlm.checkpoint.inference import TRAINED_WITH, trained_with
+
     model_dir = resolve_model_dir(path)
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
@@ -221,6 +225,10 @@ def export_model(path: str | Path, out_dir: Path, overwrite: bool = False) -> Pa
     else:
         for name in (CONFIG_FILE, *_weight_file_names(model_dir)):
             shutil.copy2(model_dir / name, tmp / name)
+    trained = trained_with(model_dir)
+    if trained is not None:
+        config = json.loads((tmp / CONFIG_FILE).read_text())
+        (tmp / CONFIG_FILE).write_text(json.dumps({**config, TRAINED_WITH: trained.to_dict()}, indent=2))
     if (model_dir / TOKENIZER_DIR).is_dir():
         shutil.copytree(model_dir / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
     fsync_tree(tmp)

@@ -1,10 +1,15 @@
-"""What every verb shares: the log line printer, where named recipes live, and how a verb is registered."""
+"""What every verb shares: the log line printer, where named recipes live, how a verb is registered, and the
+checked numbers its flags take."""
 
 from __future__ import annotations
 
 import argparse
+import math
+import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from hopperlm.errors import ConfigError
 
@@ -47,9 +52,70 @@ def add_verb(
     if overrides:
         description = f"{description} Extra --section.key value pairs override {overrides}.".strip()
     p = verbs.add_parser(name, parents=[common], help=help, description=description or None)
+    p.error = _one_line_error(name)  # argparse's usage + error lines -> one `error: ...` line, exit 2
     if config:
         p.add_argument("config", help=config)
     if resume:
         p.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH", help=RESUME_HELP)
     p.set_defaults(func=func, takes_overrides=overrides is not None)
     return p
+
+
+def _one_line_error(verb: str) -> Callable[[str], NoReturn]:
+    """A parser's error(): one line like every other user error, `error: --top-p 1.5: must be a number in
+    (0, 1]; see hopperlm generate --help`, exit code 2."""
+
+    def error(message: str) -> NoReturn:
+        message = re.sub(r"^argument (\S+?)(?:/\S+)?: (?=.+?: must be )", r"\1 ", message)
+        print(f"error: {message}; see hopperlm {verb} --help", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+    return error
+
+
+def number(
+    kind: type[int] | type[float],
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+) -> Callable[[str], int | float]:
+    """An argparse `type=` that parses an int or a finite float within [low, high] (`(low, ...` when
+    low_open; None = unbounded), else names the value and the range: `1.5: must be a number in (0, 1]`."""
+    what = "an integer" if kind is int else "a number"
+    if low is not None and high is not None:
+        need = f"{what} in {'(' if low_open else '['}{low:g}, {high:g}]"
+    elif low is not None:
+        need = f"{what} {'>' if low_open else '>='} {low:g}"
+    else:
+        need = f"{what} <= {high:g}" if high is not None else what
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        ok = value is not None and math.isfinite(value)
+        ok = ok and (low is None or (value > low if low_open else value >= low))
+        ok = ok and (high is None or value <= high)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{text}: must be {need}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in some messages
+    return parse
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """`type=int_at_least(1)`: an integer >= low."""
+    return number(int, low=low)
+
+
+def float_at_least(low: float) -> Callable[[str], float]:
+    """`type=float_at_least(0)`: a finite number >= low."""
+    return number(float, low=low)
+
+
+def float_above(low: float) -> Callable[[str], float]:
+    """`type=float_above(0)`: a finite number > low."""
+    return number(float, low=low, low_open=True)

@@ -26,6 +26,7 @@ def cmd_prepare(args: argparse.Namespace) -> None:
         dedup=args.dedup,
         bad_utf8=args.bad_utf8,
         filter=args.filter,
+        doc_format=args.doc_format,
     )
 
 
@@ -103,6 +104,14 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--filter",
         help="keep documents that pass: script:NAME:FRACTION (e.g. script:ethiopic:0.5) or module:function",
+    )
+    p.add_argument(
+        "--doc-format",
+        choices=["auto", "tokenizer", "eos"],
+        default="auto",
+        help="tokenizer: each document as the tokenizer's own tokenizer(text) gives it (BOS first for Llama/"
+        "TinyLlama: their pretraining format); eos: the text, then EOS (from-scratch runs); auto (default): "
+        "tokenizer when the tokenizer adds special tokens of its own, else eos",
     )
 
     p = add_verb(

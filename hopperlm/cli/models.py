@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hopperlm.cli.common import add_verb, log
+from hopperlm.cli.common import add_verb, float_above, float_at_least, int_at_least, log, number
 from hopperlm.errors import ConfigError
 
 
@@ -17,31 +17,61 @@ def cmd_import(args: argparse.Namespace) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> None:
-    from hopperlm.checkpoint.hf_convert import export_hf, save_merged
+    from hopperlm.checkpoint.hf_convert import export_hf, hf_files, save_merged
 
     if args.format == "hf":
         out = export_hf(Path(args.run), Path(args.out), args.dtype, args.max_shard_size, args.overwrite, log)
+        what = f"Hugging Face folder: {hf_files(out)}"
     else:
         out = save_merged(Path(args.run), Path(args.out), args.dtype, args.max_shard_size, args.overwrite)
-    log(f"merged the adapters of {args.run} into its base: {out} ({args.format} format)")
+        what = "hopperlm model folder"
+    log(f"merged the adapters of {args.run} into its base: {out} ({what})")
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
+    """Held-out loss in the windows heldout.py describes (the windowing is printed per set), and GSM8K."""
     import json
 
-    from hopperlm.checkpoint.inference import load_for_inference
+    import torch
+
+    from hopperlm.checkpoint.inference import load_for_inference, trained_with
 
     if not args.data and not args.gsm8k:
         raise ConfigError("nothing to evaluate: pass --data FILE_OR_DIR (held-out loss) and/or --gsm8k FILE")
     model, tokenizer = load_for_inference(args.model, device=args.device)
     report: dict = {"model": args.model, "heldout": [], "gsm8k": None}
     if args.data:
-        from hopperlm.eval.heldout import heldout_loss
+        from hopperlm.eval.heldout import default_batch, default_context, heldout_loss
 
-        log(f"{'held-out set':<48}{'tokens':>10}{'loss':>9}{'ppl':>10}{'bits/byte':>11}")
+        run = trained_with(args.model)
+        seq_len, why = default_context(model, run.seq_len if run else None, args.seq_len)
+        batch = args.batch or (run.micro_batch if run else default_batch(model, seq_len))
+        autocast = None  # a run on a GPU validated under autocast: so does its evaluation
+        if run is not None and model.embed.weight.device.type == "cuda":
+            autocast = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        log(
+            f"context {seq_len} tokens ({why}); {batch} windows per forward"
+            + (f", {str(autocast).removeprefix('torch.')} autocast as the run validated" if autocast else "")
+        )
+        report["context"] = {"seq_len": seq_len, "why": why, "batch": batch}
+        results = []
         for path in args.data:
-            r = heldout_loss(model, tokenizer, Path(path), args.seq_len, args.batch, args.max_tokens)
+            r = heldout_loss(
+                model,
+                tokenizer,
+                Path(path),
+                seq_len,
+                batch,
+                args.max_tokens,
+                windows=args.windows or (run.eval_windows if run else None),
+                packing=bool(run and run.packing),
+                autocast=autocast,
+            )
+            log(f"{path}: {r.windowing}")
+            results.append((path, r))
             report["heldout"].append(r.to_dict())
+        log(f"{'held-out set':<48}{'tokens':>10}{'loss':>9}{'ppl':>10}{'bits/byte':>11}")
+        for path, r in results:
             bpb = f"{r.bits_per_byte:.4f}" if r.bits_per_byte is not None else "n/a"
             log(f"{path[-47:]:<48}{r.tokens:>10,}{r.nats_per_token:>9.4f}{r.perplexity:>10.2f}{bpb:>11}")
     if args.gsm8k:
@@ -60,10 +90,61 @@ def cmd_eval(args: argparse.Namespace) -> None:
         log(f"results: {args.json}")
 
 
-def cmd_generate(args: argparse.Namespace) -> None:
-    from hopperlm.checkpoint.inference import load_for_inference
+GENERATE_HELP = (
+    "Continue --prompt as transformers' model.generate does: the prompt is encoded as tokenizer(prompt) "
+    "encodes it (with the special tokens the tokenizer adds, e.g. BOS for Llama); the next token is chosen "
+    "after the repetition penalty, temperature, top-k and top-p, in that order (temperature 0 = greedy); "
+    "generation stops after an EOS id (generation_config.json's eos_token_id, one id or a list, else the "
+    "tokenizer's EOS); the prompt and its continuation are printed decoded together with special tokens "
+    "skipped, as tokenizer.decode(output_ids, skip_special_tokens=True) gives them. Flags left out take the "
+    "model's generation_config.json (Hugging Face folders, their import and export, runs fine-tuned from "
+    "them; transformers' defaults for what it leaves out: do_sample false = greedy), else hopperlm's."
+)
 
-    model, tokenizer = load_for_inference(args.run, device=args.device)
+
+def generation_settings(args: argparse.Namespace, source: Path) -> dict:
+    """Sampling settings and EOS ids: each flag given wins, then the generation_config.json of the Hugging Face
+    model behind `source` (its folder; an import or export of it; a run fine-tuned from either), then
+    hopperlm's defaults."""
+    from hopperlm.checkpoint.hf import is_hf_dir, read_json
+    from hopperlm.checkpoint.hf_convert import hf_origin
+    from hopperlm.checkpoint.layout import read_model_config
+    from hopperlm.model.generate import MAX_NEW_TOKENS, SAMPLING_DEFAULTS, generation_defaults
+
+    if is_hf_dir(source):
+        found = source / "generation_config.json"
+        config = read_json(found) if found.is_file() else None
+    else:
+        _, config = hf_origin(source, read_model_config(source))
+    settings = {**SAMPLING_DEFAULTS, "max_new_tokens": MAX_NEW_TOKENS, "eos_ids": None}
+    if config is not None:
+        try:
+            defaults = generation_defaults(config)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ConfigError(f"the generation_config.json of {source} is not valid ({e}); fix it") from None
+        settings.update(
+            temperature=defaults.temperature,
+            top_k=defaults.top_k,
+            top_p=defaults.top_p,
+            repetition_penalty=defaults.repetition_penalty,
+            eos_ids=defaults.eos_ids,
+        )
+        if defaults.max_new_tokens is not None:
+            settings["max_new_tokens"] = defaults.max_new_tokens
+    for key in (*SAMPLING_DEFAULTS, "max_new_tokens"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
+    return settings
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from hopperlm.checkpoint.hf import is_hf_dir
+    from hopperlm.checkpoint.inference import load_for_inference
+    from hopperlm.checkpoint.layout import resolve_model_dir
+
+    source = Path(args.run) if is_hf_dir(Path(args.run)) else resolve_model_dir(args.run)
+    settings = generation_settings(args, source)
+    model, tokenizer = load_for_inference(source, device=args.device)
     prompt, encoder = args.prompt, None
     if args.chat:  # the prompt as a user turn of the model's chat template, as fine-tuning rendered it
         from hopperlm.data.chat import chat_encoder
@@ -74,31 +155,61 @@ def cmd_generate(args: argparse.Namespace) -> None:
             raise ConfigError(f"--chat: the tokenizer of {args.run} has no chat template; drop --chat")
         prompt = template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
         encoder = chat_encoder(tokenizer)
-    for i, text in enumerate(
-        model_samples(
-            model,
-            tokenizer,
-            prompt,
-            args.num_samples,
-            args.max_new_tokens,
-            args.temperature,
-            args.top_k,
-            args.seed,
-            encoder,
-        )
-    ):
+    samples = model_samples(
+        model,
+        tokenizer,
+        prompt,
+        args.num_samples,
+        settings["max_new_tokens"],
+        settings["temperature"],
+        settings["top_k"],
+        args.seed,
+        encoder,
+        top_p=settings["top_p"],
+        repetition_penalty=settings["repetition_penalty"],
+        eos_ids=settings["eos_ids"],
+    )
+    for i, text in enumerate(samples):
         if args.num_samples > 1:
             log(f"--- sample {i + 1} ---")
         log(text)
 
 
-def model_samples(model, tokenizer, prompt, n, max_new_tokens, temperature, top_k, seed, encoder=None):
+def model_samples(
+    model,
+    tokenizer,
+    prompt: str,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+    encoder=None,
+    *,
+    top_p: float = 1.0,
+    repetition_penalty: float = 1.0,
+    eos_ids: list[int] | None = None,
+):
+    """n texts: the prompt (encoded with its special tokens, as transformers' tokenizer(prompt) does; `encoder`,
+    e.g. a chat encoder, encodes it instead when given) and its continuation, decoded together with special
+    tokens skipped; sample i draws with seed + i."""
     from hopperlm.model.generate import generate
 
-    ids = (encoder or tokenizer).encode(prompt) or [tokenizer.eos_id]
+    ids = encoder.encode(prompt) if encoder is not None else tokenizer.encode_for_model(prompt)
+    ids = ids or [tokenizer.eos_id]
     for i in range(n):
-        out = generate(model, ids, max_new_tokens, temperature, top_k, tokenizer.eos_id, seed=seed + i)
-        yield prompt + tokenizer.decode(out)
+        out = generate(
+            model,
+            ids,
+            max_new_tokens,
+            temperature,
+            top_k,
+            eos_ids or tokenizer.eos_id,
+            seed=seed + i,
+            top_p=top_p,
+            repetition_penalty=repetition_penalty,
+        )
+        yield tokenizer.decode(ids + out)
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -106,17 +217,18 @@ def cmd_export(args: argparse.Namespace) -> None:
         from hopperlm.checkpoint.peft import export_peft
 
         out = export_peft(Path(args.run), Path(args.out), overwrite=args.overwrite)
-        log(f"exported {out} (PEFT adapter: adapter_config.json + adapter_model.safetensors)")
+        files = sorted(p.name for p in out.iterdir())
+        log(f"exported {out} (PEFT adapter: {', '.join(files)})")
     elif args.format == "hopperlm":
         from hopperlm.checkpoint.single import export_model
 
         out = export_model(Path(args.run), Path(args.out), overwrite=args.overwrite)
         log(f"exported {out} (hopperlm model folder: weights + config.json + tokenizer/)")
     else:
-        from hopperlm.checkpoint.hf_convert import export_hf
+        from hopperlm.checkpoint.hf_convert import export_hf, hf_files
 
         out = export_hf(Path(args.run), Path(args.out), args.dtype, args.max_shard_size, args.overwrite, log)
-        log(f"exported {out} (Hugging Face folder: safetensors + config.json + tokenizer files)")
+        log(f"exported {out} (Hugging Face folder: {hf_files(out)})")
 
 
 def cmd_presets(args: argparse.Namespace) -> None:
@@ -173,26 +285,67 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         "--data", action="append", default=[], help="held-out text file/folder or prepared dir (repeat)"
     )
     p.add_argument("--gsm8k", help="GSM8K JSONL (question/answer), e.g. ../shared/data/gsm8k/test.jsonl")
-    p.add_argument("--limit", type=int, help="GSM8K: only the first N problems")
-    p.add_argument("--shots", type=int, default=0, help="GSM8K: worked examples from train.jsonl beside it")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--limit", type=int_at_least(1), help="GSM8K: only the first N problems (>= 1)")
     p.add_argument(
-        "--seq-len", type=int, default=1024, help="held-out window (capped at the model's context)"
+        "--shots",
+        type=int_at_least(0),
+        default=0,
+        help="GSM8K: worked examples from train.jsonl beside it (>= 0)",
     )
-    p.add_argument("--max-tokens", type=int, help="held-out: score at most this many tokens per set")
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=256, help="GSM8K answer length (>= 1)")
+    p.add_argument(
+        "--seq-len",
+        type=int_at_least(1),
+        help="held-out predictions per window (>= 1); default: the run's train.seq_len, else the model's "
+        "context (max_position_embeddings) capped so one window's logits fit in memory",
+    )
+    p.add_argument(
+        "--windows",
+        type=int_at_least(1),
+        help="prepared dirs: score this many evenly spaced validation windows (default: the run's "
+        "train.eval_windows, so the loss equals its logged val_loss; else every window)",
+    )
+    p.add_argument(
+        "--max-tokens", type=int_at_least(1), help="held-out: score at most this many tokens per set (>= 1)"
+    )
+    p.add_argument(
+        "--batch",
+        type=int_at_least(1),
+        help="held-out windows per forward pass (>= 1; default: the run's micro-batch, else up to 8)",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--json", help="also write the results here")
 
-    p = add_verb(verbs, common, "generate", cmd_generate, "sample text from a trained run")
+    p = add_verb(
+        verbs, common, "generate", cmd_generate, "sample text from a run or model", description=GENERATE_HELP
+    )
     p.add_argument("run", help="run dir (latest checkpoint), checkpoint dir, exported or Hugging Face folder")
     p.add_argument("--prompt", default="\n", help="text to continue")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user turn of the chat template")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=200)
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    model_default = "default: the model's generation_config.json, else"
+    p.add_argument(
+        "--max-new-tokens",
+        type=int_at_least(1),
+        help=f"at most this many new tokens (>= 1; {model_default} 200)",
+    )
+    p.add_argument("--temperature", type=float_at_least(0), help=f"0 = greedy (>= 0; {model_default} 0.8)")
+    p.add_argument(
+        "--top-k",
+        type=int_at_least(0),
+        help=f"sampling: keep the k most likely tokens, 0 = off (>= 0; {model_default} 200)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=number(float, low=0, high=1, low_open=True),
+        help=f"sampling: the most likely tokens whose probabilities reach p, 1 = off (in (0, 1]; {model_default} 1)",
+    )
+    p.add_argument(
+        "--repetition-penalty",
+        type=float_above(0),
+        help=f"scores of ids already in the text: positive / p, negative * p; 1 = off (> 0; {model_default} 1)",
+    )
+    p.add_argument("--num-samples", type=int_at_least(1), default=1, help="texts to sample (>= 1)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="sample i draws with seed + i (>= 0)")
     p.add_argument("--device", default="auto")
 
     add_verb(verbs, common, "presets", cmd_presets, "list model presets with exact sizes")

@@ -156,8 +156,17 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; pass a YAML recipe such as configs/debug.yaml")
+    not_text = f"{path} is not a text YAML file"
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{not_text} (byte {e.start} is not UTF-8); pass a YAML recipe") from None
+    if "\x00" in text:
+        raise ConfigError(f"{not_text} (it holds NUL bytes: binary data); pass a YAML recipe")
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.reader.ReaderError as e:  # a control character no text file holds
+        raise ConfigError(f"{not_text} ({e.reason} at character {e.position}); pass a YAML recipe") from None
     except yaml.YAMLError as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         where = f" line {line + 1}" if line is not None else ""

@@ -3,8 +3,11 @@
 A template is a Jinja string rendered like `transformers`' `apply_chat_template` (sandboxed environment,
 trim_blocks, lstrip_blocks, `raise_exception`, the tokenizer's special tokens as variables), so training text
 and inference text are the same string. The tokenizer's own template (tokenizer_config.json `chat_template`)
-is used when it has one; otherwise a built-in below, which is then written into the run's tokenizer_config.json
-so `transformers` and `hopperlm generate --chat` render it the same way.
+is used when it has one, exactly as transformers renders and encodes it (nothing added); otherwise a built-in
+below, which is then written into the run's tokenizer_config.json so `transformers` and `hopperlm generate
+--chat` render it the same way. A built-in starts the text the way the tokenizer's own `tokenizer(text)` starts
+it (`{{ bos_token }}` first for Llama tokenizers: the base saw BOS before every document), unless it renders
+that itself (alpaca, plain and llama2 do), so BOS is never doubled.
 
 Reply spans come from rendering prefixes: the reply k is what render(messages[:k+1]) adds to
 render(messages[:k], add_generation_prompt=True), up to and including its end-of-sequence token (nothing
@@ -142,27 +145,10 @@ class ChatTemplate:
 
 
 def chat_encoder(tokenizer: HFTokenizer) -> HFTokenizer:
-    """The tokenizer that encodes rendered chat text the way `transformers` (5.x) does at inference.
-
-    A SentencePiece-style tokenizer.json (Llama 2, TinyLlama, Mistral) puts '▁' in front of the text after
-    every special token through its Prepend normalizer; transformers' LlamaTokenizer with `legacy: false`
-    (TinyLlama-Chat's tokenizer_config.json says so, and it is transformers 5's default) puts it only at the
-    very start, so '</s>\n<|user|>' has no '▁' before the newline. Training on the other spelling would teach
-    the model a context it never sees when served. Other tokenizers are returned as they are."""
-    import json as _json
-
-    data = _json.loads(tokenizer._raw)
-    text = _json.dumps(data.get("normalizer"))
-    if '"Prepend"' not in text or tokenizer.config.get("legacy") is True:
-        return tokenizer
-    data["normalizer"] = None
-    data["pre_tokenizer"] = {
-        "type": "Metaspace",
-        "replacement": "\u2581",
-        "prepend_scheme": "first",
-        "split": False,
-    }
-    return HFTokenizer(_json.dumps(data).encode("utf-8"), tokenizer.name, tokenizer._configs)
+    """The tokenizer that encodes rendered chat text the way `transformers` (5.x) does at inference
+    (`HFTokenizer.as_served`: '▁' only at the very start, not after every special token); a tokenizer that is
+    not a tokenizer.json is returned as it is."""
+    return tokenizer.as_served() if isinstance(tokenizer, HFTokenizer) else tokenizer
 
 
 def special_tokens(tokenizer_config: dict, eos: str, bos: str | None) -> dict[str, str]:
@@ -178,9 +164,12 @@ def special_tokens(tokenizer_config: dict, eos: str, bos: str | None) -> dict[st
     return out
 
 
-def choose_template(name: str, tokenizer_config: dict, eos: str, bos: str | None) -> ChatTemplate:
+def choose_template(
+    name: str, tokenizer_config: dict, eos: str, bos: str | None, *, prefix: str = ""
+) -> ChatTemplate:
     """sft.template -> the template: the tokenizer's own ('tokenizer', or 'auto' when it has one) or a
-    built-in ('auto' without one: zephyr)."""
+    built-in ('auto' without one: zephyr). `prefix`: the special tokens the tokenizer's `tokenizer(text)` puts
+    first (e.g. "<s>"); a built-in that does not render them itself gets them in front."""
     own = tokenizer_config.get("chat_template")
     if isinstance(own, list):  # several named templates: the default one
         own = next((t["template"] for t in own if t.get("name") == "default"), None)
@@ -196,4 +185,9 @@ def choose_template(name: str, tokenizer_config: dict, eos: str, bos: str | None
         raise ConfigError(
             f"sft.template={name} is unknown; choose auto, tokenizer or one of {', '.join(BUILTIN)}"
         )
-    return ChatTemplate(BUILTIN[name], name, special)
+    template = ChatTemplate(BUILTIN[name], name, special)
+    probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    if not prefix or template.render(probe).startswith(prefix):
+        return template
+    lead = "{{ bos_token }}" if prefix == special["bos_token"] else "{{ " + json.dumps(prefix) + " }}"
+    return ChatTemplate(lead + BUILTIN[name], name, special)

@@ -2,9 +2,19 @@
 
 `prepare` hands units to a pool of worker processes (each loads the tokenizer once) and takes the results back
 in order, so the shards are the same for any number of workers. A worker returns every document of its unit
-as tokens with an EOS after each document that ends there, the document's sha256 (used for the hash-based
-train/val split and for exact-duplicate removal, both decided in order by the main process) and whether the
-document passed the filter.
+as tokens in the document format (the format's prefix before each document that starts in the unit, its
+suffix after each that ends there), the document's sha256 (used for the hash-based train/val split and for
+exact-duplicate removal, both decided in order by the main process) and whether the document passed the
+filter.
+
+Document formats (`--doc-format`): `eos` writes the text, then EOS (GPT-2's and nanoGPT's pretraining data:
+right for a model trained from scratch). `tokenizer` writes each document as the tokenizer's own
+`tokenizer(text)` gives it (transformers' run_clm.py): `<s> text` for Llama-2/TinyLlama, BOS the only
+separator, exactly TinyLlama's pretraining data (its prepare_slimpajama.py packs `tokenizer.encode(text)`),
+so continued pretraining feeds a base the documents it was trained on. A tokenizer that adds nothing
+(GPT-2, byte, trained ones) gets the eos format instead: a document needs a separator the model can learn,
+and EOS after each is what GPT-2's own pretraining used. `auto` (the default) is the same choice, made
+without a message.
 
 Filters (`--filter`): `script:NAME:FRACTION` keeps documents whose letters are at least FRACTION in that
 script (ethiopic, latin, arabic, cyrillic), or `module:function` for your own `function(text) -> bool`.
@@ -22,10 +32,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hopperlm.data.shards import DocumentFormat
 from hopperlm.data.sources import Source, Unit, decode_unit, split_text
 from hopperlm.data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 from hopperlm.errors import DataError
 
+DOC_FORMATS = ("auto", "tokenizer", "eos")
 HF_PIECE_CHARS = 4096  # short pieces encode ~2x faster than 128K ones (BPE on long words), and stay exact
 
 SCRIPTS = {
@@ -43,6 +55,7 @@ class EncodeOptions:
     bad_utf8: str = "reject"
     filter: str | None = None
     threads: int | None = None  # tokenizer threads inside one worker; None = the tokenizer's default
+    doc_format: DocumentFormat | None = None  # None: the eos format of the tokenizer
 
 
 @dataclass
@@ -50,12 +63,38 @@ class Encoded:
     """Documents of one unit. A text unit has one entry, a part of its file's document."""
 
     unit: Unit  # payload dropped
-    tokens: np.ndarray  # int64, every document's tokens back to back, EOS after each that ends here
-    lengths: np.ndarray  # int64 tokens per document (EOS included)
+    tokens: np.ndarray  # int64, every document's tokens back to back, in the document format
+    lengths: np.ndarray  # int64 tokens per document (the format's special ids included)
     digests: list[str] = field(default_factory=list)  # sha256 hex of each document's text
     kept: list[bool] = field(default_factory=list)  # passed the filter
     skipped: list[str] = field(default_factory=list)
-    eos_inside: bool = False  # a document's own text encoded to the EOS id (e.g. a literal "</s>")
+    marker_inside: bool = False  # a document's own text encoded to the format's marker id (a literal "</s>")
+
+
+def document_format(
+    requested: str, tokenizer: Tokenizer, log: Callable[[str], None] | None = None
+) -> DocumentFormat:
+    """--doc-format (auto, tokenizer, eos) for this tokenizer as a DocumentFormat (the rules: module docstring)."""
+    if requested not in DOC_FORMATS:
+        raise DataError(f"--doc-format {requested!r} is unknown; use {', '.join(DOC_FORMATS)}")
+    prefix, suffix = tuple(tokenizer.special_prefix_ids), tuple(tokenizer.special_suffix_ids)
+    if requested != "eos" and (prefix or suffix):
+        return DocumentFormat("tokenizer", prefix, suffix)
+    if requested == "tokenizer" and log is not None:
+        log(
+            f"prepare: tokenizer {tokenizer.name} adds no special tokens of its own; documents end with EOS "
+            "(--doc-format eos), as GPT-2's pretraining data did"
+        )
+    return DocumentFormat("eos", (), (tokenizer.eos_id,))
+
+
+def describe_format(fmt: DocumentFormat, tokenizer: Tokenizer) -> str:
+    """E.g. "<s> + text (tokenizer)" or "text + EOS (eos)"."""
+
+    def pieces(ids):
+        return [tokenizer.id_to_piece(i) or ("EOS" if i == tokenizer.eos_id else str(i)) for i in ids]
+
+    return " + ".join([*pieces(fmt.prefix_ids), "text", *pieces(fmt.suffix_ids)]) + f" ({fmt.name})"
 
 
 def load_filter(spec: str | None) -> Callable[[str], bool] | None:
@@ -95,7 +134,10 @@ class UnitEncoder:
         if options.threads is not None:
             self.tokenizer.encode_threads = options.threads
         self.keep = load_filter(options.filter)
-        self.eos = np.array([self.tokenizer.eos_id], dtype=np.int64)
+        fmt = options.doc_format or DocumentFormat("eos", (), (self.tokenizer.eos_id,))
+        self.prefix = np.array(fmt.prefix_ids, dtype=np.int64)
+        self.suffix = np.array(fmt.suffix_ids, dtype=np.int64)
+        self.marker = fmt.marker()
 
     def _encode_texts(self, texts: list[str], starts_document: list[bool]) -> list[np.ndarray]:
         """Token ids of each text. Texts are cut into pieces at newlines so a batch keeps every core busy and
@@ -139,11 +181,14 @@ class UnitEncoder:
             kept = [bool(self.keep(t)) if whole or unit.first else True for t in texts]
         arrays, lengths = [], []
         starts = [True] * len(texts) if whole else [unit.first]
-        eos_inside = False
-        for ids, end in zip(self._encode_texts(texts, starts), ends, strict=True):
-            eos_inside = eos_inside or bool((ids == self.eos[0]).any())
-            arrays.extend((ids, self.eos) if end else (ids,))
-            lengths.append(len(ids) + int(end))
+        marker_inside = False
+        # the prefix goes once before a document's first piece, the suffix once after its last
+        for ids, start, end in zip(self._encode_texts(texts, starts), starts, ends, strict=True):
+            if self.marker is not None:
+                marker_inside = marker_inside or bool((ids == self.marker[0]).any())
+            parts = [self.prefix] * start + [ids] + [self.suffix] * end
+            arrays.extend(parts)
+            lengths.append(sum(len(p) for p in parts))
         tokens = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
         if len(tokens) and int(tokens.max()) >= self.tokenizer.vocab_size:
             raise DataError(
@@ -152,7 +197,7 @@ class UnitEncoder:
             )
         bare = Unit(unit.source, unit.start, unit.end, unit.size, b"", unit.first, unit.last, unit.digest)
         return Encoded(
-            bare, tokens, np.array(lengths, dtype=np.int64), digests, kept, decoded.skipped, eos_inside
+            bare, tokens, np.array(lengths, dtype=np.int64), digests, kept, decoded.skipped, marker_inside
         )
 
 

@@ -14,7 +14,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hopperlm.data.shards import INDEX_DTYPE, REPREPARE, file_sha256, index_name, read_manifest
+from hopperlm.data.shards import (
+    INDEX_DTYPE,
+    REPREPARE,
+    DocumentFormat,
+    file_sha256,
+    index_name,
+    read_manifest,
+)
 from hopperlm.errors import DataError
 
 
@@ -57,7 +64,11 @@ class TokenShards:
         self.dtype = np.dtype(manifest["dtype"])
         self.eos_id = manifest["eos_id"]
         self.has_index = all("docs" in s for s in manifest["shards"][split])  # format v2
-        self.eos_marks_documents = bool(manifest.get("eos_marks_documents")) and self.has_index
+        self.doc_format, marks = DocumentFormat.of_manifest(manifest)
+        # (id, shift): a document starts at every position of this id plus shift (BOS: 0, EOS: 1), and nowhere
+        # else, so packing may find documents from the tokens alone; None: only the .idx index says where
+        self.boundary = self.doc_format.marker() if marks and self.has_index else None
+        self.eos_marks_documents = self.boundary == (self.eos_id, 1)
         self._maps: list[np.memmap] = []
         self._index: list[np.ndarray] = []  # per shard: where documents start, local offsets
         starts = [0]

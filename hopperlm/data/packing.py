@@ -23,11 +23,16 @@ def window_doc_ids(shards, start: int, seq_len: int) -> np.ndarray:
 def batch_doc_ids(shards: list, starts, x: np.ndarray) -> np.ndarray:
     """(B, T) document numbers for the inputs x (B, T) of windows read from shards[i] at starts[i].
 
-    Fast path (vectorised over the batch): when prepare found that EOS ids occur only after documents
-    (manifest "eos_marks_documents"), a document starts right after every EOS. Otherwise the per-shard
-    document index says where, row by row."""
-    if all(s.eos_marks_documents for s in shards) and len({s.eos_id for s in shards}) == 1:
+    Fast path (vectorised over the batch): when prepare found that the document format's one separator id
+    occurs only between documents (manifest "document_format": "marks_documents"), a document starts right
+    after every EOS (the eos format) or at every BOS (the tokenizer format of Llama tokenizers). Otherwise, and
+    when the rows come from datasets of different formats, the per-shard document index says where, row by
+    row."""
+    boundaries = {s.boundary for s in shards}
+    if len(boundaries) == 1 and None not in boundaries:
+        token, shift = boundaries.pop()
+        hit = x == token
         marks = np.zeros(x.shape, dtype=np.int64)
-        marks[:, 1:] = x[:, :-1] == shards[0].eos_id
+        marks[:, 1:] = hit[:, :-1] if shift else hit[:, 1:]
         return np.cumsum(marks, axis=1)
     return np.stack([window_doc_ids(sh, int(s), x.shape[1]) for sh, s in zip(shards, starts, strict=True)])

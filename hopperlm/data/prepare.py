@@ -3,8 +3,9 @@
 Inputs are read as units (sources.py) and tokenized in worker processes (encoding.py); the results come back in
 input order, so the shards do not depend on the number of workers. The main process decides, document by
 document, the train/val side (`tail`: the last fraction of tokens, nanoGPT's split; `docs`: by a hash of the
-document text), drops exact duplicates (`dedup`) and documents the filter rejects, and appends tokens, an EOS
-after each document, and the document-start index to the shards (shards.py).
+document text), drops exact duplicates (`dedup`) and documents the filter rejects, and appends each document
+in the document format (`--doc-format`: EOS after it, or the tokenizer's own BOS before it; encoding.py) and
+the document-start index to the shards (shards.py).
 
 Resumable: the work happens in `OUT.partial/`, and after every few seconds of work and after every finished
 shard the position in the input and the shard sizes are saved to `progress.json` there. A prepare that is
@@ -32,11 +33,21 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from hopperlm.data.encoding import Encoded, EncodeOptions, UnitEncoder, encode_in_pool, start_pool
+from hopperlm.data.encoding import (
+    DOC_FORMATS,
+    Encoded,
+    EncodeOptions,
+    UnitEncoder,
+    describe_format,
+    document_format,
+    encode_in_pool,
+    start_pool,
+)
 from hopperlm.data.shards import (  # noqa: F401 - read_manifest/file_sha256/shard_dtype are imported from here
     FORMAT,
     INDEX_DTYPE,
     MANIFEST,
+    DocumentFormat,
     ShardWriter,
     file_sha256,
     index_name,
@@ -55,7 +66,9 @@ SAVE_SECONDS = 2.0
 MAX_REPORTS = 100  # bad-UTF-8 reports kept in the manifest (all are counted)
 
 
-def _check_options(tokenizer, vocab_size, val_fraction, split, shard_tokens, bad_utf8, workers) -> None:
+def _check_options(
+    tokenizer, vocab_size, val_fraction, split, shard_tokens, bad_utf8, workers, doc_format
+) -> None:
     if not 0 <= val_fraction <= 0.5:
         raise DataError(f"--val-fraction {val_fraction} is outside [0, 0.5]; 0.1 is the usual choice")
     if split not in SPLIT_METHODS:
@@ -72,6 +85,11 @@ def _check_options(tokenizer, vocab_size, val_fraction, split, shard_tokens, bad
         )
     if workers is not None and workers < 1:
         raise DataError(f"--workers {workers} must be at least 1")
+    if doc_format not in DOC_FORMATS:
+        raise DataError(
+            f"--doc-format {doc_format!r} is unknown; use auto (the tokenizer's own special tokens when it adds "
+            "any, else EOS), tokenizer or eos"
+        )
 
 
 # ---- the output directory ----------------------------------------------------------------------------------
@@ -191,13 +209,16 @@ def prepare(
     dedup: bool = False,
     bad_utf8: str = "reject",
     filter: str | None = None,
+    doc_format: str = "auto",
     log=print,
 ) -> dict:
     """Tokenize inputs into train/val shards in out_dir and return the manifest written there.
-    workers=None: one per core (1 for the byte tokenizer, which is faster than shipping text to a process)."""
+    workers=None: one per core (1 for the byte tokenizer, which is faster than shipping text to a process).
+    doc_format: "auto" / "tokenizer" (each document as the tokenizer's own `tokenizer(text)`: BOS first for
+    Llama tokenizers; EOS after it for tokenizers that add nothing) or "eos" (EOS after every document)."""
     t0 = time.perf_counter()
     tokenizer = str(tokenizer)
-    _check_options(tokenizer, vocab_size, val_fraction, split, shard_tokens, bad_utf8, workers)
+    _check_options(tokenizer, vocab_size, val_fraction, split, shard_tokens, bad_utf8, workers, doc_format)
     sources = find_sources(inputs)
     out_dir = Path(out_dir)
     _check_out_dir(out_dir, overwrite)
@@ -213,6 +234,7 @@ def prepare(
         dedup=dedup,
         bad_utf8=bad_utf8,
         filter=filter,
+        doc_format=doc_format,
     )
     fingerprint = _fingerprint(sources, options)
     lock = _lock(out_dir)
@@ -229,6 +251,7 @@ def prepare(
                     else:
                         tok = load_tokenizer(tokenizer)
                     tok.save(work)
+                    fmt = document_format(doc_format, tok, log)
                     state = {
                         "fingerprint": fingerprint,
                         "phase": "encode",
@@ -241,7 +264,8 @@ def prepare(
                         "skipped_count": 0,
                         "seen": 0,
                         "open_doc": None,  # the text file being read: kept? which side?
-                        "eos_inside": False,  # did any document's own text encode to the EOS id?
+                        "doc_format": fmt.to_json(),  # resolved once: a resumed run keeps it
+                        "marker_inside": False,  # did any document's own text encode to the format's marker?
                         "dtype": shard_dtype(tok.vocab_size).name,
                         "tokenizer": tok.identity(),  # as named by the user, not by the partial dir it is saved in
                     }
@@ -264,7 +288,8 @@ def prepare(
                     val.reopen(state["shards"]["val"])
                 if state["phase"] == "encode":
                     task = bar.add_task("tokenizing", total=total_bytes, completed=state["bytes"])
-                    encode_options = EncodeOptions(str(work), text_field, bad_utf8, filter)
+                    fmt = DocumentFormat.from_json(state["doc_format"])
+                    encode_options = EncodeOptions(str(work), text_field, bad_utf8, filter, doc_format=fmt)
                     _encode_all(
                         work,
                         sources,
@@ -299,6 +324,7 @@ def prepare(
             f"prepared {out_dir}: {manifest['documents']:,} documents, "
             f"{train.tokens:,} train / {val.tokens:,} val tokens, {dtype.name}, "
             f"{len(train.shards)} train + {len(val.shards)} val shards, "
+            f"documents {describe_format(DocumentFormat.from_json(state['doc_format']), tok)}, "
             f"{total_bytes / 1e6 / max(elapsed, 1e-9):.1f} MB/s"
         )
     return manifest
@@ -361,7 +387,7 @@ def _append(encoded: Encoded, sources, state, seen, new_seen, train, val, log) -
     by_docs = state["fingerprint"]["options"]["split"] == "docs" and fraction > 0
     dedup = state["fingerprint"]["options"]["dedup"]
     is_text = sources[unit.source].kind == "text"
-    state["eos_inside"] = state["eos_inside"] or encoded.eos_inside
+    state["marker_inside"] = state["marker_inside"] or encoded.marker_inside
     for report in encoded.skipped:
         state["skipped_count"] += 1
         if len(state["skipped"]) < MAX_REPORTS:
@@ -452,6 +478,10 @@ def _finish(work, state, tok, sources, split, val_fraction, train, val, inputs) 
     for name in (PROGRESS_FILE, SEEN_FILE, f"{PROGRESS_FILE}.tmp"):
         (work / name).unlink(missing_ok=True)
     options = state["fingerprint"]["options"]
+    fmt = DocumentFormat.from_json(state["doc_format"])
+    # the format's one separator id (EOS after, or BOS before, each document) occurs nowhere else: packing may
+    # then find documents from the tokens alone, vectorised; otherwise from the .idx document index
+    marks = fmt.marker() is not None and not state["marker_inside"]
     manifest = {
         "format": FORMAT,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -461,8 +491,9 @@ def _finish(work, state, tok, sources, split, val_fraction, train, val, inputs) 
         "vocab_size": tok.vocab_size,
         "eos_id": tok.eos_id,
         "documents": documents,
-        # true: EOS ids appear only after documents, so packing may find boundaries from the tokens alone
-        "eos_marks_documents": not state["eos_inside"],
+        "document_format": {**fmt.to_json(), "requested": options["doc_format"], "marks_documents": marks},
+        # true: EOS ids appear only after documents (kept for readers that predate document_format)
+        "eos_marks_documents": marks and fmt.marker() == (tok.eos_id, 1),
         "split": {"method": split, "val_fraction": val_fraction},
         "tokens": {"train": train.tokens, "val": val.tokens},
         "filters": {

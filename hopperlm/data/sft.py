@@ -6,8 +6,9 @@ Formats (sft.format, detected from the first record when auto):
   messages    {"messages": [{"role": "system"|"user"|"assistant", "content"}]} (OpenAI)
   completion  {"text"} (loss on all of it) or {"prompt", "completion"} (loss on the completion)
 Conversations go through a chat template (data/chat.py); the loss is taken only on assistant replies, EOS
-included (targets are -100 elsewhere; sft.train_on_prompt keeps the prompt too). Completions get the
-tokenizer's BOS in front and EOS at the end, as `tokenizer(text)` would give at inference.
+included (targets are -100 elsewhere; sft.train_on_prompt keeps the prompt too). Completions are encoded as
+the tokenizer's `tokenizer(text)` encodes them (BOS in front for Llama tokenizers, nothing for GPT-2), then
+EOS; a built-in template starts the same way (chat.py), the tokenizer's own renders exactly as transformers.
 
 Rows: with sft.packing whole examples are packed greedily into rows of train.seq_len tokens; each example
 gets its own document number, so attention never crosses examples and RoPE positions restart at each
@@ -166,9 +167,11 @@ def tokenize(
         text = example.prompt + example.completion
         spans = [(len(example.prompt), len(text))]
         ids, offsets = tokenizer.encode_with_offsets(text)
-        ids, offsets = list(ids) + [tokenizer.eos_id], list(offsets) + [(len(text), len(text))]
-        if tokenizer.bos_id is not None:
-            ids, offsets = [tokenizer.bos_id, *ids], [(0, 0), *offsets]
+        # as tokenizer(text) gives them (BOS first for Llama tokenizers), then EOS once: generation stops there
+        prefix, suffix = list(tokenizer.special_prefix_ids), list(tokenizer.special_suffix_ids)
+        suffix += [tokenizer.eos_id] if suffix[-1:] != [tokenizer.eos_id] else []
+        ids = [*prefix, *ids, *suffix]
+        offsets = [(0, 0)] * len(prefix) + list(offsets) + [(len(text), len(text))] * len(suffix)
     ids = np.asarray(ids, dtype=np.int64)
     if train_on_prompt:
         return ids, ids.copy()
@@ -336,7 +339,8 @@ def open_sft_data(cfg: Config, run_dir: Path, log: Callable[[str], None], tokeni
     eos, bos = tokenizer.id_to_piece(tokenizer.eos_id), None
     if tokenizer.bos_id is not None:
         bos = tokenizer.id_to_piece(tokenizer.bos_id)
-    template = choose_template(sc.template, tokenizer.config, eos, bos)
+    prefix = "".join(tokenizer.id_to_piece(i) or "" for i in tokenizer.special_prefix_ids)
+    template = choose_template(sc.template, tokenizer.config, eos, bos, prefix=prefix)
     encoder = chat_encoder(tokenizer)  # rendered chat text is encoded as transformers encodes it when serving
     records = read_records(Path(sc.path))[: sc.max_examples]
     fmt = sc.format if sc.format != "auto" else detect_format(records[0][1], records[0][0])

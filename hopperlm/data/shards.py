@@ -4,7 +4,9 @@ A split ("train" / "val") is a list of shards `<split>_000000.bin`, ... of raw l
 the vocabulary fits, else uint32). Beside each shard `<split>_000000.idx` holds the int64 offsets, within that
 shard, where a document starts (a document that continues from the previous shard has no entry), so packing
 knows where documents begin without trusting EOS ids that a tokenizer may also emit for literal text.
-manifest.json lists every shard with its token count, document-start count and sha256.
+manifest.json lists every shard with its token count, document-start count and sha256, and the document
+format: the special ids around every document (`eos`: text then EOS; `tokenizer`: as the tokenizer's own
+`tokenizer(text)` writes it, `<s> text` for Llama/TinyLlama).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +28,41 @@ MANIFEST_KEYS = ("tokenizer", "dtype", "vocab_size", "eos_id", "tokens", "shards
 INDEX_DTYPE = np.dtype("<i8")
 HASH_BLOCK = 8 << 20
 REPREPARE = "re-run `hopperlm prepare --overwrite`"
+
+
+@dataclass(frozen=True)
+class DocumentFormat:
+    """How every document sits in the token stream: prefix_ids, the document's own ids, suffix_ids."""
+
+    name: str
+    """`eos` (the text, then EOS) or `tokenizer` (the special ids the tokenizer's `tokenizer(text)` adds)."""
+    prefix_ids: tuple[int, ...] = ()
+    suffix_ids: tuple[int, ...] = ()
+
+    def marker(self) -> tuple[int, int] | None:
+        """(id, shift) of the one special id that separates documents: a document starts at the position of
+        the id plus shift (0: a prefix such as BOS, 1: a suffix such as EOS); None without a single one."""
+        if len(self.prefix_ids) == 1 and not self.suffix_ids:
+            return self.prefix_ids[0], 0
+        if len(self.suffix_ids) == 1 and not self.prefix_ids:
+            return self.suffix_ids[0], 1
+        return None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "prefix_ids": list(self.prefix_ids), "suffix_ids": list(self.suffix_ids)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> DocumentFormat:
+        return cls(data["name"], tuple(data["prefix_ids"]), tuple(data["suffix_ids"]))
+
+    @classmethod
+    def of_manifest(cls, manifest: dict) -> tuple[DocumentFormat, bool]:
+        """(the format, whether its marker id occurs only between documents, so packing may find documents
+        from the tokens alone). Manifests written before the format was recorded hold the eos format."""
+        recorded = manifest.get("document_format")
+        if recorded is None:
+            return cls("eos", (), (manifest["eos_id"],)), bool(manifest.get("eos_marks_documents"))
+        return cls.from_json(recorded), bool(recorded.get("marks_documents"))
 
 
 def shard_dtype(vocab_size: int) -> np.dtype:
@@ -152,6 +190,7 @@ def read_manifest(data_dir: Path) -> dict:
     missing = [k for k in MANIFEST_KEYS if k not in manifest]
     if missing:
         raise DataError(f"{path} lacks {', '.join(missing)}; {REPREPARE}")
+    _check_document_format(manifest, path)
     _check_manifest_shape(manifest, path)
     return manifest
 
@@ -178,3 +217,16 @@ def _check_manifest_shape(manifest: dict, path: Path) -> None:
                 f"{path}: split {split!r} says {tokens.get(split)} tokens but its shards hold {total}; "
                 f"the manifest does not match its shards, {REPREPARE}"
             )
+
+
+def _check_document_format(manifest: dict, path: Path) -> None:
+    fmt = manifest.get("document_format")
+    if fmt is None:
+        return
+    ok = isinstance(fmt, dict) and isinstance(fmt.get("name"), str)
+    ok = ok and all(
+        isinstance(fmt.get(k), list) and all(isinstance(i, int) for i in fmt[k])
+        for k in ("prefix_ids", "suffix_ids")
+    )
+    if not ok:
+        raise DataError(f"{path}: document_format {fmt!r} is malformed; {REPREPARE}")

@@ -51,6 +51,22 @@ class Tokenizer:
         """Token ids of text, with no BOS/EOS added (prepare adds EOS between documents itself)."""
         raise NotImplementedError
 
+    def encode_for_model(self, text: str) -> list[int]:
+        """The ids a model is given for `text` as transformers' `tokenizer(text)` gives them: the special tokens
+        the tokenizer's own conventions add (BOS first for Llama-2/TinyLlama, nothing for GPT-2 or Qwen2, nor
+        for hopperlm's byte and trained tokenizers). `encode` never adds any."""
+        return [*self.special_prefix_ids, *self.encode(text), *self.special_suffix_ids]
+
+    @property
+    def special_prefix_ids(self) -> list[int]:
+        """The special ids encode_for_model puts before the text's own (e.g. [BOS]); [] when none."""
+        return []
+
+    @property
+    def special_suffix_ids(self) -> list[int]:
+        """The special ids encode_for_model puts after the text's own (e.g. a template's final EOS); []."""
+        return []
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
@@ -187,6 +203,52 @@ class HFTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_for_model(self, text: str) -> list[int]:
+        return [*self.special_prefix_ids, *self.as_served().encode(text), *self.special_suffix_ids]
+
+    def as_served(self) -> HFTokenizer:
+        """This tokenizer as transformers 5 runs it when serving: the same, except that a SentencePiece-style
+        tokenizer.json (a Prepend normalizer, as Llama 2 / TinyLlama / Mistral ship) gets LlamaTokenizer's
+        Metaspace with prepend_scheme "first" unless tokenizer_config.json says `legacy: true`: '▁' only at the
+        very start of the text, none after a special token written in it (so '</s>\n<|user|>' has no '▁'
+        before the newline). Training on the other spelling would teach a context the model never sees."""
+        if not hasattr(self, "_served"):
+            data = json.loads(self._raw)
+            self._served = self
+            if '"Prepend"' in json.dumps(data.get("normalizer")) and self.config.get("legacy") is not True:
+                data["normalizer"] = None
+                data["pre_tokenizer"] = {
+                    "type": "Metaspace",
+                    "replacement": "\u2581",
+                    "prepend_scheme": "first",
+                    "split": False,
+                }
+                self._served = HFTokenizer(json.dumps(data).encode("utf-8"), self.name, self._configs)
+        return self._served
+
+    @property
+    def special_prefix_ids(self) -> list[int]:
+        return self._special_ids()[0]
+
+    @property
+    def special_suffix_ids(self) -> list[int]:
+        return self._special_ids()[1]
+
+    def _special_ids(self) -> tuple[list[int], list[int]]:
+        """(before, after) the text: what tokenizer.json's post-processor template adds (TinyLlama: BOS; none
+        for GPT-2/Qwen2 or without a template). transformers 5 ignores tokenizer_config.json's add_bos_token
+        and add_eos_token when a tokenizer.json exists (checked with 5.23), so they change nothing here."""
+        if hasattr(self, "_specials"):
+            return self._specials
+        before, after = [], []
+        if self._tok.post_processor is not None:  # probe the template with one ordinary character
+            enc = self._tok.encode("a", add_special_tokens=True)
+            own = [i for i, special in enumerate(enc.special_tokens_mask) if not special]
+            first, last = (own[0], own[-1] + 1) if own else (len(enc.ids), len(enc.ids))
+            before, after = enc.ids[:first], enc.ids[last:]
+        self._specials = (before, after)
+        return self._specials
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         # Parallel over all cores in Rust; the "fast" variant skips computing character offsets we never use.
         encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
@@ -289,6 +351,12 @@ class SentencePieceTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         return self._sp.encode(text)
 
+    @property
+    def special_prefix_ids(self) -> list[int]:
+        """BOS first, as Llama-2 was trained and as sentencepiece's add_bos and the Hub's Llama-2 tokenizer.json
+        encode. (transformers 5.23 given only a .model builds a tokenizer that adds none: not followed.)"""
+        return [self.bos_id] if self.bos_id is not None else []
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         from hopperlm.hardware import cpu_cores  # here, not at the top: prepare's workers never import torch
 
@@ -326,7 +394,7 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
     path = Path(spec)
     expected = "pass 'byte', a tokenizer.json, a SentencePiece .model file, or a directory holding one"
     if path.is_dir():
-        for fname in (HF_FILE, SP_FILE, BYTE_MARKER):
+        for fname in (BYTE_MARKER, HF_FILE, SP_FILE):  # an HF export of a byte model: the marker first
             if (path / fname).is_file():
                 return load_tokenizer(path / fname)
         raise DataError(
