@@ -13,7 +13,9 @@ from typing import NoReturn
 
 from hopperlm.errors import ConfigError
 
-CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+# the recipes ship inside the package (a wheel or `pip install .` has them too); configs/ in the repository is a
+# link to this folder
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "recipes"
 
 
 def log(line: str) -> None:
@@ -21,7 +23,8 @@ def log(line: str) -> None:
 
 
 def resolve_recipe(name_or_path: str) -> Path:
-    """A YAML path, or the name of a recipe in configs/ (e.g. `shakespeare-char`)."""
+    """A YAML path, or the name of a recipe that ships with hopperlm (hopperlm/recipes/, linked as configs/ in the
+    repository), e.g. `shakespeare-char`; works from any folder and from an installed wheel."""
     path = Path(name_or_path)
     if path.is_file():
         return path
@@ -33,6 +36,20 @@ def resolve_recipe(name_or_path: str) -> Path:
 
 
 RESUME_HELP = "continue from the run's latest checkpoint, or from PATH; `auto`: only if it has checkpoints"
+PRINT_CONFIG_HELP = (
+    "print the resolved config as YAML (defaults, overrides and model.init_from filled in), then exit"
+)
+
+
+def printed_config(args: argparse.Namespace, cfg) -> bool:
+    """--print-config: print `cfg` (a resolved Config) as YAML and return True, so the verb stops there."""
+    if not getattr(args, "print_config", False):
+        return False
+    from hopperlm.config import config_yaml
+
+    sys.stdout.write(config_yaml(cfg))
+    sys.stdout.flush()
+    return True
 
 
 def add_verb(
@@ -45,10 +62,12 @@ def add_verb(
     overrides: str | None = None,
     config: str | None = None,
     resume: bool = False,
+    print_config: bool = False,
     description: str = "",
 ) -> argparse.ArgumentParser:
     """Register one verb that runs `func(args)`, or `func(args, overrides)` when `overrides` says what extra
-    `--section.key value` pairs apply to; `config` is the help of a positional recipe, `resume` adds --resume."""
+    `--section.key value` pairs apply to; `config` is the help of a positional recipe, `resume` adds --resume,
+    `print_config` adds --print-config (the verb calls `printed_config`)."""
     if overrides:
         description = f"{description} Extra --section.key value pairs override {overrides}.".strip()
     p = verbs.add_parser(name, parents=[common], help=help, description=description or None)
@@ -57,6 +76,8 @@ def add_verb(
         p.add_argument("config", help=config)
     if resume:
         p.add_argument("--resume", nargs="?", const=True, default=False, metavar="PATH", help=RESUME_HELP)
+    if print_config:
+        p.add_argument("--print-config", action="store_true", help=PRINT_CONFIG_HELP)
     p.set_defaults(func=func, takes_overrides=overrides is not None)
     return p
 
