@@ -12,7 +12,9 @@ trap 'rm -rf "$WORK"' EXIT
 quiet() {  # run a pip step; show its output only when it fails
   "$@" >"$WORK/step.log" 2>&1 || { cat "$WORK/step.log"; echo "wheel-check: failed: $*"; exit 1; }
 }
-quiet "$PY" -m pip wheel --no-deps --no-build-isolation -w "$WORK/dist" .
+mkdir "$WORK/src"  # build from a copy of the tracked files: nothing is written into the checkout
+git ls-files -z | tar --null -cf - -T - | tar -xf - -C "$WORK/src"
+quiet "$PY" -m pip wheel --no-deps --no-build-isolation -w "$WORK/dist" "$WORK/src"
 wheel=$(ls "$WORK"/dist/hopperlm-*.whl)
 "$PY" -c "import sys, zipfile; sys.exit('hopperlm/recipes/debug.yaml' not in zipfile.ZipFile(sys.argv[1]).namelist())" \
   "$wheel" || { echo "wheel-check: the wheel has no recipes (hopperlm/recipes/*.yaml)"; exit 1; }
