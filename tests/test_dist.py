@@ -147,7 +147,7 @@ def test_slurm_script(tmp_path, capsys):
     for part in (
         "-m torch.distributed.run --nnodes=$SLURM_NNODES --nproc-per-node=8 --rdzv-backend=c10d",
         "--rdzv-endpoint=$head_node:29500 --rdzv-id=$SLURM_JOB_ID -m hopperlm train",
-        f"{REPO / 'configs' / 'debug.yaml'} --resume auto --run.out_dir {run_dir} --train.max_hours 100",
+        f"{(REPO / 'configs' / 'debug.yaml').resolve()} --resume auto --run.out_dir {run_dir} --train.max_hours 100",
     ):
         assert part in srun, part
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid bash

@@ -301,3 +301,38 @@ def test_read_manifest_errors(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(DataError, match="not a hopperlm-shards-v2 manifest"):
         read_manifest(tmp_path)
+
+
+def test_default_workers_follow_the_input_size(tmp_path):
+    from hopperlm.data.prepare import BYTES_PER_WORKER, choose_workers
+
+    assert choose_workers(1_100_000, False, 16)[0] == 1  # a 1 MB file: process start-up would dominate
+    assert choose_workers(2 * BYTES_PER_WORKER - 1, False, 16)[0] == 1
+    assert choose_workers(3 * BYTES_PER_WORKER, False, 16)[0] == 3
+    assert choose_workers(10**12, False, 16) == (16, "1,000,000.0 MB of input: one per 4 MB, the 16 cores")
+    assert choose_workers(10**12, True, 16)[0] == 1  # the byte tokenizer never ships text to processes
+    lines = []
+    prepare(
+        [SHAKESPEARE], tmp_path / "out", tokenizer=str(GPT2), workers=None, progress=False, log=lines.append
+    )
+    assert lines[0].startswith("prepare: 1 tokenizer process (1.1 MB of input") and "--workers N" in lines[0]
+
+
+def test_dropped_documents_are_counted_on_the_console(tmp_path, capsys):
+    docs = ["the same line", "another line", "the same line", "\u1200\u1208\u1210 \u1218\u1220", "last line"]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    manifest = prepare(
+        [tmp_path / "docs.jsonl"],
+        tmp_path / "out",
+        val_fraction=0.0,
+        dedup=True,
+        filter="script:latin:0.5",
+        progress=True,
+    )
+    assert manifest["documents"] == 3
+    out = capsys.readouterr().out.splitlines()
+    summary = next(line for line in out if line.startswith("prepared "))
+    assert " MB of input in " in summary and "(first byte read to finished folder)" in summary
+    assert (
+        "prepare: 1 exact duplicate documents dropped (--dedup); 1 documents dropped by --filter " in out[-1]
+    )

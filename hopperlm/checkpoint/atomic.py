@@ -2,6 +2,7 @@
 
 A checkpoint, an export or a conversion is written under a temporary name next to where it goes, fsynced,
 and renamed: a kill or a full disk half-way leaves the previous folder as it was and no partial one.
+Every file in it gets the process's usual permissions (0644 under umask 022), safetensors files included.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hopperlm.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def fsync_path(path: Path) -> None:
@@ -31,6 +36,36 @@ def fsync_tree(path: Path) -> None:
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
     fsync_path(path)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status, kernel 4.7+);
+    elsewhere set and restored at once, as the os module offers no other way."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def usual_permissions(path: Path) -> None:
+    """Give a file the mode open() would have: 0o666 less the umask (safetensors writes 0600, which other users
+    of a shared cluster cannot read, while every other file of a checkpoint is 0644 under umask 022)."""
+    os.chmod(path, 0o666 & ~current_umask())
+
+
+def save_safetensors(
+    tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None
+) -> None:
+    """safetensors.torch.save_file with the process's usual file permissions (see usual_permissions)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    usual_permissions(Path(path))
 
 
 def swap_in(tmp: Path, final: Path) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hopperlm.checkpoint.atomic import staged_dir
+from hopperlm.checkpoint.atomic import save_safetensors, staged_dir
 from hopperlm.checkpoint.hf import hf_config_dict, is_hf_dir, model_values_from_hf, read_json
 from hopperlm.checkpoint.hf_tokenizer import token_ids, write_hf_tokenizer
 from hopperlm.checkpoint.layout import (
@@ -71,8 +71,6 @@ def write_shards(
 ) -> list[str]:
     """Write (name, tensor) pairs as safetensors shards of at most max_shard_bytes (one file when it all fits,
     else model-0000i-of-0000n + index), holding one shard in memory. Returns the file names."""
-    from safetensors.torch import save_file
-
     out_dir = Path(out_dir)
     shard: dict[str, torch.Tensor] = {}
     size, total, files, weight_map = 0, 0, [], {}
@@ -81,7 +79,7 @@ def write_shards(
         nonlocal shard, size
         if shard:
             name = f"part-{len(files):05d}.safetensors"
-            save_file(shard, str(out_dir / name), metadata={"format": "pt"})
+            save_safetensors(shard, out_dir / name, metadata={"format": "pt"})
             files.append(name)
             weight_map.update(dict.fromkeys(shard, name))
         shard, size = {}, 0

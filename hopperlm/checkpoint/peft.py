@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hopperlm.checkpoint.atomic import staged_dir
+from hopperlm.checkpoint.atomic import save_safetensors, staged_dir
 from hopperlm.checkpoint.hf_tokenizer import write_hf_tokenizer
 from hopperlm.checkpoint.layout import (
     ADAPTER_FILE,
@@ -61,7 +61,7 @@ def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
     """A LoRA run/checkpoint -> adapter_config.json + adapter_model.safetensors with PEFT's key names, which
     `peft.PeftModel.from_pretrained(hf_base_model, out_dir)` loads, and the run's tokenizer files (its chat
     template and special tokens, as `export` writes them) for `AutoTokenizer.from_pretrained(out_dir)`."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     model_dir = resolve_model_dir(source)
     lora_cfg = read_lora_config(model_dir)
@@ -73,7 +73,7 @@ def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
         module, _, kind = name.partition(".lora_")  # layers.0.attn.q_proj / A.weight
         tensors[PEFT_PREFIX + to_hf_name(module + ".weight").removesuffix(".weight") + ".lora_" + kind] = t
     with staged_dir(out_dir, overwrite) as tmp:
-        save_file(tensors, str(tmp / PEFT_WEIGHTS), metadata={"format": "pt"})
+        save_safetensors(tensors, tmp / PEFT_WEIGHTS, metadata={"format": "pt"})
         (tmp / PEFT_CONFIG).write_text(
             json.dumps(peft_config(lora_cfg, model_cfg.init_from), indent=2) + "\n"
         )

@@ -21,7 +21,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from hopperlm.checkpoint.atomic import fsync_path, fsync_tree, swap_in
+from hopperlm.checkpoint.atomic import fsync_path, fsync_tree, save_safetensors, swap_in, usual_permissions
 from hopperlm.checkpoint.layout import (
     ADAPTER_FILE,
     CHECKSUM_FILE,
@@ -87,12 +87,11 @@ def write_model(
     directory.mkdir(parents=True, exist_ok=True)
     adapters = adapter_state(model)
     if adapters is None:
-        safetensors.torch.save_model(model, str(directory / MODEL_FILE))
+        safetensors.torch.save_model(model, str(directory / MODEL_FILE))  # tied tensors stored once
+        usual_permissions(directory / MODEL_FILE)
         write_model_config(directory, cfg, tokenizer_dir)
     else:
-        safetensors.torch.save_file(
-            {k: v.contiguous() for k, v in adapters.items()}, str(directory / ADAPTER_FILE)
-        )
+        save_safetensors({k: v.contiguous() for k, v in adapters.items()}, directory / ADAPTER_FILE)
         extra = {"lora": dataclasses.asdict(model.lora), "base": base_fingerprint(cfg.init_from)}
         write_model_config(directory, cfg, tokenizer_dir, extra)
 

@@ -93,7 +93,12 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--text-field", default="text", help="JSONL field holding the document text")
     p.add_argument("--shard-tokens", type=int, default=100_000_000, help="most tokens per shard file")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
-    p.add_argument("--workers", type=int, help="tokenizer processes (default: one per core; 1 for byte)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="tokenizer processes (default: by input size: 1 below 8 MB or for byte, then one per 4 MB "
+        "up to one per core)",
+    )
     p.add_argument("--dedup", action="store_true", help="drop exact duplicate documents (by sha256)")
     p.add_argument(
         "--bad-utf8",

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hopperlm.cli.common import add_verb, log, resolve_recipe
+from hopperlm.cli.common import add_verb, log, printed_config, resolve_recipe
 from hopperlm.errors import ConfigError
 
 
@@ -18,6 +18,16 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
 
     from hopperlm.hardware import detect, simulated
 
+    if args.print_config:
+        from hopperlm.checkpoint.init_from import resolve_init_from
+        from hopperlm.config import load_config
+
+        if not args.config:
+            raise ConfigError(
+                "--print-config needs a CONFIG to print; e.g. hopperlm diagnose debug --print-config"
+            )
+        printed_config(args, resolve_init_from(load_config(resolve_recipe(args.config), overrides)))
+        return
     hw = simulated(args.simulate) if args.simulate else detect()
     report: dict = {"hardware": hw.to_dict()}
     lines = ["== hardware" + (f" (simulated: {args.simulate})" if args.simulate else ""), *hw.summary()]
@@ -159,6 +169,7 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         cmd_diagnose,
         "hardware report, the plan for a config with reasons, and a device self-test",
         overrides="CONFIG",
+        print_config=True,
     )
     p.add_argument("config", nargs="?", help="YAML recipe or name from configs/ to plan for")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hopperlm.cli.common import add_verb, log, resolve_recipe
+from hopperlm.cli.common import add_verb, log, printed_config, resolve_recipe
 from hopperlm.cli.models import model_samples
 from hopperlm.errors import ConfigError
 
@@ -23,7 +23,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
     from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
 
-    train_until_done(resolve_init_from(load_config(resolve_recipe(args.config), overrides)), args.resume)
+    cfg = resolve_init_from(load_config(resolve_recipe(args.config), overrides))
+    if not printed_config(args, cfg):
+        train_until_done(cfg, args.resume)
 
 
 def train_until_done(cfg, resume: Resume) -> None:
@@ -107,7 +109,8 @@ def cmd_finetune(args: argparse.Namespace, overrides: list[str]) -> None:
             "finetune needs instruction data: set sft.path (Alpaca/ShareGPT/messages JSON); "
             "to train on prepared token shards use `hopperlm train`"
         )
-    train_until_done(cfg, args.resume)
+    if not printed_config(args, cfg):
+        train_until_done(cfg, args.resume)
 
 
 def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -174,6 +177,7 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         overrides="the recipe, e.g. --train.max_steps 100",
         config=recipe,
         resume=True,
+        print_config=True,
     )
 
     p = add_verb(
@@ -221,4 +225,5 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         overrides="the recipe, e.g. --lora.rank 8",
         config="YAML recipe with an sft section, or a name from configs/",
         resume=True,
+        print_config=True,
     )

@@ -14,6 +14,7 @@ loading.py reads one from YAML. Everything but the presets is importable from `h
 from hopperlm.config.finetune import LoRAConfig, SFTConfig
 from hopperlm.config.loading import (
     config_from_dict,
+    config_yaml,
     load_config,
     merge,
     parse_overrides,
@@ -39,6 +40,7 @@ __all__ = [
     "SFTConfig",
     "TrainConfig",
     "config_from_dict",
+    "config_yaml",
     "load_config",
     "merge",
     "parse_overrides",

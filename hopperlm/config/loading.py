@@ -184,5 +184,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     return config_from_dict(merge(read_yaml(path), parse_overrides(overrides or [])))
 
 
+def config_yaml(config: Config) -> str:
+    """The whole config as YAML, every default included (what RUN_DIR/config.yaml and --print-config hold)."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
 def save_config(config: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    Path(path).write_text(config_yaml(config))

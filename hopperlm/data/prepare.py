@@ -66,6 +66,24 @@ SAVE_SECONDS = 2.0
 MAX_REPORTS = 100  # bad-UTF-8 reports kept in the manifest (all are counted)
 
 
+BYTES_PER_WORKER = (
+    4_000_000  # below this much input per process, starting the process costs more than it saves
+)
+
+
+def choose_workers(nbytes: int, byte_tokenizer: bool, cores: int) -> tuple[int, str]:
+    """Tokenizer processes for `nbytes` of input, with the reason: one for the byte tokenizer (faster than
+    shipping text to a process) and below 2 x BYTES_PER_WORKER (one 1 MB file took 6x longer with one process
+    per core: start-up dominated), then one per BYTES_PER_WORKER up to one per core."""
+    if byte_tokenizer:
+        return 1, "byte tokenizer: faster in this process than shipping text to others"
+    n = max(1, min(cores, nbytes // BYTES_PER_WORKER))
+    if n == 1:
+        return 1, f"{nbytes / 1e6:,.1f} MB of input: starting more processes would cost more than they save"
+    capped = f", the {cores} cores" if n == cores else ""
+    return n, f"{nbytes / 1e6:,.1f} MB of input: one per {BYTES_PER_WORKER // 1_000_000} MB{capped}"
+
+
 def _check_options(
     tokenizer, vocab_size, val_fraction, split, shard_tokens, bad_utf8, workers, doc_format
 ) -> None:
@@ -213,10 +231,9 @@ def prepare(
     log=print,
 ) -> dict:
     """Tokenize inputs into train/val shards in out_dir and return the manifest written there.
-    workers=None: one per core (1 for the byte tokenizer, which is faster than shipping text to a process).
+    workers=None: chosen by input size (choose_workers), named in a log line.
     doc_format: "auto" / "tokenizer" (each document as the tokenizer's own `tokenizer(text)`: BOS first for
     Llama tokenizers; EOS after it for tokenizers that add nothing) or "eos" (EOS after every document)."""
-    t0 = time.perf_counter()
     tokenizer = str(tokenizer)
     _check_options(tokenizer, vocab_size, val_fraction, split, shard_tokens, bad_utf8, workers, doc_format)
     sources = find_sources(inputs)
@@ -241,6 +258,8 @@ def prepare(
     try:
         work = out_dir.parent / f"{out_dir.name}.partial"
         state = _load_state(work, fingerprint, log)
+        bytes_before = 0 if state is None else state["bytes"]
+        t0 = time.perf_counter()  # the first byte read (BPE training or tokenizing) to the published folder
         try:
             with _progress_bar(progress) as bar:
                 if state is None:
@@ -279,7 +298,11 @@ def prepare(
                 if workers is None:
                     from hopperlm.hardware import cpu_cores
 
-                    workers = 1 if isinstance(tok, ByteTokenizer) else cpu_cores()
+                    left = total_bytes - state["bytes"]
+                    workers, why = choose_workers(left, isinstance(tok, ByteTokenizer), cpu_cores())
+                    log(
+                        f"prepare: {workers} tokenizer process{'es' if workers > 1 else ''} ({why}; --workers N sets it)"
+                    )
                 dtype = np.dtype(state["dtype"])
                 train = ShardWriter(work, "train", dtype, shard_tokens)
                 val = ShardWriter(work, "val", dtype, shard_tokens)
@@ -320,14 +343,31 @@ def prepare(
         lock.close()
     if progress:
         elapsed = time.perf_counter() - t0
+        read = total_bytes - bytes_before  # input bytes this run tokenized (a resumed run: the rest only)
         log(
             f"prepared {out_dir}: {manifest['documents']:,} documents, "
             f"{train.tokens:,} train / {val.tokens:,} val tokens, {dtype.name}, "
             f"{len(train.shards)} train + {len(val.shards)} val shards, "
             f"documents {describe_format(DocumentFormat.from_json(state['doc_format']), tok)}, "
-            f"{total_bytes / 1e6 / max(elapsed, 1e-9):.1f} MB/s"
+            f"{read / 1e6:,.1f} MB of input in {elapsed:.1f} s = {read / 1e6 / max(elapsed, 1e-9):.1f} MB/s "
+            f"(first byte read to finished folder{', BPE training included' if tokenizer == 'bpe' else ''})"
         )
+    dropped = _dropped(manifest["filters"])
+    if dropped:
+        log(f"prepare: {dropped}")
     return manifest
+
+
+def _dropped(filters: dict) -> str:
+    """What the filters left out, for the console (the manifest's "filters" has the same numbers)."""
+    parts = []
+    if filters["dedup"]:
+        parts.append(f"{filters['duplicates_removed']:,} exact duplicate documents dropped (--dedup)")
+    if filters["filter"]:
+        parts.append(f"{filters['filtered_out']:,} documents dropped by --filter {filters['filter']}")
+    if filters["bad_utf8_skipped"]:
+        parts.append(f"{filters['bad_utf8_skipped']:,} lines/records with invalid UTF-8 left out")
+    return "; ".join(parts)
 
 
 def _all_texts(sources, text_field, bad_utf8, bar, task):

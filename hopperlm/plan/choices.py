@@ -211,6 +211,9 @@ def choose_lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: st
         return "none"
 
     if lc.quantize == "nf4":
+        # bitsandbytes 0.50's CPU backend trains NF4 layers only until the first eval: eval repacks the weight
+        # for its CPU gemv kernel, which has no autograd, and from then on no gradient flows back through the
+        # frozen layers (the input's grad is None): earlier blocks' adapters would learn from wrong gradients.
         if hw.device_type != "cuda":
             raise ConfigError(
                 "lora.quantize=nf4 (QLoRA) needs a CUDA GPU (bitsandbytes' 4-bit training path); "

@@ -1,0 +1,191 @@
+"""Every shell command shown in README.md and docs/*.md runs here, so the docs cannot rot.
+
+The convention the docs follow:
+- shell commands live only in ```bash fenced blocks (```sh, ```shell and ```console are refused);
+- a block whose first line is `# needs: gpu`, `# needs: network` or `# needs: model` (a downloaded Hugging Face
+  model) is not run: the test lists it with its reason and counts it;
+- the README's "two commands" blocks (`bash scripts/setup.sh && python3 -m hopperlm demo`, `bash scripts/test.sh`)
+  are not run either: the first installs packages (network) and trains for about 100 s, the second is this test
+  suite, which must not call itself; CI runs both as they are written;
+- every other block runs with `bash -e -o pipefail`, the blocks of one file in file order, in one fresh
+  workspace laid out like a checkout beside shared/: TMP/main with `configs` and `scripts` linked from the
+  repository, and TMP/shared/data linked to the real data ($HOPPERLM_DATA_DIR, else ../shared/data), so
+  `../shared/data/...` resolves as in the docs. `hopperlm` is this checkout's `python3 -m hopperlm`.
+Commands that train are written in the docs with small step counts, so each runs in seconds on a CPU.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from shared_data import DATA_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+NEEDS = {"gpu", "network", "model"}
+# blocks run by CI as they are written, never from here (see the module docstring)
+TWO_COMMANDS = {
+    "bash scripts/setup.sh && python3 -m hopperlm demo": "installs packages (network) and trains for ~100 s",
+    "bash scripts/test.sh": "is this test suite, which must not call itself",
+}
+FENCE = re.compile(r"^(`{3,})(.*)$")
+BLOCK_TIMEOUT_S = 180
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    text: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(REPO)}:{self.line}"
+
+    @property
+    def not_run(self) -> str | None:
+        """Why this block is not run, or None when it runs."""
+        first = self.text.strip().split("\n", 1)[0].strip()
+        match = re.fullmatch(r"#\s*needs:\s*(\S+)", first)
+        if match:
+            return f"needs: {match.group(1)}"
+        if self.path.name == "README.md" and self.text.strip() in TWO_COMMANDS:
+            return f"one of the two commands: {TWO_COMMANDS[self.text.strip()]}"
+        return None
+
+
+def fenced_blocks(path: Path) -> list[Block]:
+    """Every fenced code block of a Markdown file, in file order (fences start a line; ``` inside a line is text)."""
+    blocks, open_fence, lang, start, body = [], None, "", 0, []
+    for number, line in enumerate(path.read_text().split("\n"), 1):
+        match = FENCE.match(line)
+        if open_fence is None:
+            if match:
+                open_fence, lang, start, body = match.group(1), match.group(2).strip(), number, []
+        elif match and match.group(1) == open_fence and not match.group(2).strip():
+            blocks.append(Block(path, start, lang, "\n".join(body)))
+            open_fence = None
+        else:
+            body.append(line)
+    assert open_fence is None, f"{path.relative_to(REPO)}:{start}: a code fence is never closed"
+    return blocks
+
+
+def bash_blocks(path: Path) -> list[Block]:
+    return [b for b in fenced_blocks(path) if b.lang == "bash"]
+
+
+def test_shell_commands_are_in_bash_blocks_with_known_needs():
+    problems = []
+    for path in DOC_FILES:
+        for block in fenced_blocks(path):
+            if block.lang in ("sh", "shell", "console", "zsh", "shell-session"):
+                problems.append(
+                    f"{block.where}: ```{block.lang} block; write shell commands in ```bash blocks"
+                )
+            if block.lang == "bash":
+                first = block.text.strip().split("\n", 1)[0].strip()
+                match = re.fullmatch(r"#\s*needs:\s*(\S+)", first)
+                if match and match.group(1) not in NEEDS:
+                    problems.append(
+                        f"{block.where}: '# needs: {match.group(1)}' is not one of {sorted(NEEDS)}"
+                    )
+    assert not problems, "\n".join(problems)
+
+
+def headings(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (outside code blocks)."""
+    anchors, fenced = set(), None
+    for line in path.read_text().split("\n"):
+        match = FENCE.match(line)
+        if match:
+            fenced = None if fenced == match.group(1) else (fenced or match.group(1))
+            continue
+        if fenced is None and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def test_relative_links_resolve():
+    problems = []
+    for path in DOC_FILES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s):, mailto:
+            file, _, anchor = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            if not linked.exists():
+                problems.append(f"{path.relative_to(REPO)}: link to {target}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in headings(linked):
+                problems.append(f"{path.relative_to(REPO)}: link to {target}: no heading with that anchor")
+    assert not problems, "\n".join(problems)
+
+
+def test_not_run_blocks_are_counted():
+    """The blocks this suite does not run, with why; the README's two commands are among them."""
+    skipped = [(b.where, b.not_run) for path in DOC_FILES for b in bash_blocks(path) if b.not_run]
+    print(f"\n{len(skipped)} bash block(s) not run:")
+    for where, why in skipped:
+        print(f"  {where}: {why}")
+    readme = [b.text.strip() for b in bash_blocks(REPO / "README.md")]
+    assert all(command in readme for command in TWO_COMMANDS), (
+        "the README's two commands moved; update TWO_COMMANDS"
+    )
+    runnable = [b for path in DOC_FILES for b in bash_blocks(path) if not b.not_run]
+    assert runnable, "no runnable bash block found in the docs"
+
+
+def workspace(tmp: Path) -> tuple[Path, dict[str, str]]:
+    """TMP/main (configs and scripts linked from the repository) beside TMP/shared/data, and the environment in
+    which `hopperlm` is this checkout's `python3 -m hopperlm`."""
+    main = tmp / "main"
+    main.mkdir()
+    for name in ("configs", "scripts"):
+        (main / name).symlink_to(REPO / name, target_is_directory=True)
+    (tmp / "shared").mkdir()
+    (tmp / "shared" / "data").symlink_to(DATA_DIR.resolve(), target_is_directory=True)
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    launcher = bin_dir / "hopperlm"
+    launcher.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hopperlm "$@"\n')
+    launcher.chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+        "HOPPERLM_DATA_DIR": str(tmp / "shared" / "data"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "MPLBACKEND": "Agg",
+    }
+    return main, env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", DOC_FILES, ids=[str(p.relative_to(REPO)) for p in DOC_FILES])
+def test_doc_commands_run(path: Path, tmp_path: Path):
+    blocks = [b for b in bash_blocks(path) if not b.not_run]
+    if not blocks:
+        pytest.skip(f"{path.relative_to(REPO)} has no bash block to run")
+    if not DATA_DIR.is_dir():
+        pytest.skip(f"the docs' commands read ../shared/data; {DATA_DIR} is missing (set HOPPERLM_DATA_DIR)")
+    cwd, env = workspace(tmp_path)
+    for block in blocks:
+        done = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", block.text],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_TIMEOUT_S,
+        )
+        assert done.returncode == 0, (
+            f"{block.where}: the bash block failed (exit {done.returncode}); fix the docs or the code, or mark a "
+            f"block that cannot run here with '# needs: gpu|network|model'\n--- block\n{block.text}\n"
+            f"--- stdout (tail)\n{done.stdout[-3000:]}\n--- stderr (tail)\n{done.stderr[-3000:]}"
+        )
