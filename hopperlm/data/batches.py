@@ -77,13 +77,8 @@ class WindowBatches(_Prefetched):
         world_size: int = 1,
     ) -> None:
         self.shards, self.seq_len, self.seed, self.packing = shards, seq_len, seed, packing
-        self.grad_accum, self.pin, self.depth, self.rank, self.world_size = (
-            grad_accum,
-            pin,
-            prefetch,
-            rank,
-            world_size,
-        )
+        self.grad_accum, self.pin, self.depth = grad_accum, pin, prefetch
+        self.rank, self.world_size = rank, world_size
         self.windows = self._windows(micro_batch)
         self._prefetcher: Prefetcher | None = None
         self._next_key: tuple[int, int] | None = None

@@ -30,7 +30,7 @@ from hopperlm.train.guard import GuardStop
 from hopperlm.train.metrics import Interval, human_count, mfu, peak_memory_gb
 from hopperlm.train.optim import budget_progress, lr_at
 from hopperlm.train.preemption import Preemption
-from hopperlm.train.run import Resume, Run, setup_run
+from hopperlm.train.run import BUDGET_KEYS, Resume, Run, setup_run
 from hopperlm.train.step import StepDropped, StepResult, train_step
 
 
@@ -264,9 +264,7 @@ def save_checkpoint(run: Run) -> None:
         "grad_accum": s.grad_accum,
         "fp8": s.fp8,  # in effect for these steps: the plan's, or off after a start-up fallback
         "world_size": rt.world_size,
-        "schedule_budget": {
-            k: getattr(run.schedule_budget, k) for k in ("max_steps", "max_tokens", "max_hours")
-        },
+        "schedule_budget": {k: getattr(run.schedule_budget, k) for k in BUDGET_KEYS},
         "config": run.cfg.to_dict(),
         "data_manifest_tokenizer": run.data.manifest["tokenizer"],
         "guard": run.guard.to_dict(),
