@@ -144,7 +144,9 @@ def estimate_memory(
     n = counts["total"]
     acts, logits = activation_bytes_per_token(cfg, precision, checkpointing, fused_loss, every)
     if lora is not None and lora.enabled:
-        return _lora_estimate(cfg, lora, n, precision, checkpointing, optimizer, seq_len, acts, logits)
+        return _lora_estimate(
+            cfg, lora, n, precision, checkpointing, optimizer, seq_len, acts, logits, shards
+        )
     gathered = 0
     if shards > 1:
         e = 4 if precision == "fp32" else 2
@@ -163,11 +165,15 @@ def estimate_memory(
 
 
 def _lora_estimate(
-    cfg, lora, n, precision, checkpointing, optimizer, seq_len, acts, logits
+    cfg, lora, n, precision, checkpointing, optimizer, seq_len, acts, logits, shards=1
 ) -> MemoryEstimate:
     """LoRA: the adapted matrices frozen in the compute dtype (NF4 with lora.quantize), the rest of the base
     fp32 and frozen, gradients and optimizer state for the adapters only; activations add each adapter's
-    rank-r intermediate (the fused loss then needs no head-weight gradient: the head is frozen)."""
+    rank-r intermediate (the fused loss then needs no head-weight gradient: the head is frozen). With FSDP
+    (`shards` > 1) every rank keeps 1/shards of the base, the adapters, their gradients and optimizer state,
+    plus what is gathered while it runs: the root (embedding, head) in the compute dtype, two blocks (the
+    running one and the prefetched next: NF4 data stays 4-bit, the rest in the compute dtype) and the fp32
+    gradients of one block's adapters before their reduce-scatter."""
 
     targets = parse_targets(lora.targets)
     shapes = target_shapes(cfg)
@@ -177,11 +183,18 @@ def _lora_estimate(
     e = 4 if precision == "fp32" else 2
     kept = 1 if checkpointing in ("full", "selective-block") else cfg.n_layers
     adapter_acts = kept * e * lora.rank * len(targets)
+    gathered = 0
+    if shards > 1:
+        L, blocks = cfg.n_layers, count_params(cfg)["blocks"]
+        block = (frozen + e * (blocks - adapted) + e * trainable) / L
+        gathered = int(e * (n - blocks) + 2 * block + 4 * trainable / L)
     return MemoryEstimate(
         params=n + trainable,
-        weights=int(frozen) + 4 * (n - adapted) + 4 * trainable,
-        grads=4 * trainable,
-        optimizer=optimizer_bytes(cfg, optimizer, trainable),
+        weights=-(-(int(frozen) + 4 * (n - adapted) + 4 * trainable) // shards),
+        grads=-(-4 * trainable // shards),
+        optimizer=-(-optimizer_bytes(cfg, optimizer, trainable) // shards),
         activations_per_seq=(acts + adapter_acts) * seq_len,
         logits_per_seq=logits * seq_len,
+        shards=shards,
+        gathered=gathered,
     )

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from hopperlm.checkpoint.init_from import resolve_init_from
 from hopperlm.config import load_config
 from hopperlm.dist.runtime import session
 from hopperlm.train.loop import train
@@ -39,7 +40,7 @@ def main() -> None:
         (run,) = spec["runs"]
         cli.main(["train", str(DEBUG), *run["args"]])
         return
-    configs = [load_config(DEBUG, run["args"]) for run in spec["runs"]]
+    configs = [resolve_init_from(load_config(DEBUG, run["args"])) for run in spec["runs"]]
     with session(configs[0]):  # one process group for all the runs
         for cfg, run in zip(configs, spec["runs"], strict=True):
             train(cfg, resume=run.get("resume", False), log=lambda line: None)

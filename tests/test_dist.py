@@ -3,6 +3,7 @@ data, the torchrun lines and the SLURM script, and the sharded checkpoint format
 checksummed, falls back when corrupt, resumes exactly, exports to one file, saves in the background)."""
 
 import dataclasses
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -29,12 +30,13 @@ REPO = Path(__file__).resolve().parents[1]
 QUIET = lambda line: None  # noqa: E731
 
 
-def plan_for(gpu, world, preset="tinyllama-1.1b", train=None, parallel=None, optim=None):
+def plan_for(gpu, world, preset="tinyllama-1.1b", train=None, parallel=None, optim=None, lora=None):
     raw = {
         "model": {"preset": preset},
         "train": {"max_steps": 1000, "seq_len": 2048, **(train or {})},
         "parallel": parallel or {},
         "optim": optim or {},
+        "lora": lora or {},
     }
     cfg = config_from_dict(raw)
     return make_plan(cfg, cfg.model, simulated(gpu), world=world)
@@ -83,6 +85,47 @@ def test_explicit_strategies_and_their_errors():
         config_from_dict(
             {"train": {"max_steps": 1}, "parallel": {"async_checkpoint": True, "checkpoint": "single"}}
         )
+
+
+QLORA = {"rank": 16, "alpha": 32, "targets": "all-linear", "quantize": "nf4"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes not installed")
+def test_lora_and_qlora_on_several_gpus_plan_ddp_or_fsdp_with_their_memory():
+    # QLoRA of a 7B model: the NF4 base fits one H100, so DDP (adapters' gradients only are all-reduced)
+    seven = dict(preset="llama2-7b", lora=QLORA, optim={"name": "paged_adamw8bit"}, train={"micro_batch": 1})
+    ddp = plan_for("H100 80GB", World(2, 2), **seven)
+    assert ddp.strategy == "ddp" and "NF4 base + adapters" in ddp.reasons["parallel"]
+    assert "only the adapters' gradients (160 MB fp32) cross ranks" in ddp.reasons["parallel"]
+    assert (
+        ddp.memory.shards == 1 and ddp.memory.weights < 6e9
+    )  # ~3.9 GB of NF4 + the fp32 embeddings and norms
+    # on 6 GB GPUs it does not fit: FSDP2, and bitsandbytes' paged optimizer cannot step its shards
+    with pytest.raises(
+        ConfigError, match="optim.name=paged_adamw8bit cannot run on; use optim.name adamw8bit"
+    ):
+        plan_for("RTX 4050 6GB", World(8, 8), **seven)
+    with pytest.raises(ConfigError, match="paged_adamw8bit .* DTensor"):
+        plan_for("H100 80GB", World(2, 2), **seven, parallel={"strategy": "fsdp"})
+    fsdp = plan_for("RTX 4050 6GB", World(8, 8), **{**seven, "optim": {"name": "adamw"}})
+    assert (fsdp.strategy, fsdp.dp_shard) == ("fsdp", 8)
+    assert (
+        "exceed one GPU" in fsdp.reasons["parallel"] and "NF4 data stored as bf16" in fsdp.reasons["parallel"]
+    )
+    # per rank: an eighth of the base, adapters, their gradients and AdamW state, plus two gathered blocks
+    alone = plan_for("H100 80GB", World(1, 1), **{**seven, "optim": {"name": "adamw"}}).memory
+    mem = fsdp.memory
+    assert (mem.weights, mem.grads, mem.optimizer) == tuple(
+        -(-x // 8) for x in (alone.weights, alone.grads, alone.optimizer)
+    )
+    assert 0 < mem.gathered < alone.weights / 4
+    assert mem.total(1) < 0.9 * simulated("RTX 4050 6GB").free_memory  # what made the plan pick FSDP
+    # LoRA on a bf16 base
+    lora = plan_for(
+        "H100 80GB", World(4, 4), preset="llama3-8b", lora={"rank": 8}, parallel={"strategy": "fsdp"}
+    )
+    assert "base and adapters sharded, gathered in bf16" in lora.reasons["parallel"]
+    assert "NF4" not in lora.reasons["parallel"]
 
 
 def test_ranks_read_their_block_of_each_global_micro_batch(shakespeare_bytes):

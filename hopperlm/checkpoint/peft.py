@@ -16,13 +16,12 @@ import torch
 from hopperlm.checkpoint.atomic import save_safetensors, staged_dir
 from hopperlm.checkpoint.hf_tokenizer import write_hf_tokenizer
 from hopperlm.checkpoint.layout import (
-    ADAPTER_FILE,
     TOKENIZER_DIR,
     read_lora_config,
     read_model_config,
     resolve_model_dir,
 )
-from hopperlm.checkpoint.tensors import from_hf_name, to_hf_name
+from hopperlm.checkpoint.tensors import from_hf_name, read_adapters, to_hf_name
 from hopperlm.config import LoRAConfig
 from hopperlm.config.finetune import TARGETS, parse_targets
 from hopperlm.errors import CheckpointError, ConfigError
@@ -61,15 +60,13 @@ def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
     """A LoRA run/checkpoint -> adapter_config.json + adapter_model.safetensors with PEFT's key names, which
     `peft.PeftModel.from_pretrained(hf_base_model, out_dir)` loads, and the run's tokenizer files (its chat
     template and special tokens, as `export` writes them) for `AutoTokenizer.from_pretrained(out_dir)`."""
-    from safetensors.torch import load_file
-
     model_dir = resolve_model_dir(source)
     lora_cfg = read_lora_config(model_dir)
     if lora_cfg is None:
         raise CheckpointError(f"{model_dir} is not a LoRA checkpoint (no adapters); export it without --peft")
     model_cfg = read_model_config(model_dir)
     tensors = {}
-    for name, t in load_file(str(model_dir / ADAPTER_FILE)).items():
+    for name, t in read_adapters(model_dir).items():
         module, _, kind = name.partition(".lora_")  # layers.0.attn.q_proj / A.weight
         tensors[PEFT_PREFIX + to_hf_name(module + ".weight").removesuffix(".weight") + ".lora_" + kind] = t
     with staged_dir(out_dir, overwrite) as tmp:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 
 from hopperlm.checkpoint.layout import SHARDED_DIR, read_model_config
@@ -51,6 +52,28 @@ def load_sharded_model(model_dir: Path, model: nn.Module) -> None:
             "model section must equal the checkpoint's"
         ) from None
     model.load_state_dict(weights)
+
+
+def load_sharded_adapters(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The LoRA adapters of a sharded checkpoint (an FSDP LoRA run saves the adapters alone), gathered whole in
+    this process, by name (layers.0.attn.q_proj.lora_A.weight), in the dtype they were saved in."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(model_dir) / SHARDED_DIR
+    try:
+        stored = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+        adapters = {
+            key.removeprefix("model."): torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+            for key, meta in stored.items()
+            if key.startswith("model.") and ".lora_" in key
+        }
+        with single_process_ok():
+            dcp.load({"model": adapters}, checkpoint_id=folder, no_dist=True)
+    except Exception as e:
+        raise CheckpointError(f"cannot read the adapters of {folder} ({first_line(e)})") from None
+    if not adapters:
+        raise CheckpointError(f"{folder} holds no LoRA adapters although {model_dir} has a lora config")
+    return adapters
 
 
 def materialize_model(model_dir: Path) -> nn.Module:

@@ -38,6 +38,7 @@ from hopperlm.checkpoint.layout import (
     is_sharded,
     latest_checkpoint,
     list_checkpoints,
+    read_lora_config,
     read_model_config,
     read_state,
     resolve_model_dir,
@@ -45,11 +46,11 @@ from hopperlm.checkpoint.layout import (
     write_model_config,
 )
 from hopperlm.checkpoint.sharded import load_sharded_model, materialize_model
-from hopperlm.checkpoint.tensors import base_fingerprint, check_base, load_weights
+from hopperlm.checkpoint.tensors import base_fingerprint, check_base, load_weights, read_adapters
 from hopperlm.config import ModelConfig
 from hopperlm.data.shards import file_sha256
 from hopperlm.errors import CheckpointError
-from hopperlm.model.lora import adapter_state, load_adapter_state
+from hopperlm.model.lora import adapter_state, has_lora, load_adapter_state
 
 
 class CheckpointSaveError(CheckpointError):
@@ -92,8 +93,14 @@ def write_model(
         write_model_config(directory, cfg, tokenizer_dir)
     else:
         save_safetensors({k: v.contiguous() for k, v in adapters.items()}, directory / ADAPTER_FILE)
-        extra = {"lora": dataclasses.asdict(model.lora), "base": base_fingerprint(cfg.init_from)}
-        write_model_config(directory, cfg, tokenizer_dir, extra)
+        write_model_config(directory, cfg, tokenizer_dir, lora_record(model, cfg))
+
+
+def lora_record(model: torch.nn.Module, cfg: ModelConfig) -> dict[str, Any] | None:
+    """What config.json adds for a LoRA model (its lora section and the base's fingerprint); None otherwise."""
+    if not has_lora(model):
+        return None
+    return {"lora": dataclasses.asdict(model.lora), "base": base_fingerprint(cfg.init_from)}
 
 
 def save_checkpoint(
@@ -153,9 +160,9 @@ def publish_checkpoint(tmp: Path, final: Path, run_dir: Path, keep_last: int, ke
 def load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
     """The weights of any hopperlm model folder or checkpoint (one file, index shards, sharded, LoRA adapters)
     into a model built on its config."""
-    if is_sharded(model_dir):
+    if is_sharded(model_dir) and read_lora_config(model_dir) is None:
         return load_sharded_model(model_dir, model)
-    if (model_dir / ADAPTER_FILE).is_file() or (model_dir / INDEX_FILE).is_file():
+    if read_lora_config(model_dir) is not None or (model_dir / INDEX_FILE).is_file():
         load_checkpoint_weights(model_dir, model)
         return
     try:
@@ -172,12 +179,9 @@ def load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
 def load_checkpoint_weights(model_dir: Path, model: torch.nn.Module) -> None:
     """Resume: a LoRA checkpoint's adapters into the LoRA model (its base checked first), or the weights of a
     model folder sharded by an index."""
-    from safetensors.torch import load_file
-
-    adapters = model_dir / ADAPTER_FILE
-    if adapters.is_file():
+    if read_lora_config(model_dir) is not None:
         check_base(model_dir)
-        load_adapter_state(model, load_file(str(adapters)), str(adapters))
+        load_adapter_state(model, read_adapters(model_dir), str(model_dir))
     else:
         load_weights(model, model_dir)
 
@@ -219,7 +223,10 @@ def export_model(path: str | Path, out_dir: Path, overwrite: bool = False) -> Pa
         )
     tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     tmp.mkdir(parents=True)
-    if is_sharded(model_dir):  # gather the shards into one model.safetensors
+    if is_sharded(model_dir) and read_lora_config(model_dir) is not None:  # an FSDP LoRA run's adapters
+        save_safetensors(read_adapters(model_dir), tmp / ADAPTER_FILE)
+        shutil.copy2(model_dir / CONFIG_FILE, tmp / CONFIG_FILE)
+    elif is_sharded(model_dir):  # gather the shards into one model.safetensors
         write_model(tmp, materialize_model(model_dir), read_model_config(model_dir), None)
     else:
         for name in (CONFIG_FILE, *_weight_file_names(model_dir)):

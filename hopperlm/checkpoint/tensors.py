@@ -38,7 +38,7 @@ from hopperlm.checkpoint.layout import (
     resolve_model_dir,
     weight_files,
 )
-from hopperlm.checkpoint.sharded import materialize_model
+from hopperlm.checkpoint.sharded import load_sharded_adapters, materialize_model
 from hopperlm.errors import CheckpointError
 from hopperlm.model.lora import scale_of
 
@@ -109,7 +109,7 @@ def iter_model_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield ours, tensor
         return
     model_dir = resolve_model_dir(path)
-    if (model_dir / ADAPTER_FILE).is_file():
+    if read_lora_config(model_dir) is not None:
         yield from merged_tensors(model_dir)
         return
     if is_sharded(model_dir):  # FSDP's torch.distributed.checkpoint shards, gathered in this process
@@ -121,13 +121,11 @@ def iter_model_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
 def merged_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """The tensors of a LoRA checkpoint's model with its adapters folded in, streamed from its base
     (model.init_from) one tensor at a time: what `merge` and `export` write."""
-    from safetensors.torch import load_file
-
     model_cfg, lora_cfg = read_model_config(model_dir), read_lora_config(model_dir)
     if lora_cfg is None or not model_cfg.init_from:
         raise CheckpointError(f"{model_dir} holds adapters without a lora config and a model.init_from base")
     check_base(model_dir)
-    adapters = load_file(str(model_dir / ADAPTER_FILE))
+    adapters = read_adapters(model_dir)
     scale = scale_of(lora_cfg)
     for name, tensor in iter_model_tensors(model_cfg.init_from):
         module = name.removesuffix(".weight")
@@ -136,6 +134,18 @@ def merged_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
             b = adapters[f"{module}.lora_B.weight"]
             tensor = (tensor.float() + (b.float() @ a.float()) * scale).to(tensor.dtype)
         yield name, tensor
+
+
+def read_adapters(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The adapters of a LoRA checkpoint by name, from adapter.safetensors (one process, DDP) or from the
+    sharded format (FSDP), so merge and export read a run however many ranks trained it."""
+    from safetensors.torch import load_file
+
+    if (Path(model_dir) / ADAPTER_FILE).is_file():
+        return load_file(str(Path(model_dir) / ADAPTER_FILE))
+    if is_sharded(model_dir):
+        return load_sharded_adapters(model_dir)
+    raise CheckpointError(f"{model_dir} has a lora config but neither {ADAPTER_FILE} nor sharded adapters")
 
 
 def base_fingerprint(init_from: str | None) -> dict[str, Any] | None:

@@ -59,6 +59,7 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
         args.rdzv_id or f"hopperlm-{Path(cfg.run.out_dir).name}",
         args.resume,
         overrides,
+        verb="finetune" if cfg.sft.path else "train",
     )
     log(f"launch: {shlex.join(command)}")
     if args.nnodes > 1:
@@ -91,6 +92,7 @@ def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
         cpus_per_task=args.cpus_per_task,
         python=sys.executable,
         script_path=str(out),
+        verb="finetune" if cfg.sft.path else "train",
     )
     run_dir.mkdir(parents=True, exist_ok=True)  # SLURM opens the --output log there before the job starts
     out.parent.mkdir(parents=True, exist_ok=True)

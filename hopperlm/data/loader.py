@@ -28,11 +28,17 @@ from hopperlm.errors import DataError
 @dataclass
 class Batch:
     """One micro-batch: x and y (B, T) int64, y = x shifted left by one token; doc_ids (B, T) numbers the
-    documents of each row when packing with document masks, else None."""
+    documents of each row when packing with document masks, else None.
+
+    loss_share: the fraction of the whole step's learned tokens (every micro-batch of every rank) that this
+    micro-batch holds, when they differ (instruction data: prompts and padding carry no loss). The step then
+    weighs each micro-batch's mean loss by it, so the gradient is the mean over the step's tokens however the
+    step is split into micro-batches and ranks. None: every micro-batch holds as many (1 / micro-batches)."""
 
     x: torch.Tensor
     y: torch.Tensor
     doc_ids: torch.Tensor | None = None
+    loss_share: float | None = None
 
     @property
     def model_kwargs(self) -> dict:
@@ -42,11 +48,11 @@ class Batch:
 
     def pin_memory(self) -> Batch:
         pin = lambda t: None if t is None else t.pin_memory()
-        return Batch(pin(self.x), pin(self.y), pin(self.doc_ids))
+        return Batch(pin(self.x), pin(self.y), pin(self.doc_ids), self.loss_share)
 
     def to(self, device: torch.device) -> Batch:
         move = lambda t: None if t is None else t.to(device, non_blocking=True)
-        return Batch(move(self.x), move(self.y), move(self.doc_ids))
+        return Batch(move(self.x), move(self.y), move(self.doc_ids), self.loss_share)
 
 
 class TokenShards:

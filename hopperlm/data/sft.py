@@ -192,6 +192,7 @@ class Rows:
     ):
         self.examples, self.seq_len, self.packing, self.pad_id = examples, seq_len, packing, pad_id
         self.lengths = [len(ids) - 1 for ids, _ in examples]  # positions each contributes
+        self.learned = [int((labels[1:] != IGNORE_INDEX).sum()) for _, labels in examples]  # in the loss
 
     def plan(self, order) -> list[list[int]]:
         """Example indices per row, greedily in `order` (one per row without packing)."""
@@ -206,6 +207,9 @@ class Rows:
         if current:
             rows.append(current)
         return rows
+
+    def learned_tokens(self, row: list[int]) -> int:
+        return sum(self.learned[i] for i in row)
 
     def batch(self, rows: list[list[int]]) -> Batch:
         T = self.seq_len
@@ -238,7 +242,9 @@ class ValRows:
 class SFTBatches:
     """The loop's micro-batches of instruction rows (data/batches.py's `BatchSource`): epochs of shuffled,
     packed rows, the batch of (step, micro) a pure function of the seed. Rank r reads its block of every
-    global micro-batch of micro_batch * world_size rows, so the rows of a step do not depend on the ranks."""
+    global micro-batch of micro_batch * world_size rows, so the rows of a step do not depend on the ranks,
+    and each micro-batch carries its share of the step's learned tokens (Batch.loss_share), so neither does
+    the gradient."""
 
     def __init__(
         self, rows: Rows, *, micro_batch: int, grad_accum: int, seed: int, rank: int = 0, world_size: int = 1
@@ -247,6 +253,7 @@ class SFTBatches:
         self.rank, self.world_size = rank, world_size
         self._plans: dict[int, list[list[int]]] = {}
         self._ends: list[int] = []  # cumulative row counts of epochs 0, 1, ...
+        self._step_tokens: tuple[int, int] = (-1, 0)  # (step, learned tokens of all its rows)
 
     def epoch_plan(self, epoch: int) -> list[list[int]]:
         if epoch not in self._plans:
@@ -266,7 +273,19 @@ class SFTBatches:
     def next(self, step: int, micro: int) -> Batch:
         global_micro = step * self.grad_accum + micro
         first = (global_micro * self.world_size + self.rank) * self.micro_batch
-        return self.rows.batch([self._row(g) for g in range(first, first + self.micro_batch)])
+        rows = [self._row(g) for g in range(first, first + self.micro_batch)]
+        batch = self.rows.batch(rows)
+        batch.loss_share = sum(map(self.rows.learned_tokens, rows)) / self.step_tokens(step)
+        return batch
+
+    def step_tokens(self, step: int) -> int:
+        """Learned tokens in all rows of `step` (every rank's, every micro-batch's): computed by each rank from
+        the seed alone, no collective needed."""
+        if self._step_tokens[0] != step:
+            per_step = self.micro_batch * self.grad_accum * self.world_size
+            rows = range(step * per_step, (step + 1) * per_step)
+            self._step_tokens = (step, sum(self.rows.learned_tokens(self._row(g)) for g in rows))
+        return self._step_tokens[1]
 
     def rows_per_epoch(self) -> int:
         return len(self.epoch_plan(0))
@@ -279,6 +298,7 @@ class SFTBatches:
 
     def set_micro_batch(self, micro_batch: int, grad_accum: int) -> None:
         self.micro_batch, self.grad_accum = micro_batch, grad_accum
+        self._step_tokens = (-1, 0)
 
     def close(self) -> None:
         pass
@@ -311,6 +331,7 @@ class SFTData:
     val_sets: list[ValSet]
     train: Rows
     seq_len: int
+    tokenizer: HFTokenizer  # what RUN_DIR/tokenizer holds (written by one rank: the others use this)
 
     def batches(
         self, *, micro_batch: int, grad_accum: int, seed: int, rank: int = 0, world_size: int = 1
@@ -330,10 +351,18 @@ def _held_out(where_record: tuple[str, dict], fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
-def open_sft_data(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer_path: Path) -> SFTData:
+def open_sft_data(
+    cfg: Config,
+    run_dir: Path,
+    log: Callable[[str], None],
+    tokenizer_path: Path,
+    *,
+    save_tokenizer: bool = True,
+) -> SFTData:
     """Read, template, tokenize and lay out cfg.sft.path with the tokenizer at `tokenizer_path` (where
     checkpoint/inference.py's sft_tokenizer_path finds it); save the tokenizer (with the chat template used)
-    to RUN_DIR/tokenizer, so checkpoints, exports and `generate --chat` render prompts the same way."""
+    to RUN_DIR/tokenizer, so checkpoints, exports and `generate --chat` render prompts the same way
+    (`save_tokenizer`: one rank of several writes it)."""
     sc, T = cfg.sft, cfg.train.seq_len
     tokenizer = sft_tokenizer(tokenizer_path)
     eos, bos = tokenizer.id_to_piece(tokenizer.eos_id), None
@@ -366,7 +395,8 @@ def open_sft_data(cfg: Config, run_dir: Path, log: Callable[[str], None], tokeni
         else tokenizer.with_config({**tokenizer.config, "chat_template": template.source})
     )
     tokenizer_dir = run_dir / "tokenizer"
-    saved.save(tokenizer_dir)
+    if save_tokenizer:
+        saved.save(tokenizer_dir)
     pad = tokenizer.eos_id
     rows = Rows(train, T, sc.packing, pad)
     tokens = {"train": sum(len(i) for i, _ in train), "val": sum(len(i) for i, _ in val)}
@@ -385,4 +415,4 @@ def open_sft_data(cfg: Config, run_dir: Path, log: Callable[[str], None], tokeni
         f"({tokens['train'] / (per_epoch * T):.0%} filled{', packed' if sc.packing else ''}); "
         f"{learned / max(1, tokens['train']):.0%} of tokens in the loss; {cut} cut to {T + 1} tokens, {dropped} dropped"
     )
-    return SFTData([Dataset("sft", tokenizer_dir, 1.0, manifest)], val_sets, rows, T)
+    return SFTData([Dataset("sft", tokenizer_dir, 1.0, manifest)], val_sets, rows, T, saved)

@@ -49,8 +49,10 @@ from hopperlm.checkpoint.layout import (
     write_model_config,
 )
 from hopperlm.checkpoint.sharded import first_line, single_process_ok
+from hopperlm.checkpoint.tensors import check_base, read_adapters
 from hopperlm.checkpoint.single import (
     CheckpointSaveError,
+    lora_record,
     load_model_weights,
     load_training_state,
     publish_checkpoint,
@@ -62,6 +64,7 @@ from hopperlm.config import ModelConfig, ParallelConfig
 from hopperlm.data.shards import file_sha256
 from hopperlm.dist.runtime import Runtime
 from hopperlm.errors import CheckpointError
+from hopperlm.model.lora import has_lora
 
 SHARDED_STRATEGIES = ("fsdp", "hsdp")
 
@@ -76,6 +79,15 @@ def optimizers_of(optimizer) -> list[torch.optim.Optimizer]:
     """The torch optimizers behind the run's: both of a pair (train/optim.py's OptimizerPair holds them in
     `optimizers`), else the optimizer itself."""
     return list(getattr(optimizer, "optimizers", (optimizer,)))
+
+
+def state_dict_options(model: nn.Module, **options):
+    """A LoRA run's checkpoints hold the adapters alone (and their optimizer state): the frozen base is
+    model.init_from's, never written, and loading leaves it as it is."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    lora = has_lora(model)
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora, **options)
 
 
 def latest_valid(run_dir: Path, rt: Runtime, log: Callable[[str], None]) -> Path | None:
@@ -195,7 +207,7 @@ class Checkpointer:
                 for stale in final.parent.glob(f"{PREFIX}*.tmp-*"):  # left by a save that was killed
                     shutil.rmtree(stale, ignore_errors=True)
                 tmp.mkdir()
-                write_model_config(tmp, model_cfg, tokenizer_dir)
+                write_model_config(tmp, model_cfg, tokenizer_dir, lora_record(model, model_cfg))
                 plain_rng, tensor_rng = rng_state()
                 torch.save({**tensor_rng, "ranks": rank_rng} if rank_rng else tensor_rng, tmp / RNG_FILE)
                 scaler_state = scaler.state_dict() if scaler is not None else None
@@ -204,7 +216,7 @@ class Checkpointer:
             except OSError as e:
                 error = e.strerror or str(e)
         self._raise_if_any(rt.broadcast_object(error), tmp, run_dir, final)
-        model_sd, optim_sd = get_state_dict(model, optimizers_of(optimizer))
+        model_sd, optim_sd = get_state_dict(model, optimizers_of(optimizer), options=state_dict_options(model))
         content = {"model": model_sd, "optim": optim_sd}
         alone = {} if rt.active else {"no_dist": True}  # (passed only when needed: older torch lacks it)
         try:
@@ -301,7 +313,8 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         optimizers = optimizers_of(optimizer)
-        model_sd, optim_sd = get_state_dict(model, optimizers)
+        options = state_dict_options(model)
+        model_sd, optim_sd = get_state_dict(model, optimizers, options=options)
         content = {"model": model_sd, "optim": optim_sd}
         try:
             with single_process_ok():
@@ -311,7 +324,13 @@ class Checkpointer:
                 f"cannot load {ckpt / SHARDED_DIR} into this model/optimizer ({first_line(e)}); resume with "
                 "the run's own config"
             ) from None
-        set_state_dict(model, optimizers, model_state_dict=content["model"], optim_state_dict=content["optim"])
+        set_state_dict(
+            model,
+            optimizers,
+            model_state_dict=content["model"],
+            optim_state_dict=content["optim"],
+            options=options,
+        )
         state = read_state(ckpt)
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
@@ -322,13 +341,26 @@ class Checkpointer:
         """A model.safetensors + optimizer.pt checkpoint (one process, DDP) into FSDP shards: every rank reads
         the whole files and keeps its shards."""
         import safetensors.torch
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_state_dict
 
         try:
-            weights = safetensors.torch.load_file(str(ckpt / MODEL_FILE))
+            if has_lora(model):  # the adapters alone; the base (model.init_from) must be the one trained on
+                check_base(ckpt)
+                weights = read_adapters(ckpt)
+            else:
+                weights = safetensors.torch.load_file(str(ckpt / MODEL_FILE))
             saved = torch.load(ckpt / OPTIM_FILE, map_location="cpu", weights_only=True)
+        except CheckpointError:
+            raise
         except Exception as e:
             raise CheckpointError(f"checkpoint {ckpt} is unreadable ({first_line(e)})") from None
+        if has_lora(model):  # set_state_dict is not strict for LoRA (the base is not in the file): check here
+            adapters = {n for n, p in model.named_parameters() if p.requires_grad}
+            if set(weights) != adapters:
+                raise CheckpointError(
+                    f"{ckpt} does not match the model's adapters (missing {sorted(adapters - set(weights))[:2]}, "
+                    f"unexpected {sorted(set(weights) - adapters)[:2]}); the lora section must equal the run's"
+                )
         for name, alias in tied_names(model):  # safetensors stores a tied tensor under one name
             if name not in weights and alias in weights:
                 weights[name] = weights[alias]
@@ -345,7 +377,7 @@ class Checkpointer:
                 optimizers,
                 model_state_dict=weights,
                 optim_state_dict=optim_sd,
-                options=StateDictOptions(full_state_dict=True),
+                options=state_dict_options(model, full_state_dict=True),
             )
         except (RuntimeError, KeyError, ValueError) as e:
             raise CheckpointError(

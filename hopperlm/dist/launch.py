@@ -1,6 +1,6 @@
 """The exact torchrun command for a run (`hopperlm launch`) and an sbatch script for SLURM (`hopperlm slurm`).
 
-One node:      torchrun --standalone --nproc-per-node N -m hopperlm train CONFIG ...
+One node:      torchrun --standalone --nproc-per-node N -m hopperlm train CONFIG ... (`finetune` for sft.path)
 Several nodes: the same command on every node, with c10d rendezvous at one host:port they all reach
                (torchrun --nnodes M --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID)
 SLURM: one srun task per node runs torchrun with the first node of the allocation as the rendezvous host.
@@ -52,9 +52,10 @@ def torchrun_args(
     ]
 
 
-def train_args(config: str, resume: bool | str, overrides: list[str]) -> list[str]:
-    """`-m hopperlm train CONFIG [--resume [PATH|auto]] overrides...` (what every rank runs)."""
-    args = ["-m", "hopperlm", "train", config]
+def train_args(config: str, resume: bool | str, overrides: list[str], verb: str = "train") -> list[str]:
+    """`-m hopperlm train CONFIG [--resume [PATH|auto]] overrides...` (what every rank runs; `finetune` for
+    a recipe with instruction data)."""
+    args = ["-m", "hopperlm", verb, config]
     if resume is True:
         args.append("--resume")
     elif resume:
@@ -71,6 +72,7 @@ def launch_command(
     resume: bool | str = False,
     overrides: list[str] | None = None,
     python: str | None = None,
+    verb: str = "train",
 ) -> list[str]:
     """The command `hopperlm launch` runs: torchrun through this Python (`python -m torch.distributed.run` is
     torchrun, without depending on which `torchrun` is first on PATH)."""
@@ -79,7 +81,7 @@ def launch_command(
         "-m",
         "torch.distributed.run",
         *torchrun_args(nproc_per_node, nnodes, rdzv_endpoint, rdzv_id),
-        *train_args(config, resume, overrides or []),
+        *train_args(config, resume, overrides or [], verb),
     ]
 
 
@@ -97,6 +99,7 @@ def sbatch_script(
     cpus_per_task: int | None = None,
     python: str = "python3",
     port: int = RDZV_PORT,
+    verb: str = "train",
 ) -> str:
     """An sbatch script: `nodes` x `gpus_per_node` ranks, checkpoint + requeue at the time-limit warning."""
     if nodes < 1 or gpus_per_node < 1:
@@ -129,7 +132,7 @@ def sbatch_script(
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=$head_node:{port}",
         "--rdzv-id=$SLURM_JOB_ID",
-        *train_args(config_path, "auto", overrides or []),
+        *train_args(config_path, "auto", overrides or [], verb),
     ]
     # quoted for the inner `bash -c "..."`; $VARIABLES are expanded by this script's shell
     inner = " ".join(a if "$" in a else shlex.quote(a) for a in torchrun)
@@ -137,7 +140,7 @@ def sbatch_script(
     lines = [
         "#!/bin/bash",
         f"# Written by `hopperlm slurm` (hopperlm {__version__}). Submit with: sbatch {script_path or 'THIS_FILE'}",
-        f"# {nodes} node(s) x {gpus_per_node} GPU(s) = {nodes * gpus_per_node} ranks of `hopperlm train {config}`.",
+        f"# {nodes} node(s) x {gpus_per_node} GPU(s) = {nodes * gpus_per_node} ranks of `hopperlm {verb} {config}`.",
         f"# {WARNING_SECONDS} s before the time limit SLURM sends USR1 to this script, which forwards it to every",
         "# training rank: they checkpoint at their next log step and exit, and this script requeues the job,",
         "# which resumes from that checkpoint. The run dir must be on a filesystem every node sees.",

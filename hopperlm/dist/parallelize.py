@@ -17,6 +17,12 @@ Strategies (`parallel.strategy`, plan.strategy):
         node by default), replicated across groups; the cross-group all-reduce runs on the last micro-batch
 `auto`: none for one process; with several, DDP when the model, its gradients and AdamW state and one
 sequence fit one device (memory.py's estimate), FSDP otherwise; the plan says which and why.
+
+LoRA/QLoRA: DDP buckets only parameters that require gradients, so only the adapters' gradients cross ranks.
+FSDP2 shards the frozen base with the adapters (per-parameter sharding: frozen and trainable parameters share
+a block's unit) and reduce-scatters the adapters' gradients only. QLoRA's NF4 data is stored in the dtype FSDP2
+gathers in (train/model_setup.py, model/qlora.py), so the mixed-precision cast leaves it as it is.
+bitsandbytes' paged optimizer steps plain tensors, not DTensor shards: refused under fsdp/hsdp.
 """
 
 from __future__ import annotations
@@ -33,8 +39,26 @@ from hopperlm.config import Config, ModelConfig
 from hopperlm.dist.runtime import Runtime, World
 from hopperlm.errors import ConfigError
 from hopperlm.memory import estimate_memory
+from hopperlm.model.lora import count_trainable
 
 SHARDED = ("fsdp", "hsdp")
+
+
+def lora_parallel_note(cfg: Config, model_cfg: ModelConfig, strategy: str, precision: str) -> str:
+    """What DDP or FSDP2 does with a LoRA model, for the plan's parallel line ("" when not LoRA on ranks)."""
+    if not cfg.lora.enabled or strategy == "none":
+        return ""
+    if strategy == "ddp":
+        trainable = count_trainable(model_cfg, cfg.lora)
+        return f"; LoRA: only the adapters' gradients ({4 * trainable / 1e6:,.0f} MB fp32) cross ranks"
+    compute = "fp32" if precision == "fp32" else precision
+    nf4_rule = ""
+    if cfg.lora.quantize == "nf4":
+        nf4_rule = f"the NF4 data stored as {compute} (FSDP2's parameter dtype: gathered without a cast), "
+    return (
+        f"; LoRA: {nf4_rule}base and adapters sharded, gathered in {compute} per block; fp32 adapter shards for "
+        "the optimizer; checkpoints hold the adapters only"
+    )
 
 
 def choose_strategy(
@@ -50,7 +74,6 @@ def choose_strategy(
 ) -> tuple[str, int, str]:
     """(strategy, dp_shard, reason): the data parallelism over the world's ranks and the ranks one copy of the
     state is spread over. `budget` is the memory one device may fill."""
-
     want, n = cfg.parallel.strategy, world.size
     if want == "none" and n > 1:
         raise ConfigError(
@@ -65,6 +88,11 @@ def choose_strategy(
             "optim.name=muon orthogonalises whole matrices and cannot run on FSDP's shards; "
             "use parallel.strategy ddp or optim.name adamw"
         )
+    if optimizer == "paged_adamw8bit" and want in SHARDED:
+        raise ConfigError(
+            "optim.name=paged_adamw8bit (bitsandbytes) steps plain tensors, not FSDP2's sharded DTensor "
+            "parameters; use parallel.strategy ddp or optim.name adamw8bit (torchao's, which steps shards)"
+        )
     where = "GPU" if hw.device_type == "cuda" else "process"
     if want == "auto":
         full = estimate_memory(
@@ -74,8 +102,14 @@ def choose_strategy(
             checkpointing="full",
             fused_loss=fused_loss,
             optimizer=optimizer,
+            lora=cfg.lora,
         )
         state = f"weights + grads + {optimizer} state ({full.static / 1e9:.1f} GB)"
+        if cfg.lora.enabled:
+            base = "NF4" if cfg.lora.quantize == "nf4" else "frozen"
+            state = (
+                f"the {base} base + adapters, their grads and {optimizer} state ({full.static / 1e9:.1f} GB)"
+            )
         if full.largest_micro_batch(budget) >= 1:
             return (
                 "ddp",
@@ -85,10 +119,10 @@ def choose_strategy(
                     "a replica per rank, gradients all-reduced once per step"
                 ),
             )
-        if muon:
+        if muon or optimizer == "paged_adamw8bit":
             raise ConfigError(
                 f"{state} exceed one {where} ({budget / 1e9:.1f} GB), so this run needs FSDP, which "
-                "optim.name=muon cannot run on; use optim.name adamw"
+                f"optim.name={optimizer} cannot run on; use optim.name {'adamw8bit' if not muon else 'adamw'}"
             )
         return (
             "fsdp",
@@ -123,6 +157,7 @@ class Parallel:
     strategy: str
     module: nn.Module
     fp8_all_gather: bool = False
+    world_size: int = 1  # the ranks whose gradients are averaged
 
     def grad_sync(self, last: bool) -> AbstractContextManager:
         """Around a micro-batch's forward and backward: gradients cross ranks on the last one only (DDP), or
@@ -184,7 +219,7 @@ def parallelize(
                 gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no second copy
             )
         log(f"parallel: DDP over {rt.world_size} ranks ({rt.backend})")
-        return Parallel("ddp", ddp)
+        return Parallel("ddp", ddp, world_size=rt.world_size)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = device_mesh(plan, rt)
@@ -208,4 +243,4 @@ def parallelize(
         + (f", {plan.autocast_dtype} params / fp32 gradient reduction" if plan.autocast_dtype else "")
         + (", float8 all-gather" if fp8_all_gather else "")
     )
-    return Parallel(plan.strategy, model, fp8_all_gather)
+    return Parallel(plan.strategy, model, fp8_all_gather, rt.world_size)

@@ -135,9 +135,14 @@ def lora_modules(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
             yield name, module
 
 
+def has_lora(model: nn.Module) -> bool:
+    """A model apply_lora wrapped (and merge_lora has not folded back)."""
+    return getattr(model, "lora", None) is not None
+
+
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor] | None:
     """The adapters' tensors by name (e.g. layers.0.attn.q_proj.lora_A.weight), or None without LoRA."""
-    if getattr(model, "lora", None) is None:
+    if not has_lora(model):
         return None
     out = {}
     for name, module in lora_modules(model):

@@ -28,10 +28,20 @@ def require_bitsandbytes():
 
 
 def nf4_linear(
-    weight: torch.Tensor, bias: torch.Tensor | None, device: torch.device, compute_dtype: torch.dtype
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    device: torch.device,
+    compute_dtype: torch.dtype,
+    storage: torch.dtype = torch.uint8,
 ) -> nn.Module:
     """A frozen bitsandbytes Linear4bit holding `weight` (out, in) in NF4 with double quantisation; the
-    quantisation happens when the weight reaches `device`, one layer at a time."""
+    quantisation happens when the weight reaches `device`, one layer at a time.
+
+    `storage`: the dtype the packed 4-bit data is stored as (the same bytes either way). Under FSDP2 it must
+    be the dtype FSDP gathers parameters in (the compute dtype): the packed data then goes through the
+    mixed-precision cast untouched, and all of a block's parameters gather in one dtype. FSDP2 replaces the
+    parameter with its gathered copy, which loses bitsandbytes' quantisation state; the layer keeps a copy
+    (`module=`) that bitsandbytes' forward puts back."""
     bnb = require_bitsandbytes()
     out_features, in_features = weight.shape
     with torch.device("meta"):  # no full-precision allocation of the layer's own: the weight comes next
@@ -42,6 +52,7 @@ def nf4_linear(
             compute_dtype=compute_dtype,
             quant_type="nf4",
             compress_statistics=True,
+            quant_storage=storage,
         )
     layer.weight = bnb.nn.Params4bit(
         weight.detach().to(torch.bfloat16).cpu(),
@@ -49,6 +60,8 @@ def nf4_linear(
         quant_type="nf4",
         compress_statistics=True,
         blocksize=BLOCK_SIZE,
+        quant_storage=storage,
+        module=layer,
     )
     if bias is not None:
         layer.bias = nn.Parameter(bias.detach().float().cpu(), requires_grad=False)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from hopperlm.config import Config, ModelConfig
 from hopperlm.data.sft import describe as describe_sft
 from hopperlm.data.train_data import describe as describe_data
-from hopperlm.dist.parallelize import SHARDED, choose_strategy
+from hopperlm.dist.parallelize import SHARDED, choose_strategy, lora_parallel_note
 from hopperlm.dist.runtime import World
 from hopperlm.errors import ConfigError
 from hopperlm.hardware import Hardware
@@ -190,6 +190,7 @@ def make_plan(
         optimizer=optimizer,
         budget=budget,
     )
+    why["parallel"] += lora_parallel_note(cfg, model_cfg, strategy, precision)
     fp8_all_gather = fp8 == "tensorwise" and strategy in SHARDED
     if fp8_all_gather:
         why["fp8"] += "; FSDP all-gathers the weights in float8 (half of bf16's bytes)"

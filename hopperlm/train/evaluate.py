@@ -6,6 +6,7 @@ import torch
 
 from hopperlm.data.loader import TokenShards, read_batch
 from hopperlm.dist.runtime import Runtime
+from hopperlm.model.loss import IGNORE_INDEX
 from hopperlm.plan import Plan
 
 
@@ -20,25 +21,31 @@ def evaluate(
     packing: bool = False,
     rt: Runtime | None = None,
 ) -> float:
-    """Mean loss over fixed validation windows (the same windows every time, in every run). With several
-    ranks each evaluates every world_size-th window and the sums are added up; every rank runs the same
-    number of forwards (FSDP gathers weights in lockstep), a rank short of windows repeats one at weight 0."""
+    """Mean loss per learned token over fixed validation windows (the same windows every time, in every run).
+    With several ranks each evaluates every world_size-th window and the sums are added up; every rank runs
+    the same number of forwards (FSDP gathers weights in lockstep), a rank short of windows repeats one at
+    weight 0."""
     was_training = model.training
     model.eval()
     T, B = plan.seq_len, micro_batch or plan.micro_batch
     rank, world = (rt.rank, rt.world_size) if rt is not None else (0, 1)
     mine = starts[rank::world]
-    total = torch.zeros((), device=plan.device)
+    total = torch.zeros(2, device=plan.device)  # loss summed over the learned tokens, their count
     for i in range(0, -(-len(starts) // world), B):
-        chunk, weight = mine[i : i + B], len(mine[i : i + B])
+        chunk = mine[i : i + B]
         rows = chunk or starts[:1]
         if hasattr(data, "read_rows"):  # instruction data (data/sft.py): rows of whole examples
             batch = data.read_rows(rows).to(plan.device)
         else:
             batch = read_batch(data, rows, T, packing).to(plan.device)
         with plan.autocast(), plan.sdpa_backends():
-            total += model(batch.x, batch.y, **batch.model_kwargs) * weight
+            loss = model(batch.x, batch.y, **batch.model_kwargs)
+        # weighted by its learned tokens (instruction rows differ), so the mean does not depend on how the
+        # windows are batched or split over ranks
+        learned = (batch.y != IGNORE_INDEX).sum() if chunk else torch.zeros((), device=plan.device)
+        total += torch.stack([torch.where(learned > 0, loss.float() * learned, 0.0), learned.float()])
     model.train(was_training)
     if world > 1:
         rt.all_reduce(total)
-    return total.item() / len(starts)
+    loss_sum, learned = total.tolist()
+    return loss_sum / learned

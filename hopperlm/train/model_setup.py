@@ -103,11 +103,12 @@ def build_train_model(
     data_tokenizer: Callable[[], Tokenizer] | None,
     load: bool,
     log: Callable[[str], None],
+    sharded: bool = False,
 ) -> tuple[nn.Module, EmbedWarmup | None]:
     """The model `train` steps, and the embedding warm-up hook when asked for. load=False skips reading
     model.init_from (a resumed full fine-tune, whose checkpoint holds every weight, or the micro-batch finder):
     the base is then randomly initialised, and `data_tokenizer` (the data's, checked against the base's) is
-    not needed."""
+    not needed. `sharded`: FSDP2 will shard it (QLoRA's 4-bit data is then stored in the compute dtype)."""
     source, tc = cfg.model.init_from, cfg.train
     if not source and not cfg.lora.enabled:
         return build_model(model_cfg, device, seed=tc.seed), None  # pretraining from scratch
@@ -123,8 +124,9 @@ def build_train_model(
                 "train the new rows first (continued pretraining without the lora section), then LoRA on that"
             )
         dtype = "nf4" if cfg.lora.quantize == "nf4" else (compute_dtype or torch.float32)
+        storage = (compute_dtype or torch.float32) if sharded else torch.uint8  # FSDP2's param dtype
         model = build_lora_model(
-            model_cfg, cfg.lora, device, source if load else None, dtype, compute_dtype, tc.seed
+            model_cfg, cfg.lora, device, source if load else None, dtype, compute_dtype, tc.seed, storage
         )
         if load:
             trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -164,9 +166,11 @@ def build_lora_model(
     base_dtype: torch.dtype | str,
     compute_dtype: torch.dtype | None,
     seed: int,
+    nf4_storage: torch.dtype = torch.uint8,
 ) -> Transformer:
     """The frozen base with adapters. Target matrices go straight from the source (or a random init) into
-    `base_dtype` ("nf4": bitsandbytes 4-bit) on the device, one at a time; the rest is fp32 as usual."""
+    `base_dtype` ("nf4": bitsandbytes 4-bit, its packed data stored as `nf4_storage`) on the device, one at a
+    time; the rest is fp32 as usual."""
     device = torch.device(device)
     with torch.device("meta"):
         model = Transformer(model_cfg)
@@ -193,6 +197,7 @@ def build_lora_model(
                 device,
                 base_dtype,
                 compute_dtype,
+                nf4_storage,
             )
         return True
 
@@ -207,7 +212,7 @@ def build_lora_model(
             std = residual if name.endswith(("o_proj", "down_proj")) else model_cfg.init_std
             weight = torch.empty(meta.weight.shape, device=device).normal_(0.0, std)
             bias = torch.zeros(meta.bias.shape, device=device) if meta.bias is not None else None
-            _set_frozen(model, name, weight, bias, device, base_dtype, compute_dtype)
+            _set_frozen(model, name, weight, bias, device, base_dtype, compute_dtype, nf4_storage)
     leftover = [n for n in targets if model.get_submodule(n).weight.is_meta]
     if leftover:
         raise CheckpointError(f"{source} lacks weights for {leftover[:3]}")
@@ -215,10 +220,10 @@ def build_lora_model(
     return model
 
 
-def _set_frozen(model, name, weight, bias, device, base_dtype, compute_dtype) -> None:
+def _set_frozen(model, name, weight, bias, device, base_dtype, compute_dtype, nf4_storage) -> None:
     parent_name, _, attr = name.rpartition(".")
     if base_dtype == "nf4":
-        layer = nf4_linear(weight, bias, device, compute_dtype or torch.bfloat16)
+        layer = nf4_linear(weight, bias, device, compute_dtype or torch.bfloat16, nf4_storage)
     else:
         out_features, in_features = weight.shape
         layer = nn.Linear(in_features, out_features, bias=bias is not None, device="meta")

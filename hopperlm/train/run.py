@@ -24,6 +24,7 @@ from hopperlm.data.batches import BatchSource
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import default_prefetch
 from hopperlm.dist import checkpoint as dist_ckpt
+from hopperlm.dist.parallelize import SHARDED
 from hopperlm.dist.runtime import Clock, Runtime
 from hopperlm.errors import CheckpointError
 from hopperlm.hardware import Hardware, detect_for
@@ -115,7 +116,7 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     step, the restored state, the run directory, the banner and the observer."""
     run_dir, log = Path(cfg.run.out_dir), rt.log
     resume_from = resolve_resume(resume, run_dir, rt, log)
-    data = open_run_data(cfg, run_dir, rt.world_size, log)
+    data = open_run_data(cfg, run_dir, log, writer=rt.is_main)
     model_cfg = resolve_model_config(cfg.model, data.manifest["vocab_size"])
     saved = ckpt_io.read_state(resume_from) if resume_from is not None else None
     cfg = keep_checkpoint_batch(cfg, saved, rt)
@@ -196,9 +197,10 @@ def build_model(
         model_cfg,
         device=plan.device,
         compute_dtype=plan.autocast_dtype,
-        data_tokenizer=lambda: load_tokenizer(data.data_dir),
+        data_tokenizer=data.tokenizer,
         load=resume_from is None or cfg.lora.enabled,  # a resumed full run's checkpoint holds every weight
         log=rt.log,
+        sharded=plan.strategy in SHARDED,
     )
     rt.seed_per_rank(cfg.train.seed)
     if resume_from is not None and ckpt_io.read_model_config(resume_from) != model_cfg:

@@ -15,8 +15,9 @@ from hopperlm.checkpoint.inference import sft_tokenizer_path
 from hopperlm.config import Config, ModelConfig
 from hopperlm.data.batches import BatchSource, train_batches
 from hopperlm.data.sft import open_sft_data
-from hopperlm.data.tokenizer import load_tokenizer
+from hopperlm.data.tokenizer import Tokenizer, load_tokenizer
 from hopperlm.data.train_data import Dataset, ValSet, open_train_shards, open_val_sets, resolve_datasets
+from hopperlm.dist.parallelize import SHARDED
 from hopperlm.dist.runtime import Runtime, World
 from hopperlm.errors import ConfigError, DataError
 from hopperlm.hardware import Hardware
@@ -64,6 +65,13 @@ class RunData:
     datasets: list[Dataset]
     val_sets: list[ValSet]
     _open: Callable[..., BatchSource]
+    _tokenizer: Tokenizer | None = (
+        None  # instruction data's, in memory (RUN_DIR/tokenizer is rank 0's to write)
+    )
+
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer the data was encoded with."""
+        return self._tokenizer or load_tokenizer(self.data_dir)
 
     @property
     def data_dir(self) -> Path:
@@ -87,15 +95,12 @@ class RunData:
         )
 
 
-def open_run_data(cfg: Config, run_dir: Path, world_size: int, log: Callable[[str], None]) -> RunData:
-    """data.path / data.mixture for pretraining, or sft.path for instruction data."""
+def open_run_data(cfg: Config, run_dir: Path, log: Callable[[str], None], *, writer: bool = True) -> RunData:
+    """data.path / data.mixture for pretraining, or sft.path for instruction data. `writer`: this process
+    writes the run's files (rank 0); every rank reads the same data."""
     tc = cfg.train
     if cfg.sft.path:
-        if world_size > 1:  # its rows are split over ranks, but LoRA under DDP/FSDP is not tested yet
-            raise ConfigError(
-                "fine-tuning on sft.path runs in one process for now; start it without torchrun/`hopperlm launch`"
-            )
-        sft = open_sft_data(cfg, run_dir, log, sft_tokenizer_path(cfg))
+        sft = open_sft_data(cfg, run_dir, log, sft_tokenizer_path(cfg), save_tokenizer=writer)
 
         def sft_batches(*, micro_batch, grad_accum, pin, prefetch, rank, world_size) -> BatchSource:
             # (rows are built in the loop's thread: no pinning or prefetch thread for instruction data)
@@ -103,7 +108,7 @@ def open_run_data(cfg: Config, run_dir: Path, world_size: int, log: Callable[[st
                 micro_batch=micro_batch, grad_accum=grad_accum, seed=tc.seed, rank=rank, world_size=world_size
             )
 
-        data = RunData(cfg, sft.datasets, sft.val_sets, sft_batches)
+        data = RunData(cfg, sft.datasets, sft.val_sets, sft_batches, sft.tokenizer)
     else:
         datasets = resolve_datasets(cfg.data)  # data.path, or data.mixture's datasets
         shards = open_train_shards(datasets, tc.seq_len, cfg.data.verify)
@@ -148,6 +153,7 @@ def plan_run(
                 data_tokenizer=None,
                 load=False,
                 log=log,
+                sharded=plan.strategy in SHARDED,
             )[0]
 
         finder = make_gpu_finder(

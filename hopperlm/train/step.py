@@ -60,7 +60,9 @@ class StepParts:
 
 @dataclass
 class StepResult:
-    loss: torch.Tensor  # mean over the micro-batches, on the device
+    loss: (
+        torch.Tensor
+    )  # this rank's part of the step's mean loss (the mean over ranks is the step's), on the device
     grad_norm: torch.Tensor  # before clipping, global over ranks
     finite: torch.Tensor  # bool: the update was applied
 
@@ -123,6 +125,16 @@ def build_step(
     return parts, fp8
 
 
+def loss_weight(batch: Batch, grad_accum: int, world_size: int) -> float:
+    """What a micro-batch's mean loss counts for in its rank's step loss: 1/grad_accum when every micro-batch
+    holds as many learned tokens; else its share of the step's tokens times the ranks (DDP and FSDP average
+    the ranks' gradients), so the step's gradient is the mean over all its learned tokens, as in one process
+    with one micro-batch (transformers#37766 is that bug)."""
+    if batch.loss_share is None:
+        return 1.0 / grad_accum
+    return batch.loss_share * world_size
+
+
 def train_step(
     parts: StepParts,
     next_batch: Callable[[int], Batch],
@@ -148,7 +160,9 @@ def train_step(
             parts.mark_step()
         with parallel.grad_sync(last=micro == grad_accum - 1):  # DDP: all-reduce on the last only
             with parts.plan.autocast(), parts.plan.sdpa_backends():
-                loss = parallel.module(batch.x, batch.y, **batch.model_kwargs) / grad_accum
+                loss = parallel.module(batch.x, batch.y, **batch.model_kwargs) * loss_weight(
+                    batch, grad_accum, parallel.world_size
+                )
             (scaler.scale(loss) if scaler else loss).backward()
         step_loss += loss.detach()
     if scaler:
