@@ -71,6 +71,9 @@ def run(strategy: str, compute: torch.dtype, storage: torch.dtype, rt: Runtime) 
         if p.requires_grad:
             full = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
             adapters[name] = full.float().flatten()[:8].tolist()
+    ddp_bytes = None  # what DDP's buckets hold: the adapters' gradients only, nothing of the frozen base
+    if strategy == "ddp":
+        ddp_bytes = parts.parallel.module._get_ddp_logging_data().get("total_parameter_size_bytes")
     nf4 = [p for name, p in m.named_parameters() if "proj.base.weight" in name]
     local = [p.to_local() if hasattr(p, "to_local") else p for p in nf4]
     return {
@@ -80,6 +83,8 @@ def run(strategy: str, compute: torch.dtype, storage: torch.dtype, rt: Runtime) 
         "nf4_dtypes": sorted({str(p.dtype) for p in local}),
         "nf4_sharded": all(hasattr(p, "to_local") for p in nf4),
         "nf4_frozen": not any(p.requires_grad for p in nf4),
+        "ddp_bucket_bytes": ddp_bytes,
+        "trainable": sum(p.numel() for p in m.parameters() if p.requires_grad),
     }
 
 

@@ -209,6 +209,9 @@ def test_qlora_nf4_base_under_ddp_and_fsdp2(tmp_path):
             assert run["adapters"][name] == pytest.approx(values, rel=1e-5, abs=1e-7), name
         assert run["nf4_frozen"]
     assert got["fp32-fsdp"]["nf4_sharded"] and not got["fp32-ddp"]["nf4_sharded"]
+    ddp = got["fp32-ddp"]  # DDP's gradient buckets hold the adapters alone (4 bytes each), no frozen weight
+    per_block = 4 * (2 * (128 + 128) + 2 * (64 + 128) + 3 * (256 + 128))  # rank 4: q,o; k,v; gate,up,down
+    assert ddp["ddp_bucket_bytes"] == 4 * ddp["trainable"] == 4 * 2 * per_block
     # bf16: the 4-bit data stored as bf16 (FSDP2's param dtype), sharded, gathered untouched; bf16 compute
     fsdp = got["bf16-fsdp"]
     assert fsdp["nf4_dtypes"] == ["torch.bfloat16"] and fsdp["nf4_sharded"]

@@ -400,7 +400,7 @@ def open_sft_data(
     pad = tokenizer.eos_id
     rows = Rows(train, T, sc.packing, pad)
     tokens = {"train": sum(len(i) for i, _ in train), "val": sum(len(i) for i, _ in val)}
-    learned = sum(int((lab[1:] != IGNORE_INDEX).sum()) for _, lab in train)
+    learned = sum(rows.learned)
     manifest = {"vocab_size": tokenizer.vocab_size, "tokenizer": tokenizer.identity(), "tokens": tokens}
     val_sets = []
     if val:
