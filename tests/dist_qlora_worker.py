@@ -5,7 +5,7 @@ plan here is a CPU plan with the strategy (and, in the bf16 case, the autocast d
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_qlora_worker.py OUT_JSON
 
-Cases, each 3 optimizer steps on the same global batch:
+Cases, each 3 optimizer steps on the same global batch (AdamW, and torchao's 8-bit AdamW on FSDP2's shards):
   fp32   NF4 data stored as fp32, no mixed precision: DDP and FSDP2 must give one process's losses, gradient
          norms and adapters (exactly, up to the order of the gradient sums)
   bf16   NF4 data stored as bf16 = FSDP2's param_dtype (the rule that keeps MixedPrecisionPolicy from casting
@@ -13,6 +13,7 @@ Cases, each 3 optimizer steps on the same global batch:
 Rank 0 writes what it measured to OUT_JSON; the test asserts on it.
 """
 
+import dataclasses
 import json
 import sys
 
@@ -33,8 +34,8 @@ OPTIM = OptimConfig(lr=1e-2, warmup_steps=0, weight_decay=0.0)
 STEPS, ROWS, T = 3, 4, 32  # ROWS sequences per step, all ranks together
 
 
-def model(compute: torch.dtype, storage: torch.dtype):
-    m = build_lora_model(CFG, LORA, "cpu", None, "nf4", compute, 0, storage)
+def model(compute: torch.dtype, storage: torch.dtype, lora: LoRAConfig):
+    m = build_lora_model(CFG, lora, "cpu", None, "nf4", compute, 0, storage)
     torch.manual_seed(1)  # B nonzero: the adapters change the output from the first step
     for name, p in m.named_parameters():
         if "lora_B" in name:
@@ -42,7 +43,14 @@ def model(compute: torch.dtype, storage: torch.dtype):
     return m
 
 
-def run(strategy: str, compute: torch.dtype, storage: torch.dtype, rt: Runtime) -> dict:
+def run(
+    strategy: str,
+    compute: torch.dtype,
+    storage: torch.dtype,
+    rt: Runtime,
+    optim: OptimConfig = OPTIM,
+    lora: LoRAConfig = LORA,
+) -> dict:
     n = rt.world_size if strategy != "none" else 1
     plan = make_plan(Config(), CFG, detect_for("cpu")).replace(
         strategy=strategy,
@@ -50,16 +58,17 @@ def run(strategy: str, compute: torch.dtype, storage: torch.dtype, rt: Runtime) 
         dp_shard=n if strategy == "fsdp" else 1,
         autocast_dtype=None if compute == torch.float32 else compute,
         micro_batch=ROWS // n,
+        optimizer=optim.name,
     )
-    m = model(compute, storage)
-    parts, _ = build_step(m, plan, OPTIM, log=lambda line: None, rt=rt)
+    m = model(compute, storage, lora)
+    parts, _ = build_step(m, plan, optim, log=lambda line: None, rt=rt)
     rank = rt.rank if strategy != "none" else 0
     data = torch.randint(0, CFG.vocab_size, (STEPS, ROWS, T + 1), generator=torch.Generator().manual_seed(2))
     losses, norms = [], []
     for step in range(STEPS):
         rows = data[step, rank * (ROWS // n) : (rank + 1) * (ROWS // n)]
         batch = Batch(rows[:, :-1], rows[:, 1:])
-        result = train_step(parts, lambda i, batch=batch: batch, grad_accum=1, lr=OPTIM.lr)
+        result = train_step(parts, lambda i, batch=batch: batch, grad_accum=1, lr=optim.lr)
         loss = result.loss.detach().clone()
         if n > 1:  # the step's loss is the mean over ranks (what the loop logs)
             dist.all_reduce(loss)
@@ -74,6 +83,11 @@ def run(strategy: str, compute: torch.dtype, storage: torch.dtype, rt: Runtime) 
     ddp_bytes = None  # what DDP's buckets hold: the adapters' gradients only, nothing of the frozen base
     if strategy == "ddp":
         ddp_bytes = parts.parallel.module._get_ddp_logging_data().get("total_parameter_size_bytes")
+    moments = set()  # the kinds of AdamW first moments (torchao's 8-bit ones are OptimState8bit)
+    for state in parts.optimizer.state.values():
+        if "exp_avg" in state:
+            moment = state["exp_avg"]
+            moments.add(type(moment.to_local() if hasattr(moment, "to_local") else moment).__name__)
     nf4 = [p for name, p in m.named_parameters() if "proj.base.weight" in name]
     local = [p.to_local() if hasattr(p, "to_local") else p for p in nf4]
     return {
@@ -84,6 +98,7 @@ def run(strategy: str, compute: torch.dtype, storage: torch.dtype, rt: Runtime) 
         "nf4_sharded": all(hasattr(p, "to_local") for p in nf4),
         "nf4_frozen": not any(p.requires_grad for p in nf4),
         "ddp_bucket_bytes": ddp_bytes,
+        "moments": sorted(moments),
         "trainable": sum(p.numel() for p in m.parameters() if p.requires_grad),
     }
 
@@ -99,6 +114,12 @@ def main() -> None:
     ):
         for strategy in ("none", "ddp", "fsdp"):
             out[f"{case}-{strategy}"] = run(strategy, compute, storage, rt)
+    # torchao's 8-bit AdamW (what FSDP2 runs in place of bitsandbytes' paged one) on the adapters' shards:
+    # rank 64: each rank's shard of an adapter is large enough for 8-bit moments (torchao keeps < 4096 in fp32)
+    eight_bit = dataclasses.replace(OPTIM, name="adamw8bit")
+    wide = dataclasses.replace(LORA, rank=64, alpha=128)
+    for strategy in ("none", "fsdp"):
+        out[f"adamw8bit-{strategy}"] = run(strategy, torch.float32, torch.float32, rt, eight_bit, wide)
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)

@@ -212,6 +212,14 @@ def test_qlora_nf4_base_under_ddp_and_fsdp2(tmp_path):
     ddp = got["fp32-ddp"]  # DDP's gradient buckets hold the adapters alone (4 bytes each), no frozen weight
     per_block = 4 * (2 * (128 + 128) + 2 * (64 + 128) + 3 * (256 + 128))  # rank 4: q,o; k,v; gate,up,down
     assert ddp["ddp_bucket_bytes"] == 4 * ddp["trainable"] == 4 * 2 * per_block
+    # torchao's 8-bit AdamW, what the docs advise with FSDP2, steps the shards: 8-bit moments on them, one
+    # process's losses; the adapters agree to the moments' rounding (torchao picks 8 bits per local tensor of
+    # >= 4096 values, so k/v's 4096-value B is 8-bit whole and fp32 in two shards)
+    eight_bit, alone = got["adamw8bit-fsdp"], got["adamw8bit-none"]
+    assert "OptimState8bit" in eight_bit["moments"] and "OptimState8bit" in alone["moments"]
+    assert eight_bit["losses"] == pytest.approx(alone["losses"], rel=1e-5)
+    for name, values in alone["adapters"].items():
+        assert eight_bit["adapters"][name] == pytest.approx(values, abs=1e-3), name
     # bf16: the 4-bit data stored as bf16 (FSDP2's param dtype), sharded, gathered untouched; bf16 compute
     fsdp = got["bf16-fsdp"]
     assert fsdp["nf4_dtypes"] == ["torch.bfloat16"] and fsdp["nf4_sharded"]
