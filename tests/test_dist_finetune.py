@@ -26,16 +26,8 @@ from hopperlm.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = lambda line: None  # noqa: E731
-STEPS = [
-    "--train.max_steps",
-    "4",
-    "--train.log_every",
-    "1",
-    "--train.eval_every",
-    "2",
-    "--train.ckpt_every",
-    "2",
-]
+STEPS = ["--train.max_steps", "4", "--train.log_every", "1", "--train.eval_every", "2"]
+STEPS += ["--train.ckpt_every", "2"]
 LORA = ["--sft.max_examples", "200", "--optim.lr", "1e-2", "--optim.warmup_steps", "2", "--lora.rank", "8"]
 LORA += ["--lora.targets", "all-linear", "--train.eval_windows", "8", "--train.keep_last", "5", *STEPS]
 # 8 rows per step: one micro-batch of 8 in one process; 4 per rank on 2; 2 x 2 accumulated per rank
@@ -85,19 +77,15 @@ def test_lora_sft_on_two_ranks_trains_the_one_process_curve(runs):
     for name in ("ddp", "fsdp", "fsdp-accum"):
         assert_same_curve(curve(root / name), reference, range(1, 5))
     # adapters only, in both formats: no base weight is written
-    single, sharded = (
-        root / "ddp" / "checkpoints" / "step_000002",
-        root / "fsdp" / "checkpoints" / "step_000002",
-    )
+    single = root / "ddp" / "checkpoints" / "step_000002"
+    sharded = root / "fsdp" / "checkpoints" / "step_000002"
     assert (single / "adapter.safetensors").is_file() and not (single / "model.safetensors").exists()
     from hopperlm.checkpoint.layout import read_lora_config
     from hopperlm.checkpoint.sharded import load_sharded_adapters
 
     assert read_lora_config(sharded).rank == 8 and len(list((sharded / "sharded").glob("*.distcp"))) == 2
-    adapters = load_sharded_adapters(sharded)
-    assert len(adapters) == 2 * 7 * 2 and all(
-        ".lora_" in name for name in adapters
-    )  # A and B, 7 targets x 2 blocks
+    adapters = load_sharded_adapters(sharded)  # A and B of 7 targets x 2 blocks, nothing else
+    assert len(adapters) == 2 * 7 * 2 and all(".lora_" in name for name in adapters)
     base_bytes = (runs[1] / "model.safetensors").stat().st_size
     assert sum(p.stat().st_size for p in (sharded / "sharded").iterdir()) < base_bytes / 10
 
