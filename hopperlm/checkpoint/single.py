@@ -160,9 +160,10 @@ def publish_checkpoint(tmp: Path, final: Path, run_dir: Path, keep_last: int, ke
 def load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
     """The weights of any hopperlm model folder or checkpoint (one file, index shards, sharded, LoRA adapters)
     into a model built on its config."""
-    if is_sharded(model_dir) and read_lora_config(model_dir) is None:
+    lora = read_lora_config(model_dir) is not None
+    if is_sharded(model_dir) and not lora:
         return load_sharded_model(model_dir, model)
-    if read_lora_config(model_dir) is not None or (model_dir / INDEX_FILE).is_file():
+    if lora or (model_dir / INDEX_FILE).is_file():
         load_checkpoint_weights(model_dir, model)
         return
     try:
