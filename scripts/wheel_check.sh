@@ -14,7 +14,9 @@ quiet() {  # run a pip step; show its output only when it fails
 }
 mkdir "$WORK/src"  # build from a copy of the tracked files: nothing is written into the checkout
 git ls-files -z | tar --null -cf - -T - | tar -xf - -C "$WORK/src"
-quiet "$PY" -m pip wheel --no-deps --no-build-isolation -w "$WORK/dist" "$WORK/src"
+# build isolation: pip brings the build backend pyproject.toml names (setuptools >= 70.1 builds wheels by
+# itself), so a fresh Python whose setuptools has no bdist_wheel (no `wheel` package) builds it too
+quiet "$PY" -m pip wheel --no-deps -w "$WORK/dist" "$WORK/src"
 wheel=$(ls "$WORK"/dist/hopperlm-*.whl)
 "$PY" -c "import sys, zipfile; sys.exit('hopperlm/recipes/debug.yaml' not in zipfile.ZipFile(sys.argv[1]).namelist())" \
   "$wheel" || { echo "wheel-check: the wheel has no recipes (hopperlm/recipes/*.yaml)"; exit 1; }

@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from hopperlm.config import Config, LoRAConfig, ModelConfig, OptimConfig
 from hopperlm.data.loader import Batch
-from hopperlm.dist.runtime import Runtime, World
 from hopperlm.hardware import detect_for
+from hopperlm.parallel.runtime import Runtime, World
 from hopperlm.plan import make_plan
 from hopperlm.train.model_setup import build_lora_model
 from hopperlm.train.step import build_step, train_step

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hopperlm.checkpoint.init_from import resolve_init_from
 from hopperlm.config import load_config
-from hopperlm.dist.runtime import session
+from hopperlm.parallel.runtime import session
 from hopperlm.train.loop import train
 
 DEBUG = Path(__file__).resolve().parents[1] / "configs" / "debug.yaml"

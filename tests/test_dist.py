@@ -18,10 +18,10 @@ from hopperlm.checkpoint.inference import load_for_inference
 from hopperlm.checkpoint.layout import latest_valid_checkpoint, list_checkpoints
 from hopperlm.config import config_from_dict, load_config
 from hopperlm.data.loader import RandomWindows, TokenShards
-from hopperlm.dist.launch import launch_command, sbatch_script
-from hopperlm.dist.runtime import World, read_env
 from hopperlm.errors import ConfigError
 from hopperlm.hardware import simulated
+from hopperlm.parallel.launch import launch_command, sbatch_script
+from hopperlm.parallel.runtime import World, read_env
 from hopperlm.plan import make_plan
 from hopperlm.train.loop import train
 from hopperlm.train.metrics import read_metrics

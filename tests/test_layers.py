@@ -25,7 +25,7 @@ LAYERS = {
     "hopperlm.plan": 4,  # how this run will use this machine
     "hopperlm.memory": 4,
     "hopperlm.speed": 4,
-    "hopperlm.dist": 4,
+    "hopperlm.parallel": 4,
     "hopperlm.train": 5,  # running it, watching it, judging it
     "hopperlm.observe": 5,
     "hopperlm.eval": 5,

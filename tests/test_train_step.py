@@ -15,9 +15,9 @@ import torch
 from hopperlm.bench import hopperlm_case
 from hopperlm.config import ModelConfig, config_from_dict, load_config
 from hopperlm.data.loader import Batch, RandomWindows, TokenShards
-from hopperlm.dist.parallelize import Parallel
 from hopperlm.hardware import detect_for, simulated
 from hopperlm.model.transformer import build_model
+from hopperlm.parallel.parallelize import Parallel
 from hopperlm.plan import make_plan
 from hopperlm.train.loop import train
 from hopperlm.train.metrics import read_metrics

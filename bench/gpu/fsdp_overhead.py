@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hopperlm.bench import Case, Row, batch_source, bench_model_config, measure  # noqa: E402
 from hopperlm.config import config_from_dict  # noqa: E402
 from hopperlm.data.loader import Batch  # noqa: E402
-from hopperlm.dist.runtime import Runtime, World, read_env  # noqa: E402
 from hopperlm.hardware import detect, detect_for  # noqa: E402
 from hopperlm.model.transformer import build_model, flops_per_token  # noqa: E402
+from hopperlm.parallel.runtime import Runtime, World, read_env  # noqa: E402
 from hopperlm.plan import make_plan  # noqa: E402
 from hopperlm.provenance import provenance  # noqa: E402
 from hopperlm.train.step import build_step, train_step  # noqa: E402

@@ -11,6 +11,6 @@
   hf_tokenizer.py  the tokenizer files of an exported folder, for every kind of tokenizer hopperlm writes
   peft.py        LoRA adapters to and from PEFT adapter folders
   inference.py   a model and its tokenizer from any checkpoint (generate, eval); where a tokenizer is
-Nothing here imports plan, dist, train or anything above them; dist/checkpoint.py is where the ranks of a
+Nothing here imports plan, dist, train or anything above them; parallel/checkpoint.py is where the ranks of a
 data-parallel run take turns writing and reading these files.
 """

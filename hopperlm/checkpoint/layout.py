@@ -11,7 +11,7 @@ Layout of RUN_DIR/checkpoints/step_000100/:
 The model part (model.safetensors, or the shards of model.safetensors.index.json, + config.json + tokenizer/)
 is also the format of exported model folders. The sharded format of FSDP runs (sharded.py) has `sharded/`
 (torch.distributed.checkpoint: model, optimizer and scaler state) in place of model.safetensors + optimizer.pt;
-the rest is alike, and everything here reads both. Writing them is single.py's and dist/checkpoint.py's.
+the rest is alike, and everything here reads both. Writing them is single.py's and parallel/checkpoint.py's.
 """
 
 from __future__ import annotations

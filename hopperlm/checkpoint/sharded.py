@@ -2,7 +2,7 @@
 holding the model (and optimizer) state of an FSDP run, one file per rank.
 
 Here the model alone is loaded whole, without a process group, for generate, export and conversion; saving
-and resuming a sharded run, where every rank takes part, is dist/checkpoint.py's (with the helpers below).
+and resuming a sharded run, where every rank takes part, is parallel/checkpoint.py's (with the helpers below).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A checkpoint (layout.py: RUN_DIR/checkpoints/step_N/) is written under a temporary name, checksummed, fsynced,
 then renamed: a kill during saving leaves the previous checkpoint as the latest. One process writes it (rank 0
-of a DDP run, which holds the whole state); the sharded format of FSDP runs is dist/checkpoint.py's, and the
+of a DDP run, which holds the whole state); the sharded format of FSDP runs is parallel/checkpoint.py's, and the
 loaders here read the model of both. LoRA runs store their adapters only, beside a fingerprint of the base.
 """
 

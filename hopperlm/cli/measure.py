@@ -35,8 +35,8 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
         from hopperlm.checkpoint.init_from import resolve_init_from
         from hopperlm.config import load_config
         from hopperlm.data.train_data import resolve_datasets
-        from hopperlm.dist.runtime import World
         from hopperlm.errors import DataError
+        from hopperlm.parallel.runtime import World
         from hopperlm.train.setup import plan_run, resolve_model_config
 
         cfg = resolve_init_from(load_config(resolve_recipe(args.config), overrides))

@@ -46,7 +46,7 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
 
     from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
-    from hopperlm.dist.launch import launch_command
+    from hopperlm.parallel.launch import launch_command
 
     config = resolve_recipe(args.config)
     # a bad config (model.init_from included) fails here, once, not on every rank
@@ -73,7 +73,7 @@ def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
     """Write an sbatch script that runs CONFIG on NODES x GPUS ranks and requeues itself before its time limit."""
     from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
-    from hopperlm.dist.launch import sbatch_script
+    from hopperlm.parallel.launch import sbatch_script
 
     config = resolve_recipe(args.config)
     cfg = resolve_init_from(load_config(config, overrides))

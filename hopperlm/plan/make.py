@@ -12,12 +12,12 @@ from collections.abc import Callable
 from hopperlm.config import Config, ModelConfig
 from hopperlm.data.sft import describe as describe_sft
 from hopperlm.data.train_data import describe as describe_data
-from hopperlm.dist.parallelize import SHARDED, choose_strategy, lora_parallel_note
-from hopperlm.dist.runtime import World
 from hopperlm.errors import ConfigError
 from hopperlm.hardware import Hardware
 from hopperlm.memory import MemoryEstimate, estimate_memory
 from hopperlm.model.transformer import flops_per_token
+from hopperlm.parallel.parallelize import SHARDED, choose_strategy, lora_parallel_note
+from hopperlm.parallel.runtime import World
 from hopperlm.plan.choices import (
     choose_attention,
     choose_compile,

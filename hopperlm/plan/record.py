@@ -52,7 +52,7 @@ class Plan:
     micro_batch: int = 0  # per rank
     grad_accum: int = 1
     memory: MemoryEstimate | None = None
-    strategy: str = "none"  # "none" | "ddp" | "fsdp" | "hsdp" (dist/parallelize.py)
+    strategy: str = "none"  # "none" | "ddp" | "fsdp" | "hsdp" (parallel/parallelize.py)
     world_size: int = 1
     dp_shard: int = 1  # ranks one copy of the weights/grads/optimizer state is sharded over
     fp8_all_gather: bool = False  # FSDP all-gathers float8 weights (tensorwise fp8 only)

@@ -1,7 +1,7 @@
 """Speed-ups, each an `apply_*` function, applied by `apply_speedups` in one fixed order (torchtitan's):
 
     float8 (swap linear layers)  ->  fused loss  ->  activation checkpointing  ->  torch.compile
-    ->  DDP / FSDP2 (dist/parallelize.py; train/step.py `build_step` applies both, in this order)
+    ->  DDP / FSDP2 (parallel/parallelize.py; train/step.py `build_step` applies both, in this order)
 
 Swapping modules comes first so that checkpointing and compile see the final modules; compile comes before
 the data-parallel wrapping, so that it traces through the recompute wrappers and fuses the float8 casts while

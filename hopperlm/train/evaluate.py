@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from hopperlm.data.loader import TokenShards, read_batch
-from hopperlm.dist.runtime import Runtime
 from hopperlm.model.loss import IGNORE_INDEX
+from hopperlm.parallel.runtime import Runtime
 from hopperlm.plan import Plan
 
 

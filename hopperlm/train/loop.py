@@ -6,7 +6,7 @@
 Nothing in a step waits on the host: loss and grad norm stay on the device and are read (`.item()`) only on
 log steps. The data of step s is a function of (seed, s) or of a position saved in the checkpoint, so a
 resumed run continues exactly. Under torchrun every rank runs this loop: each reads its block of the global
-batch, losses are averaged over ranks on log steps, and rank 0 logs and writes (dist/).
+batch, losses are averaged over ranks on log steps, and rank 0 logs and writes (parallel/).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from hopperlm.checkpoint.layout import list_checkpoints
 from hopperlm.checkpoint.single import CheckpointSaveError
 from hopperlm.config import Config
 from hopperlm.data.train_data import combined_val_loss
-from hopperlm.dist.runtime import session
 from hopperlm.errors import HopperError
+from hopperlm.parallel.runtime import session
 from hopperlm.train.banner import print_preflight_check
 from hopperlm.train.evaluate import evaluate
 from hopperlm.train.guard import GuardStop

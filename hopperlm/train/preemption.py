@@ -1,7 +1,7 @@
 """SIGTERM and SIGUSR1 (SLURM's warning before it kills a job): stop, checkpoint the last complete step and exit
 cleanly. One process stops at the next micro-batch boundary (the partial step is dropped, so a warning shorter
 than one optimizer step still keeps the work); several ranks stop together after the step in which they agree
-(dist/runtime.py). A second signal means "now": the default action runs immediately."""
+(parallel/runtime.py). A second signal means "now": the default action runs immediately."""
 
 from __future__ import annotations
 

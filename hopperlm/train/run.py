@@ -23,13 +23,13 @@ from hopperlm.config import Config, ModelConfig, TrainConfig, save_config
 from hopperlm.data.batches import BatchSource
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import default_prefetch
-from hopperlm.dist import checkpoint as dist_ckpt
-from hopperlm.dist.parallelize import SHARDED
-from hopperlm.dist.runtime import Clock, Runtime
 from hopperlm.errors import CheckpointError
 from hopperlm.hardware import Hardware, detect_for
 from hopperlm.model.lora import training_flops_per_token
 from hopperlm.observe.observer import NullObserver, RunObserver
+from hopperlm.parallel import checkpoint as dist_ckpt
+from hopperlm.parallel.parallelize import SHARDED
+from hopperlm.parallel.runtime import Clock, Runtime
 from hopperlm.plan import Plan
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner
 from hopperlm.train.guard import Guard

@@ -17,10 +17,10 @@ from hopperlm.data.batches import BatchSource, train_batches
 from hopperlm.data.sft import open_sft_data
 from hopperlm.data.tokenizer import Tokenizer, load_tokenizer
 from hopperlm.data.train_data import Dataset, ValSet, open_train_shards, open_val_sets, resolve_datasets
-from hopperlm.dist.parallelize import SHARDED
-from hopperlm.dist.runtime import Runtime, World
 from hopperlm.errors import ConfigError, DataError
 from hopperlm.hardware import Hardware
+from hopperlm.parallel.parallelize import SHARDED
+from hopperlm.parallel.runtime import Runtime, World
 from hopperlm.plan import Plan, make_plan
 from hopperlm.train.batch_finder import make_gpu_finder
 from hopperlm.train.model_setup import build_train_model

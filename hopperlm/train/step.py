@@ -17,8 +17,8 @@ import torch.nn as nn
 
 from hopperlm.config import OptimConfig
 from hopperlm.data.loader import Batch
-from hopperlm.dist.parallelize import Parallel, parallelize
-from hopperlm.dist.runtime import Runtime, current
+from hopperlm.parallel.parallelize import Parallel, parallelize
+from hopperlm.parallel.runtime import Runtime, current
 from hopperlm.plan import Plan
 from hopperlm.speed import apply_speedups
 from hopperlm.speed.compile import uses_cuda_graphs

@@ -62,7 +62,9 @@ def read_env(environ: dict[str, str] | None = None) -> tuple[int, int, World, bo
         rank, local_rank = int(env["RANK"]), int(env.get("LOCAL_RANK", env["RANK"]))
         local_size = int(env.get("LOCAL_WORLD_SIZE", size))
     except ValueError as e:
-        raise ConfigError(f"torchrun's environment is malformed ({e}); launch with `hopperlm launch`") from None
+        raise ConfigError(
+            f"torchrun's environment is malformed ({e}); launch with `hopperlm launch`"
+        ) from None
     return rank, local_rank, World(size, local_size), True
 
 

@@ -36,10 +36,10 @@ import torch
 import torch.nn as nn
 
 from hopperlm.config import Config, ModelConfig
-from hopperlm.dist.runtime import Runtime, World
 from hopperlm.errors import ConfigError
 from hopperlm.memory import estimate_memory
 from hopperlm.model.lora import count_trainable
+from hopperlm.parallel.runtime import Runtime, World
 
 SHARDED = ("fsdp", "hsdp")
 

@@ -49,22 +49,22 @@ from hopperlm.checkpoint.layout import (
     write_model_config,
 )
 from hopperlm.checkpoint.sharded import first_line, single_process_ok
-from hopperlm.checkpoint.tensors import check_base, read_adapters
 from hopperlm.checkpoint.single import (
     CheckpointSaveError,
-    lora_record,
     load_model_weights,
     load_training_state,
+    lora_record,
     publish_checkpoint,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
+from hopperlm.checkpoint.tensors import check_base, read_adapters
 from hopperlm.config import ModelConfig, ParallelConfig
 from hopperlm.data.shards import file_sha256
-from hopperlm.dist.runtime import Runtime
 from hopperlm.errors import CheckpointError
 from hopperlm.model.lora import has_lora
+from hopperlm.parallel.runtime import Runtime
 
 SHARDED_STRATEGIES = ("fsdp", "hsdp")
 
@@ -211,12 +211,20 @@ class Checkpointer:
                 plain_rng, tensor_rng = rng_state()
                 torch.save({**tensor_rng, "ranks": rank_rng} if rank_rng else tensor_rng, tmp / RNG_FILE)
                 scaler_state = scaler.state_dict() if scaler is not None else None
-                record = {**state, "step": step, "rng": plain_rng, "scaler": scaler_state, "format": "sharded"}
+                record = {
+                    **state,
+                    "step": step,
+                    "rng": plain_rng,
+                    "scaler": scaler_state,
+                    "format": "sharded",
+                }
                 (tmp / STATE_FILE).write_text(json.dumps(record, indent=1))
             except OSError as e:
                 error = e.strerror or str(e)
         self._raise_if_any(rt.broadcast_object(error), tmp, run_dir, final)
-        model_sd, optim_sd = get_state_dict(model, optimizers_of(optimizer), options=state_dict_options(model))
+        model_sd, optim_sd = get_state_dict(
+            model, optimizers_of(optimizer), options=state_dict_options(model)
+        )
         content = {"model": model_sd, "optim": optim_sd}
         alone = {} if rt.active else {"no_dist": True}  # (passed only when needed: older torch lacks it)
         try:
@@ -318,7 +326,9 @@ class Checkpointer:
         content = {"model": model_sd, "optim": optim_sd}
         try:
             with single_process_ok():
-                dcp.load(content, checkpoint_id=ckpt / SHARDED_DIR, **({} if self.rt.active else {"no_dist": True}))
+                dcp.load(
+                    content, checkpoint_id=ckpt / SHARDED_DIR, **({} if self.rt.active else {"no_dist": True})
+                )
         except Exception as e:
             raise CheckpointError(
                 f"cannot load {ckpt / SHARDED_DIR} into this model/optimizer ({first_line(e)}); resume with "
@@ -402,7 +412,9 @@ class Checkpointer:
             if "cuda" in saved[rt.rank] and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(saved[rt.rank]["cuda"])
         elif saved or rt.rank > 0:  # (rank 0 keeps a one-process checkpoint's stream, restored already)
-            torch.manual_seed(int(np.random.SeedSequence([state["step"], rt.rank, 0x5EED]).generate_state(1)[0]))
+            torch.manual_seed(
+                int(np.random.SeedSequence([state["step"], rt.rank, 0x5EED]).generate_state(1)[0])
+            )
         if len(saved) != rt.world_size:
             self.log(
                 f"resume: the checkpoint holds RNG streams for {len(saved) or 1} rank(s), this run has "
