@@ -27,7 +27,8 @@ def test_h100_350m():
         True,
         "none",
     )
-    assert plan.compile_mode == "max-autotune-no-cudagraphs"  # a 1.5 h run repays autotuning
+    assert plan.compile_mode == "default"  # autotuning was measured slower to compile and not faster
+    assert "bench/results/2026-11-22-h200" in plan.reasons["compile"]
     assert plan.fused_adamw and plan.pin_memory and plan.expandable_segments
     assert "flash" in plan.reasons["attention"] and "sm_90" in plan.reasons["precision"]
     assert plan.fp8 == "off" and "d=1024" in plan.reasons["fp8"]  # too few large matmuls to gain

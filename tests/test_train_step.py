@@ -22,7 +22,7 @@ from hopperlm.plan import make_plan
 from hopperlm.train.loop import train
 from hopperlm.train.metrics import read_metrics
 from hopperlm.train.optim import build_optimizer
-from hopperlm.train.step import honours_found_inf, make_step_parts, skip_on_device, train_step
+from hopperlm.train.step import build_step, honours_found_inf, make_step_parts, skip_on_device, train_step
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "hopperlm"
@@ -90,6 +90,31 @@ def test_fused_adamw_honours_found_inf():
     optimizer = _optimizer("adamw", model)
     assert honours_found_inf(optimizer) and skip_on_device(optimizer, CUDA)
     assert not skip_on_device(optimizer, torch.device("cpu"))  # a CPU reads the flag on the host for free
+
+
+@pytest.mark.parametrize("checkpointing", ["full", "selective-op"])
+def test_a_forced_attention_kernel_holds_through_the_recomputing_backward(checkpointing):
+    """train.attention math on a CPU (SDPA's other CPU kernel is flash). Activation checkpointing recomputes
+    each block's forward in the backward; under another kernel it would save other tensors (CheckpointError).
+    The micro-batch finder runs exactly this eager step."""
+    cfg = config_from_dict(
+        {
+            "model": {"preset": "debug", "vocab_size": 256},
+            "train": {
+                "seq_len": 32,
+                "max_steps": 1,
+                "attention": "math",
+                "activation_checkpointing": checkpointing,
+            },
+        }
+    )
+    plan = make_plan(cfg, cfg.model, detect_for("cpu"))
+    assert (plan.attention, plan.activation_checkpointing) == ("math", checkpointing)
+    assert "SDPA math only" in plan.reasons["attention"]
+    parts, _ = build_step(build_model(cfg.model, seed=0), plan, cfg.optim, log=lambda line: None)
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    result = train_step(parts, lambda micro: Batch(x, x), grad_accum=1, lr=1e-3)
+    assert bool(result.finite)
 
 
 def test_bench_row_trains_exactly_as_train_does(shakespeare_bytes, tmp_path):

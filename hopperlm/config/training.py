@@ -126,7 +126,9 @@ class TrainConfig:
     compile_mode: Literal[
         "auto", "default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"
     ] = "auto"
-    """torch.compile mode; auto = max-autotune-no-cudagraphs for runs of an hour or more, else default."""
+    """torch.compile mode; auto = default (max-autotune was measured slower to compile and not faster), or
+    reduce-overhead (CUDA graphs) on one GPU when a micro-batch is too small to hide its kernel launches and a
+    step needs no accumulation. reduce-overhead is never combined with accumulation (falls back to default)."""
     compile_scope: Literal["auto", "block", "model"] = "auto"
     """What torch.compile compiles: each block (+ the loss) on its own, or the whole model; auto = block."""
     activation_checkpointing: Literal["auto", "none", "selective-op", "selective-block", "full"] = "auto"
@@ -137,8 +139,9 @@ class TrainConfig:
     """selective-block: recompute one block in this many."""
     fp8: Literal["auto", "off", "tensorwise", "rowwise", "native"] = "auto"
     """float8 matmuls for the large linear layers (Hopper/Ada): tensorwise/rowwise through torchao, native
-    through torch._scaled_mm; auto = tensorwise (torchao, else native) when the GPU has fp8 tensor cores,
-    compile is on and most of the linear FLOPs are in layers large enough to gain. Falls back to bf16."""
+    through torch._scaled_mm (not measured on a GPU yet: only when asked); auto = tensorwise when torchao is
+    installed, the GPU has fp8 tensor cores, compile is on and most of the linear FLOPs are in layers large
+    enough to gain. Falls back to bf16."""
     fused_loss: bool | None = None
     """Chunked linear cross-entropy that never materialises the [tokens, vocab] logits; null = on for
     vocabularies of 8192 and more."""

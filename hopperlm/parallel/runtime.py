@@ -262,7 +262,9 @@ class Runtime:
         return (packed[:n] / self.world_size).tolist(), (packed[n:] == 0).tolist()
 
     def agreed_finder(self, finder):
-        """The GPU micro-batch finder, measured on every rank; the smallest answer holds for all."""
+        """The GPU micro-batch finder, measured on every rank; the smallest answer holds for all. The finder
+        runs no collective itself (its trials are single-process, train/batch_finder.py `trial_plan`), so
+        ranks that run out of memory at different sizes stay in step and meet here once."""
         if finder is None or self.world_size == 1:
             return finder
 

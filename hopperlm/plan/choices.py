@@ -16,8 +16,12 @@ from hopperlm.speed.float8 import PAYOFF_SHARE, converted_share, torchao_availab
 
 FUSED_LOSS_SHARE = 0.01  # the chunked loss when one sequence's logits would fill 1% of the memory budget
 LOGIT_BYTES = 10  # per logit on the standard path: 16-bit logits, their fp32 copy, the fp32 log-softmax
-LONG_RUN_HOURS = 1.0
-LONG_RUN_STEPS = 20_000
+# Why no run autotunes unasked: on an H200, h100-350m's max-autotune-no-cudagraphs compile ran past 150 s
+# (charged to train.max_hours) and cuBLAS beat every Triton matmul it tried
+# (bench-h100-350m-autotune-timed-out.log).
+AUTOTUNE_NOT_WORTH = (
+    "max-autotune was measured slower to compile and not faster: bench/results/2026-11-22-h200"
+)
 
 
 def choose_precision(
@@ -74,10 +78,14 @@ def choose_fp8(
                 f"at d={model_cfg.dim} (it pays from about d=2048)"
             )
             return "off"
-        want = "tensorwise" if torchao_available() else "native"
-        source = "torchao" if want == "tensorwise" else "hopperlm's _scaled_mm path (torchao not installed)"
-        why["fp8"] = f"{want} via {source}: {share:.0%} of the linear FLOPs convert"
-        return want
+        if not torchao_available():  # never chosen unasked until a GPU run has measured it
+            why["fp8"] = (
+                "off, bf16: torchao not installed; hopperlm's native float8 path is not measured on a GPU "
+                "yet (train.fp8 native to try it)"
+            )
+            return "off"
+        why["fp8"] = f"tensorwise via torchao: {share:.0%} of the linear FLOPs convert"
+        return "tensorwise"
     if want in ("tensorwise", "rowwise") and not torchao_available():
         why["fp8"] = f"off: train.fp8={want} needs torchao (pip install torchao); or use train.fp8 native"
         return "off"
@@ -151,7 +159,10 @@ def choose_attention(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precisio
     want = cfg.train.attention
     if hw.device_type != "cuda":
         if want not in ("auto", "math"):
-            raise ConfigError(f"train.attention={want} needs a CUDA GPU; on CPU use auto")
+            raise ConfigError(f"train.attention={want} needs a CUDA GPU; on CPU use auto or math")
+        if want == "math":  # honoured on a CPU too (SDPA's CPU flash kernel is the other one)
+            why["attention"] = "SDPA math only (set by train.attention)"
+            return "math"
         why["attention"] = "SDPA's CPU kernel (PyTorch picks it)"
         return "auto"
     if want != "auto":
@@ -187,13 +198,10 @@ def choose_compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | No
             else "off (CPU: inductor's start-up outweighs its gain on a short CPU run)"
         )
         return False, None, "block"
-    long_run = (tc.max_hours or 0) >= LONG_RUN_HOURS or (tc.max_steps or 0) >= LONG_RUN_STEPS
     if tc.compile_mode != "auto":
         mode, reason = tc.compile_mode, "set by train.compile_mode"
-    elif long_run:
-        mode, reason = "max-autotune-no-cudagraphs", "a long run repays minutes of kernel autotuning"
-    else:
-        mode, reason = "default", "a short run: autotuning would cost more than it saves"
+    else:  # make.py may still switch a launch-bound step to CUDA graphs (reduce-overhead)
+        mode, reason = "default", AUTOTUNE_NOT_WORTH
     scope = "block" if tc.compile_scope == "auto" else tc.compile_scope
     scope_note = (
         "each block and the loss compiled once and reused"

@@ -36,6 +36,11 @@ GPU_MICRO_BATCH_CAP_TOKENS = 1 << 19  # without a global batch, do not grow one 
 # measured on an H200, shakespeare-char-gpu (1.2 TFLOP per micro-batch) ran 16 ms/step eager-launched, 8 with
 # CUDA graphs (bench/results/2026-11-22-h200/speedrun.txt)
 CUDA_GRAPH_FLOPS = 4e12
+# why CUDA graphs never meet gradient accumulation (#96693 is the older report of the same silent overwrite)
+GRAPHS_AND_ACCUMULATION = (
+    "pytorch/pytorch#169545: a CUDA graph owns the gradients it writes, and a second micro-batch would "
+    "accumulate into tensors the next replay overwrites"
+)
 
 # micro_batch_finder(model_cfg, plan, cap) -> (micro_batch, reason): measures on the real GPU (batch_finder.py)
 Finder = Callable[[ModelConfig, Plan, int], tuple[int, str]]
@@ -76,9 +81,12 @@ def _micro_batch(
             raise ConfigError(
                 f"one sequence of {tc.seq_len} tokens does not fit {where} (estimate {est.describe(1)}); {fix}"
             )
-        if seqs is not None:
-            while seqs % micro:  # accumulation must reach the global batch exactly
-                micro -= 1
+        if seqs is not None and seqs % micro:  # accumulation must reach the global batch exactly
+            fit, micro = micro, fewest_accumulation_steps(seqs, micro)
+            reason += (
+                f"; {fit} fit, {micro} = {seqs} / {seqs // micro} is the largest equal micro-batch that "
+                "reaches the global batch exactly"
+            )
     if seqs is not None and seqs % micro:
         raise ConfigError(
             f"train.micro_batch={micro} does not divide the {seqs} sequences each of the {plan.world_size} "
@@ -89,6 +97,18 @@ def _micro_batch(
     if plan.world_size > 1:
         global_note += f" per rank, x {plan.world_size} ranks"
     return micro, accum, f"{micro} ({reason}){global_note}"
+
+
+def fewest_accumulation_steps(seqs: int, fit: int) -> int:
+    """The micro-batch that reaches `seqs` sequences in the fewest equal micro-batches of at most `fit`: the
+    smallest accumulation a >= ceil(seqs / fit) that divides `seqs`, and micro = seqs / a. Micro-batch and
+    accumulation pair up as divisors (micro x a = seqs), so this is also the largest divisor of `seqs` that
+    fits: no equal split does better. E.g. 256 sequences with 78 fitting: 4 x 64 (3 x 86 would be 258).
+    Unequal micro-batches would fill the memory better but change what a step's data is; not done."""
+    accum = -(-seqs // fit)
+    while seqs % accum:
+        accum += 1
+    return seqs // accum
 
 
 def _per_rank(cfg: Config, world_size: int) -> int | None:
@@ -233,14 +253,42 @@ def make_plan(
 
 def _cuda_graphs(cfg: Config, plan: Plan, model_cfg: ModelConfig) -> Plan:
     """CUDA graphs (compile mode reduce-overhead) when a micro-batch is so small that launching its kernels
-    takes longer than running them; shapes are static here (fixed windows), which graphs need."""
-    if not plan.compile or cfg.train.compile_mode != "auto" or plan.fp8 != "off" or plan.world_size > 1:
+    takes longer than running them; shapes are static here (fixed windows), which graphs need. Only where they
+    are safe: on CUDA, with one micro-batch per step. An explicit reduce-overhead that meets accumulation
+    (or a CPU) falls back to mode default, with the reason. Under graphs an out-of-memory error stops the run
+    instead of halving the micro-batch (train/loop.py back_off): doubling accumulation mid-run is exactly the
+    unsafe case, and no plan can promise that a step never runs out of memory."""
+    if not plan.compile:
+        return plan
+    scope = f"scope {plan.compile_scope}"
+    if cfg.train.compile_mode == "reduce-overhead":
+        if plan.device.type != "cuda":
+            why = "CUDA graphs need a CUDA device; this run is on the CPU"
+        elif plan.grad_accum > 1:
+            accum = f"{plan.grad_accum} accumulation steps"
+            why = f"CUDA graphs are unsafe with {accum} ({GRAPHS_AND_ACCUMULATION})"
+        else:
+            reason = (
+                "on, mode reduce-overhead (set by train.compile_mode; an out-of-memory error stops the run "
+                f"rather than doubling accumulation under CUDA graphs), {scope}"
+            )
+            return plan.replace(reasons={"compile": reason})
+        reason = f"on, mode default (train.compile_mode reduce-overhead asked for it, but {why}), {scope}"
+        return plan.replace(compile_mode="default", reasons={"compile": reason})
+    if cfg.train.compile_mode != "auto" or plan.device.type != "cuda" or plan.fp8 != "off":
+        return plan
+    if plan.world_size > 1:
         return plan  # (several ranks: graphs would capture the gradient collectives too; not attempted)
     step_flops = flops_per_token(model_cfg, plan.seq_len) * plan.seq_len * plan.micro_batch
     if step_flops >= CUDA_GRAPH_FLOPS:
         return plan
+    small = f"one micro-batch is {step_flops / 1e12:.1f} TFLOP, too little to hide its kernels' launches"
+    if plan.grad_accum > 1:
+        note = f"; no CUDA graphs although {small}: {plan.grad_accum} accumulation steps"
+        note += f" ({GRAPHS_AND_ACCUMULATION})"
+        return plan.replace(reasons={"compile": plan.reasons["compile"] + note})
     reason = (
-        f"on, mode reduce-overhead (CUDA graphs: one micro-batch is {step_flops / 1e12:.1f} TFLOP, too little "
-        f"to hide the launch overhead of its kernels), scope {plan.compile_scope}"
+        f"on, mode reduce-overhead (CUDA graphs: {small}; an out-of-memory error stops the run rather than "
+        f"doubling accumulation under graphs), {scope}"
     )
     return plan.replace(compile_mode="reduce-overhead", reasons={"compile": reason})

@@ -82,9 +82,11 @@ class Plan:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def sdpa_backends(self) -> AbstractContextManager:
-        """The attention kernels SDPA may use: the chosen one first, safe fallbacks after (auto), or
-        exactly the one the config forced."""
-        if self.attention == "auto" or self.device.type != "cuda":
+        """The attention kernels SDPA may use: SDPA's own dispatch (auto), or exactly the one the config
+        forced (on a CPU only math can be forced: SDPA's CPU flash kernel is the other one). Training holds it
+        around the backward too: activation checkpointing recomputes the forward there, and a different
+        kernel would not save the same tensors (torch.utils.checkpoint's CheckpointError)."""
+        if self.attention == "auto":
             return nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
 

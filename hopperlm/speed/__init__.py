@@ -19,6 +19,8 @@ from hopperlm.speed.checkpointing import apply_activation_checkpointing
 from hopperlm.speed.compile import apply_compile
 from hopperlm.speed.float8 import Float8NativeLinear, apply_fp8
 
+PROBE_ROWS = 64  # rows of the probe's input: a multiple of 16, as the float8 matmuls need
+
 
 def apply_speedups(model: torch.nn.Module, plan, log: Callable[[str], None]) -> str:
     """Apply the plan's speed-ups to `model` in place; returns the float8 backend in effect. A backend that
@@ -30,13 +32,17 @@ def apply_speedups(model: torch.nn.Module, plan, log: Callable[[str], None]) -> 
             n = apply_fp8(model, fp8, fsdp_float8_all_gather=plan.fp8_all_gather)
             if n == 0:
                 raise RuntimeError("no linear layer is large enough, with dims divisible by 16, to gain")
-            _probe(model, plan)
-            log(f"fp8: {n} linear layers in float8 ({fp8}); the LM head and small layers stay bf16")
+            unverified = _probe(model, plan)
         except Exception as e:  # ImportError, a CUDA capability error, a shape error: all mean bf16
             _undo_fp8(model)
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            log(f"fp8: off ({fp8} failed at start-up: {reason}); training continues in bf16")
+            log(f"fp8: off ({fp8} failed at start-up: {_first_line(e)}); training continues in bf16")
             fp8 = "off"
+        else:
+            done = f"fp8: {n} linear layers in float8 ({fp8})"
+            if unverified is None:
+                log(f"{done}; the LM head and small layers stay bf16")
+            else:
+                log(f"{done}, unverified: {unverified}; a float8 failure would show at the first step")
     model.fused_loss = plan.fused_loss
     apply_activation_checkpointing(model, plan.activation_checkpointing, plan.ac_every)
     if plan.compile:
@@ -44,17 +50,48 @@ def apply_speedups(model: torch.nn.Module, plan, log: Callable[[str], None]) -> 
     return fp8
 
 
-def _probe(model: torch.nn.Module, plan) -> None:
-    """One eager forward/backward of one sequence, so a float8 failure shows at start-up, not at step 1."""
-    tokens = torch.zeros(1, plan.seq_len, dtype=torch.long, device=plan.device)
+def _probe(model: torch.nn.Module, plan) -> str | None:
+    """One forward/backward of one float8 layer of each distinct shape, on PROBE_ROWS random rows, so a
+    float8 failure shows at start-up, not at step 1. The gradients come back from autograd.grad and are
+    dropped: no parameter's .grad is ever set, so the probe holds one layer's weight gradient at most, whatever
+    the model's size (a forward/backward of the whole model would hold fp32 gradients of every weight before
+    FSDP shards them: an out-of-memory on exactly the models that need FSDP). Returns None when every shape
+    ran, else why the check could not run (an out-of-memory, which shows nothing about float8); any other
+    failure raises."""
+    layers = {}  # (type, weight shape, dtype) -> the first such layer
+    for module in model.modules():
+        if _is_float8(module):
+            w = module.weight
+            layers.setdefault((type(module), tuple(w.shape), w.dtype), module)
     devices = [plan.device] if plan.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), plan.autocast():
-        model(tokens, tokens).backward()
-    model.zero_grad(set_to_none=True)
+    try:
+        with torch.random.fork_rng(devices=devices), plan.autocast():
+            for module in layers.values():
+                w = module.weight
+                x = torch.randn(PROBE_ROWS, w.shape[1], device=w.device, dtype=w.dtype, requires_grad=True)
+                out = module(x)  # (PROBE_ROWS, out_features)
+                inputs = (x, w) if w.requires_grad else (x,)
+                torch.autograd.grad(out.float().sum(), inputs)  # the backward's matmuls, results dropped
+    except torch.OutOfMemoryError as e:
+        # says nothing about float8, and bf16 would need more memory, not less: float8 stays on
+        if plan.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return f"the start-up check ran out of memory ({_first_line(e)})"
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    """The exception's type and the first line of its message: enough to tell a missing kernel from a bug."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def _is_float8(module: torch.nn.Module) -> bool:
+    return isinstance(module, Float8NativeLinear) or type(module).__name__ == "Float8Linear"  # torchao's
 
 
 def _undo_fp8(model: torch.nn.Module) -> None:
     """Turn converted layers back into nn.Linear (they keep the same weight parameter)."""
     for module in model.modules():
-        if isinstance(module, Float8NativeLinear) or type(module).__name__ == "Float8Linear":  # torchao's
+        if _is_float8(module):
             module.__class__ = torch.nn.Linear

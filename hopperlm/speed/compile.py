@@ -5,7 +5,8 @@ Scopes (plan.compile_scope):
          region (torchtitan's way): the blocks share one compiled graph, so compile time does not grow with
          depth, and inductor still fuses RMSNorm, RoPE, SwiGLU and the cross-entropy
   model  the whole forward as one graph: also fuses across block boundaries, compile time grows with depth
-Mode "reduce-overhead" adds CUDA graphs (for static shapes): the loop then marks each step's start.
+Mode "reduce-overhead" adds CUDA graphs (for static shapes, and only with one micro-batch per step: a graph
+owns the gradients it writes, plan/make.py): train_step then marks each step's start.
 """
 
 from __future__ import annotations

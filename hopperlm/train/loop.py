@@ -46,7 +46,8 @@ class TrainResult:
 
 
 class OutOfMemory(HopperError):
-    """Out of memory even at micro-batch 1."""
+    """Out of memory where the micro-batch cannot be halved: at 1 (or odd), with several ranks, or under CUDA
+    graphs."""
 
 
 def train(
@@ -214,11 +215,21 @@ def validate(run: Run) -> dict[str, float]:
 
 def back_off(run: Run) -> None:
     """After an out-of-memory error: free what the failed step held, halve the micro-batch and double the
-    accumulation (the global batch, and so the run's data, stays the same), then the step is redone."""
+    accumulation (the global batch, and so the run's data, stays the same), then the step is redone. Under
+    CUDA graphs the run stops instead: accumulating into gradients a graph owns is unsafe (plan/make.py)."""
     s, rt = run.state, run.rt
     run.parts.optimizer.zero_grad(set_to_none=True)
     if run.plan.device.type == "cuda":
         torch.cuda.empty_cache()
+    if run.parts.mark_step is not None:  # the step runs CUDA graphs (compile mode reduce-overhead)
+        fresh = (
+            f", or start afresh with --train.micro_batch {s.micro_batch // 2}" if s.micro_batch > 1 else ""
+        )
+        raise OutOfMemory(
+            f"out of memory at step {s.step + 1} with micro-batch {s.micro_batch} under CUDA graphs: halving "
+            "it would double accumulation into gradients a CUDA graph owns (pytorch/pytorch#169545); resume "
+            f"with --train.compile_mode default (an out-of-memory error then halves the micro-batch){fresh}"
+        ) from None
     if s.micro_batch == 1 or s.micro_batch % 2 or rt.world_size > 1:
         # (several ranks must change the micro-batch together: not attempted, the run stops)
         raise OutOfMemory(

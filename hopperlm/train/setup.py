@@ -140,7 +140,8 @@ def plan_run(
 ) -> Plan:
     """The plan of `train` and `diagnose`. On a GPU with train.micro_batch unset (and `measure`), the micro-batch
     is measured with real training steps of the run's own model (LoRA/QLoRA included) and cached in
-    `cache_dir`; under torchrun every rank measures and the smallest answer holds (`rt`)."""
+    `cache_dir`; under torchrun every rank measures on its own, without DDP, and the smallest answer holds
+    (`rt`)."""
     finder = None
     if measure and hw.device_type == "cuda" and cfg.train.micro_batch is None:
 

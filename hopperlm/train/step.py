@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from hopperlm.config import OptimConfig
 from hopperlm.data.loader import Batch
+from hopperlm.errors import ConfigError
 from hopperlm.parallel.parallelize import Parallel, parallelize
 from hopperlm.parallel.runtime import Runtime, current
 from hopperlm.plan import Plan
@@ -50,7 +51,7 @@ class StepParts:
     params: list[nn.Parameter]  # what is clipped: the trainable parameters
     clip: float  # max gradient norm (inf: measured, not clipped)
     skip_on_device: bool  # skip_on_device(optimizer, device)
-    plan: Plan  # autocast and the SDPA kernels around each forward
+    plan: Plan  # autocast around each forward, the SDPA kernels around each forward and backward
     mark_step: Callable[[], None] | None = None  # CUDA graphs: outputs of the previous step may be reused
 
     @property
@@ -94,7 +95,11 @@ def make_step_parts(
         clip=grad_clip if grad_clip > 0 else float("inf"),
         skip_on_device=skip_on_device(optimizer, plan.device),
         plan=plan,
-        mark_step=torch.compiler.cudagraph_mark_step_begin if uses_cuda_graphs(plan.compile_mode) else None,
+        mark_step=(
+            torch.compiler.cudagraph_mark_step_begin
+            if plan.compile and uses_cuda_graphs(plan.compile_mode)
+            else None
+        ),
     )
 
 
@@ -149,6 +154,13 @@ def train_step(
     StepDropped returned (the weights and optimizer state are those of the last complete step)."""
     optimizer, scaler, parallel = parts.optimizer, parts.scaler, parts.parallel
     device = parts.device
+    if parts.mark_step is not None and grad_accum > 1:
+        # a second micro-batch would accumulate into .grad tensors the first one's CUDA graph owns and
+        # overwrites on replay (pytorch/pytorch#169545, #96693): an error, never silently wrong gradients
+        raise ConfigError(
+            f"CUDA graphs (compile mode reduce-overhead) with {grad_accum} accumulation steps are unsafe "
+            "(pytorch/pytorch#169545); use --train.compile_mode default or a micro-batch that needs none"
+        )
     set_lr(optimizer, lr)
     step_loss = torch.zeros((), device=device)
     for micro in range(grad_accum):
@@ -158,8 +170,10 @@ def train_step(
         batch = next_batch(micro).to(device)  # non-blocking from pinned memory when planned
         if parts.mark_step is not None:  # CUDA graphs: the previous step's outputs may be overwritten now
             parts.mark_step()
-        with parallel.grad_sync(last=micro == grad_accum - 1):  # DDP: all-reduce on the last only
-            with parts.plan.autocast(), parts.plan.sdpa_backends():
+        # DDP: all-reduce on the last only. A forced attention kernel holds through the backward as well:
+        # activation checkpointing recomputes the forward there, and another kernel would save other tensors
+        with parallel.grad_sync(last=micro == grad_accum - 1), parts.plan.sdpa_backends():
+            with parts.plan.autocast():
                 loss = parallel.module(batch.x, batch.y, **batch.model_kwargs) * loss_weight(
                     batch, grad_accum, parallel.world_size
                 )
