@@ -1,11 +1,13 @@
 """`hopperlm eval`: held-out loss/perplexity/bits per byte over every token, GSM8K answer extraction and CLI."""
 
+import dataclasses
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from hopperlm.checkpoint.inference import load_for_inference
@@ -66,3 +68,79 @@ def test_eval_cli_reports_heldout_and_gsm8k(tinyllama_hf, data_dir, tmp_path):
         cwd=REPO,
     )
     assert nothing.returncode == 2 and "nothing to evaluate" in nothing.stderr
+
+
+def _recording_shapes(model) -> list[tuple[int, ...]]:
+    """The token shape of every forward call of `model` (what torch.compile would specialise on)."""
+    shapes = []
+    model.register_forward_pre_hook(lambda m, args: shapes.append(tuple(args[0].shape)))
+    return shapes
+
+
+def test_training_evaluation_runs_one_batch_shape_and_keeps_the_loss(shakespeare_bytes):
+    """7 windows in batches of 3: the last batch is padded to 3 rows that add nothing to the loss, so a compiled
+    model never recompiles for it, and the loss is that of one window at a time."""
+    from hopperlm.config import config_from_dict
+    from hopperlm.config.presets import get_preset
+    from hopperlm.data.loader import TokenShards, eval_windows
+    from hopperlm.hardware import detect
+    from hopperlm.model.transformer import build_model
+    from hopperlm.plan import make_plan
+    from hopperlm.train.evaluate import evaluate
+
+    cfg = dataclasses.replace(get_preset("debug"), vocab_size=256)
+    plan = make_plan(
+        config_from_dict({"model": {"preset": "debug"}, "train": {"max_steps": 1, "seq_len": 64}}),
+        cfg,
+        detect(),
+    )
+    shards = TokenShards(shakespeare_bytes, "val")
+    starts = eval_windows(shards, 64, 7)
+    model = build_model(cfg, seed=0)
+    shapes = _recording_shapes(model)
+    one_at_a_time = evaluate(model, shards, starts, plan, micro_batch=1)
+    assert set(shapes) == {(1, 64)}
+    shapes.clear()
+    batched = evaluate(model, shards, starts, plan, micro_batch=3)
+    assert shapes == [(3, 64)] * 3  # not [(3, 64), (3, 64), (1, 64)]
+    assert batched == pytest.approx(one_at_a_time, rel=1e-6)
+    shapes.clear()
+    assert evaluate(model, shards, starts, plan, micro_batch=3, packing=True) == pytest.approx(
+        one_at_a_time, rel=1e-6
+    )  # one document per window here: packing changes nothing but the path
+    assert shapes == [(3, 64)] * 3
+
+
+def test_heldout_runs_one_batch_shape_and_keeps_the_loss(data_dir, shakespeare_bytes, tmp_path):
+    """`hopperlm eval` pads the last batch and the last, shorter window with ignored targets, so every forward
+    has one shape, and the loss is that of each window alone."""
+    from hopperlm.config import ModelConfig
+    from hopperlm.data.tokenizer import ByteTokenizer
+    from hopperlm.model.transformer import build_model
+
+    cfg = ModelConfig(dim=32, n_layers=1, n_heads=2, ffn_dim=64, vocab_size=320, max_seq_len=64)
+    model = build_model(cfg, seed=0).eval()
+    shapes = _recording_shapes(model)
+    sample = tmp_path / "sample.txt"
+    sample.write_text((data_dir / "hornmt" / "eng.txt").read_text(encoding="utf-8")[:300], encoding="utf-8")
+    ids, _ = token_stream(sample, ByteTokenizer(), None)
+    r = heldout_loss(model, ByteTokenizer(), sample, seq_len=32, batch=4)
+    assert r.windows == 10 and (len(ids) - 1) % 32  # 10 windows in batches of 4, the last one shorter
+    assert shapes == [(4, 32)] * 3  # not [(4, 32), (4, 32), (1, 32), (1, <32)]
+    with torch.no_grad():  # each window alone, at its own length
+        nats = sum(
+            torch.nn.functional.cross_entropy(
+                model(torch.from_numpy(ids[None, s : min(s + 32, len(ids) - 1)]))[0],
+                torch.from_numpy(ids[s + 1 : s + 33]),
+                reduction="sum",
+            ).item()
+            for s in range(0, len(ids) - 1, 32)
+        )
+    assert r.nats_per_token == pytest.approx(nats / (len(ids) - 1), rel=1e-5)
+
+    shapes.clear()
+    batched = heldout_loss(model, ByteTokenizer(), shakespeare_bytes, seq_len=32, batch=4, windows=6)
+    assert shapes == [(4, 32)] * 2
+    alone = heldout_loss(model, ByteTokenizer(), shakespeare_bytes, seq_len=32, batch=1, windows=6)
+    assert batched.nats_per_token == pytest.approx(alone.nats_per_token, rel=1e-5)
+    assert (batched.tokens, batched.bytes, batched.windows) == (alone.tokens, alone.bytes, alone.windows)

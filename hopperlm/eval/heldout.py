@@ -206,16 +206,18 @@ def heldout_loss(
     device = model.embed.weight.device
     ids, nbytes = token_stream(path, tokenizer, max_tokens)
     starts = list(range(0, len(ids) - 1, seq_len))
+    # every forward has one shape (B, T), so a compiled model compiles once: the last batch is padded with
+    # rows and the last, shorter window with positions whose targets are ignored (causal attention keeps the
+    # padding out of the real positions; token 0 is as good a filler as any)
+    T, B = min(seq_len, len(ids) - 1), min(batch, len(starts))
     total = torch.zeros((), dtype=torch.float64, device=device)
-    for i in range(0, len(starts), batch):
-        group = starts[i : i + batch]
-        lengths = [min(seq_len, len(ids) - 1 - s) for s in group]
-        # full windows batch together; the last, shorter one goes alone
-        for length in sorted(set(lengths)):
-            rows = [s for s, n in zip(group, lengths, strict=True) if n == length]
-            x = torch.from_numpy(np.stack([ids[s : s + length] for s in rows])).to(device)
-            y = torch.from_numpy(np.stack([ids[s + 1 : s + length + 1] for s in rows])).to(device)
-            total += _nats(model, x, y, {}, autocast)
+    for i in range(0, len(starts), B):
+        x = np.zeros((B, T), dtype=np.int64)
+        y = np.full((B, T), IGNORE_INDEX, dtype=np.int64)
+        for row, s in enumerate(starts[i : i + B]):
+            n = min(T, len(ids) - 1 - s)
+            x[row, :n], y[row, :n] = ids[s : s + n], ids[s + 1 : s + n + 1]
+        total += _nats(model, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), {}, autocast)
     count = len(ids) - 1
     return HeldOut(str(path), count, total.item() / count, nbytes, seq_len, seq_len, len(starts))
 
@@ -242,9 +244,12 @@ def _prepared_loss(
     device = model.embed.weight.device
     total = torch.zeros((), dtype=torch.float64, device=device)
     nbytes = 0
-    for i in range(0, len(starts), batch):
-        b = read_batch(shards, starts[i : i + batch], seq_len, packing)
-        nbytes += scored_bytes(tokenizer, torch.cat([b.x[:, :1], b.y], dim=1).numpy())
+    B = max(1, min(batch, len(starts)))  # no more rows than windows
+    for i in range(0, len(starts), B):
+        rows = starts[i : i + B]
+        b = read_batch(shards, rows + [rows[0]] * (B - len(rows)), seq_len, packing)  # one shape: B rows
+        b.y[len(rows) :] = IGNORE_INDEX  # the padding rows add nothing
+        nbytes += scored_bytes(tokenizer, torch.cat([b.x[:, :1], b.y], dim=1)[: len(rows)].numpy())
         b = b.to(device)
         total += _nats(model, b.x, b.y, b.model_kwargs, autocast)
     count = len(starts) * seq_len

@@ -4,8 +4,9 @@ A packed row holds the end of one document, whole documents, and the start of an
 the documents of each row. Token i may attend to token j only when j <= i and both lie in the same document:
 a block-diagonal causal mask. Two ways to run it, chosen once per forward by `document_mask`:
 
-- CUDA with FlexAttention (torch.nn.attention.flex_attention): a `BlockMask` built from a document mask_mod;
-  blocks entirely outside every document are skipped, so packing costs no extra FLOPs.
+- CUDA with FlexAttention (torch.nn.attention.flex_attention): a `BlockMask` built from a document mask_mod
+  by a compiled create_block_mask; blocks entirely outside every document are skipped, so packing costs no
+  extra FLOPs.
 - everywhere else (CPU, no FlexAttention, attention dropout): an explicit boolean (B, 1, T, T) mask through
   `scaled_dot_product_attention`; exact, but it materialises T x T per row, so it is the fallback.
 
@@ -75,14 +76,35 @@ def dense_document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
 def document_mask(doc_ids: torch.Tensor, dropout: float = 0.0) -> DocumentMask:
     """Build the mask once per forward pass; every layer reuses it."""
     if flex_unavailable_reason(doc_ids.device) is None and dropout == 0.0:
-        from torch.nn.attention.flex_attention import create_block_mask
-
+        # a new closure each forward: compiled creation reuses its graph (see _create_block_mask)
         def same_document(b, h, q_idx, kv_idx):
             return (q_idx >= kv_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
 
         B, T = doc_ids.shape
-        return DocumentMask(block_mask=create_block_mask(same_document, B, None, T, T, device=doc_ids.device))
+        return DocumentMask(
+            block_mask=_create_block_mask()(same_document, B, None, T, T, device=doc_ids.device)
+        )
     return DocumentMask(dense=dense_document_mask(doc_ids))
+
+
+def _create_block_mask():
+    """create_block_mask, compiled unless a compiled model is tracing it already (then it fuses into that
+    graph). Eager, it materialises the (B, T, T) boolean mask through many small kernels every micro-batch;
+    compiled, a few fused kernels reduce it to blocks without materialising it. Each forward's new
+    `same_document` closure reuses the compiled graph: dynamo guards on its code and on the shape of the
+    doc_ids it closes over, not on the closure's identity."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask if torch.compiler.is_compiling() else _compiled_create_block_mask()
+
+
+@lru_cache(maxsize=1)
+def _compiled_create_block_mask():
+    """torch.compile(create_block_mask), as torchtitan and attention-gym build per-batch masks; torch 2.13
+    deprecates create_block_mask(..., _compile=True) in favour of exactly this."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask)
 
 
 @lru_cache(maxsize=1)

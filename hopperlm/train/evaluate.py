@@ -23,8 +23,9 @@ def evaluate(
 ) -> float:
     """Mean loss per learned token over fixed validation windows (the same windows every time, in every run).
     With several ranks each evaluates every world_size-th window and the sums are added up; every rank runs
-    the same number of forwards (FSDP gathers weights in lockstep), a rank short of windows repeats one at
-    weight 0."""
+    the same number of forwards (FSDP gathers weights in lockstep). Every forward sees exactly B rows, so a
+    compiled model never recompiles (nor autotunes again) for a short last batch: the rows a batch lacks (the
+    last one, a rank short of windows) repeat a window with every target ignored, adding nothing."""
     was_training = model.training
     model.eval()
     T, B = plan.seq_len, micro_batch or plan.micro_batch
@@ -32,17 +33,17 @@ def evaluate(
     mine = starts[rank::world]
     total = torch.zeros(2, device=plan.device)  # loss summed over the learned tokens, their count
     for i in range(0, -(-len(starts) // world), B):
-        chunk = mine[i : i + B]
-        rows = chunk or starts[:1]
-        if hasattr(data, "read_rows"):  # instruction data (data/sft.py): rows of whole examples
-            batch = data.read_rows(rows).to(plan.device)
-        else:
-            batch = read_batch(data, rows, T, packing).to(plan.device)
+        chunk = list(mine[i : i + B])
+        rows = chunk + [(chunk or starts)[0]] * (B - len(chunk))
+        # instruction data (data/sft.py) reads rows of whole examples, token data windows
+        batch = data.read_rows(rows) if hasattr(data, "read_rows") else read_batch(data, rows, T, packing)
+        batch.y[len(chunk) :] = IGNORE_INDEX  # padding rows: no loss, and the model's mean is over the rest
+        batch = batch.to(plan.device)
         with plan.autocast(), plan.sdpa_backends():
             loss = model(batch.x, batch.y, **batch.model_kwargs)
         # weighted by its learned tokens (instruction rows differ), so the mean does not depend on how the
-        # windows are batched or split over ranks
-        learned = (batch.y != IGNORE_INDEX).sum() if chunk else torch.zeros((), device=plan.device)
+        # windows are batched or split over ranks; an all-padding batch's mean is 0/0, hence the where
+        learned = (batch.y != IGNORE_INDEX).sum()
         total += torch.stack([torch.where(learned > 0, loss.float() * learned, 0.0), learned.float()])
     model.train(was_training)
     if world > 1:
