@@ -7,4 +7,4 @@ bash scripts/setup.sh --dev
 export HOPPERLM_DATA_DIR=${HOPPERLM_DATA_DIR:-$(cd .. && pwd)/shared/data}
 "$PY" -m ruff check hopperlm tests bench
 "$PY" -m ruff format --check hopperlm tests bench
-"$PY" -m pytest -q "$@"
+"$PY" -m pytest -q --durations=15 "$@"  # the slowest tests, so CI time stays watched
