@@ -169,7 +169,14 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 
 def cases_for(
-    model_cfg: ModelConfig, hw: Hardware, micro: int, seq: int, hf: bool, log, variants: list[str] = ()
+    model_cfg: ModelConfig,
+    hw: Hardware,
+    micro: int,
+    seq: int,
+    hf: bool,
+    log,
+    variants: list[str] = (),
+    hf_compile: bool = True,
 ) -> list[Case]:
     cuda = hw.device.type == "cuda"
     cases = [
@@ -186,7 +193,7 @@ def cases_for(
         cases.append(hopperlm_case(f"hopperlm fp8 ({backend})", model_cfg, hw, micro, seq, log, fp8=backend))
     if hf:
         cases.append(hf_case("hf", model_cfg, hw, micro, compiled=False))
-        if cuda:  # inductor on a CPU spends minutes compiling a baseline nobody runs there
+        if cuda and hf_compile:  # inductor on a CPU spends minutes compiling a baseline nobody runs there
             cases.append(hf_case("hf+compile", model_cfg, hw, micro, compiled=True))
     return cases
 
@@ -331,6 +338,7 @@ def run_bench(
     windows: int = 5,
     warmup: int = 3,
     hf: bool = True,
+    hf_compile: bool = True,
     loss_steps: int = 0,
     data_dir=None,
     variants: list[str] = (),
@@ -344,7 +352,7 @@ def run_bench(
             model_cfg = dataclasses.replace(model_cfg, max_seq_len=seq)
         fpt = flops_per_token(model_cfg, seq)
         batches = batch_source(model_cfg.vocab_size, seq, hw.device, data_dir)
-        for case in cases_for(model_cfg, hw, micro, seq, hf, log, variants):
+        for case in cases_for(model_cfg, hw, micro, seq, hf, log, variants, hf_compile):
             row = Row(preset, case.config, case.micro_batch, seq, fpt)
             log(f"{preset}: {case.config} ...")
             on_hopperlm = case.config.startswith("hopperlm")

@@ -107,6 +107,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         windows=args.windows,
         warmup=args.warmup,
         hf=not args.no_hf,
+        hf_compile=not args.no_hf_compile,
         loss_steps=args.loss_steps,
         data_dir=Path(args.data) if args.data else None,
         variants=args.variant or [],
@@ -119,6 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
         record = {
             **provenance("hopperlm " + " ".join(sys.argv[1:])),
             "device": hw.name,
+            "quick": args.quick,  # a smoke run at toy sizes: never a measurement
             "peak_16bit_tflops": hw.peak_16bit / 1e12 if hw.peak_16bit else None,
             "rows": [dataclasses.asdict(r) for r in rows],
             "table": table,
@@ -200,6 +202,11 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--windows", type=int, default=5, help="timed windows; the median counts")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face transformers baselines")
+    p.add_argument(
+        "--no-hf-compile",
+        action="store_true",
+        help="skip only the HF + torch.compile baseline (its compile takes minutes on a 1B model)",
+    )
     p.add_argument("--loss-steps", type=int, default=0, help="train hopperlm rows this many steps on --data")
     p.add_argument("--data", help="prepared data dir for --loss-steps")
     p.add_argument(

@@ -108,14 +108,18 @@ def build_train_model(
     """The model `train` steps, and the embedding warm-up hook when asked for. load=False skips reading
     model.init_from (a resumed full fine-tune, whose checkpoint holds every weight, or the micro-batch finder):
     the base is then randomly initialised, and `data_tokenizer` (the data's, checked against the base's) is
-    not needed. `sharded`: FSDP2 will shard it (QLoRA's 4-bit data is then stored in the compute dtype)."""
+    not needed. `data_tokenizer=None` means there is no data tokenizer to check: random-token benchmarks
+    (bench/gpu/qlora.py) load model.init_from as it is; its vocabulary must then be the model's (new rows need
+    the data's tokenizer). `sharded`: FSDP2 will shard it (QLoRA's 4-bit data is then stored in the compute
+    dtype)."""
     source, tc = cfg.model.init_from, cfg.train
     if not source and not cfg.lora.enabled:
         return build_model(model_cfg, device, seed=tc.seed), None  # pretraining from scratch
     base = None
     if source and load:
         base = base_tokenizer(source)
-        check_tokenizer_fits(source, base, data_tokenizer(), "the training data")
+        if data_tokenizer is not None:
+            check_tokenizer_fits(source, base, data_tokenizer(), "the training data")
     if cfg.lora.enabled:
         if source and hf.model_values(source)["vocab_size"] < model_cfg.vocab_size:
             raise ConfigError(
@@ -144,6 +148,11 @@ def build_train_model(
         base_rows = load_weights(model, source)
         log(f"init_from: {source} ({sum(p.numel() for p in model.parameters()):,} parameters loaded)")
         if base_rows < model_cfg.vocab_size:
+            if data_tokenizer is None:
+                raise ConfigError(
+                    f"model.vocab_size={model_cfg.vocab_size:,} is larger than {source}'s {base_rows:,}: the new "
+                    "rows are initialised from the data's tokenizer, and none was given"
+                )
             resize_for_tokenizer(model, base_rows, data_tokenizer(), base, log)
     warmup = None
     if tc.embed_warmup_steps:
