@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hopperlm.cli.common import add_verb, log, printed_config, resolve_recipe
+from hopperlm.cli.common import add_verb, log, number, printed_config, resolve_recipe
 from hopperlm.cli.models import model_samples
 from hopperlm.errors import ConfigError
 
@@ -156,6 +156,22 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     )
 
 
+def cmd_forecast(args: argparse.Namespace) -> None:
+    """Predict RUN's final validation loss (with an interval) from its records so far, or from the first
+    --using of its budget; compare with --target (default: the run's train.target_loss)."""
+    import json
+
+    from hopperlm.observe.forecast import forecast_run, run_target
+
+    forecast = forecast_run(Path(args.run), using=args.using, siblings=args.siblings)
+    target = args.target if args.target is not None else run_target(Path(args.run))
+    log(forecast.line(target))
+    if args.json:
+        out = {**forecast.to_dict(), "target": target}
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        log(f"wrote {args.json}")
+
+
 def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     recipe = "YAML recipe, or a name from configs/ (e.g. shakespeare-char)"
     p = add_verb(
@@ -228,4 +244,28 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         config="YAML recipe with an sft section, or a name from configs/",
         resume=True,
         print_config=True,
+    )
+
+    p = add_verb(
+        verbs,
+        common,
+        "forecast",
+        cmd_forecast,
+        "predict a run's final validation loss, with an interval, from its losses so far and its LR schedule",
+    )
+    p.add_argument("run", metavar="RUN_DIR", help="run directory (holding metrics.jsonl and config.yaml)")
+    p.add_argument(
+        "--using",
+        type=number(float, low=0.0, high=1.0, low_open=True),
+        metavar="FRACTION",
+        help="forecast from the records of the first FRACTION of the budget only (a backtest); default all",
+    )
+    p.add_argument("--json", metavar="FILE", help="also write the forecast as JSON here")
+    p.add_argument(
+        "--siblings",
+        action="store_true",
+        help="take the annealing prior from the finished runs in RUN_DIR's folder (a sweep) instead of the default",
+    )
+    p.add_argument(
+        "--target", type=number(float), help="val loss to compare with (default train.target_loss)"
     )

@@ -1,0 +1,144 @@
+"""The final-loss forecast (observe/forecast.py): the fit recovers a curve drawn from its own law, the planned
+schedule is the loop's, `hopperlm forecast` works on a real run and fails in one line, the benchmark runs."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hopperlm.config import load_config
+from hopperlm.observe.forecast import (
+    DEFAULT_PRIOR,
+    MEMORY_FRACTION,
+    Forecast,
+    forecast_curve,
+    lr_areas,
+    planned_lrs,
+)
+from hopperlm.train.loop import train
+from hopperlm.train.optim import budget_progress, lr_at
+
+REPO = Path(__file__).resolve().parents[1]
+DEBUG = REPO / "configs" / "debug.yaml"
+
+
+def cosine_lrs(steps: int, warmup: int = 20, peak: float = 3e-3, floor: float = 0.1) -> np.ndarray:
+    p = np.clip((np.arange(steps) - warmup) / (steps - warmup), 0, 1)
+    lrs = peak * (floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * p)))
+    lrs[:warmup] = peak * (np.arange(warmup) + 1) / warmup
+    return lrs
+
+
+def test_a_curve_drawn_from_the_law_is_recovered_with_the_truth_inside_the_interval():
+    steps = 1000
+    lrs = cosine_lrs(steps)
+    s1, s2 = lr_areas(lrs, 1 - 1 / (MEMORY_FRACTION * steps))
+    l0, a, alpha, c = 1.2, 4.0, 0.3, DEFAULT_PRIOR.c_times_steps / steps
+
+    def law(s: int) -> float:
+        return l0 + a * s1[s] ** -alpha - c * s2[s]
+
+    points = [(s, law(s)) for s in range(25, 501, 25)]  # half the budget, evaluated every 25 steps
+    f = forecast_curve(points, lrs, at_step=500)
+    truth = law(steps)
+    assert f is not None and f.final_step == steps and f.at_step == 500
+    assert abs(f.final_val_loss - truth) < 0.005 * truth, (f, truth)
+    assert f.low <= truth <= f.high
+    assert forecast_curve(points[:3], lrs, at_step=75) is None  # too few points to fit three parameters
+
+
+def test_the_line_says_likely_possible_or_unlikely():
+    f = Forecast(final_val_loss=3.05, low=3.02, high=3.09, final_step=12000, at_step=3600, method="prior")
+    assert f.line() == "forecast: 3.050 (3.020-3.090) at step 12000 (the budget's end)"
+    assert f.line(3.1).endswith("target 3.1: likely")
+    assert f.line(3.0781).endswith("target 3.0781: possible")
+    assert f.line(3.0).endswith("target 3: unlikely")
+    assert f.to_dict()["final_val_loss"] == 3.05
+
+
+def config(*overrides: str):
+    return load_config(DEBUG, ["--data.path", "unused", *overrides])
+
+
+def test_planned_lrs_follow_the_loop_for_a_step_budget():
+    cfg = config("--train.max_steps", "300", "--optim.schedule", "wsd", "--optim.warmup_steps", "10")
+    lrs = planned_lrs(cfg, steps_done=50, tokens_per_step=1024, elapsed_s=3.0)
+    assert len(lrs) == 300
+    for i in range(300):
+        progress = budget_progress(i, i * 1024, 0.0, cfg.train, 10)
+        assert lrs[i] == pytest.approx(lr_at(i, progress, cfg.optim))
+
+
+def test_planned_lrs_follow_the_loop_for_an_hours_budget_at_the_measured_step_time():
+    cfg = config("--train.max_steps", "null", "--train.max_hours", "0.01")  # 36 s
+    lrs = planned_lrs(cfg, steps_done=100, tokens_per_step=1024, elapsed_s=12.0)  # 0.12 s/step
+    assert len(lrs) == math.ceil(36 / 0.12)
+    for i in range(len(lrs)):
+        progress = budget_progress(i, i * 1024, i * 0.12, cfg.train, cfg.optim.warmup_steps)
+        assert lrs[i] == pytest.approx(lr_at(i, progress, cfg.optim))
+    # a token budget reached first ends the plan there
+    both = config("--train.max_steps", "1000", "--train.max_tokens", "20480")
+    assert len(planned_lrs(both, steps_done=10, tokens_per_step=1024, elapsed_s=1.0)) == 20
+
+
+@pytest.fixture(scope="module")
+def tiny_run(shakespeare_bytes, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("forecast") / "run"
+    cfg = load_config(
+        DEBUG,
+        [
+            *("--data.path", str(shakespeare_bytes), "--run.out_dir", str(run_dir)),
+            *("--train.max_steps", "60", "--train.eval_every", "5", "--train.eval_windows", "16"),
+            *("--train.ckpt_every", "0", "--optim.warmup_steps", "3", "--train.target_loss", "2.0"),
+        ],
+    )
+    train(cfg, log=lambda line: None)
+    return run_dir
+
+
+def hopperlm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hopperlm", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def test_the_forecast_verb_prints_a_line_and_writes_json(tiny_run, tmp_path):
+    out = tmp_path / "f.json"
+    done = hopperlm("forecast", str(tiny_run), "--using", "0.5", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.splitlines()[0]
+    assert line.startswith("forecast: ") and "at step 60 (the budget's end); target 2:" in line
+    data = json.loads(out.read_text())
+    assert data["low"] <= data["final_val_loss"] <= data["high"] and data["at_step"] == 30
+    assert data["target"] == 2.0
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["forecast", "{tmp}/nothing"], "not found"),
+        (["forecast", "{tmp}"], "metrics.jsonl not found"),
+        (["forecast", "{run}", "--using", "0.1"], "has 1 validation losses by step 5"),
+        (["forecast", "{run}", "--using", "0"], "must be a number in (0, 1]"),
+        (["forecast", "{run}", "--using", "1.5"], "must be a number in (0, 1]"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(tiny_run, tmp_path, args, says):
+    done = hopperlm(*(a.format(tmp=tmp_path, run=tiny_run) for a in args))
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
+
+
+def test_the_benchmark_runs_in_smoke_mode(tmp_path):
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import forecast_accuracy
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    result = forecast_accuracy.main(["--smoke", "--runs", str(tmp_path), "--save", str(tmp_path / "r.json")])
+    for method in result["methods"].values():
+        assert method["summary"]["runs"] == 2
+        assert all(r["low"] <= r["final_val_loss"] <= r["high"] for r in method["rows"])
+    assert json.loads((tmp_path / "r.json").read_text())["using"] == 0.3
