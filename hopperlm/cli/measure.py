@@ -62,6 +62,7 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
             measure=not args.simulate and world.size == 1,
         )
         lines += [f"== plan for {args.config}{vocab_note}", *plan.lines()]
+        lines += budget_lines(cfg, model_cfg, plan, hw)
         report["plan"] = {**dataclasses.asdict(plan), "memory_bytes": plan.memory.total(plan.micro_batch)}
     if not args.simulate and not args.no_selftest:
         from hopperlm.selftest import format_selftest, run_selftest
@@ -74,6 +75,41 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
     else:
         for line in lines:
             log(line)
+
+
+# the MFU hopperlm measured for h100-350m on an H200 (46.0-49.1%, bench/results/2026-11-22-h200): the speed
+# diagnose assumes for a GPU it does not measure
+ASSUMED_GPU_MFU = 0.45
+
+
+def budget_lines(cfg, model_cfg, plan, hw) -> list[str]:
+    """For a wall-clock budget: the tokens it buys at the predicted speed (a GPU: the dense 16-bit peak at the
+    MFU measured for h100-350m; a CPU: the matmul rate measured here, an upper bound) and per parameter, and
+    where the run folder already has evaluations, the forecast of its final validation loss."""
+    from hopperlm.model.transformer import count_params, flops_per_token
+    from hopperlm.train.banner import budget_line, predicted_tokens_per_s
+
+    if not cfg.train.max_hours:
+        return []
+    fpt = flops_per_token(model_cfg, cfg.train.seq_len)
+    if hw.peak_16bit:
+        tok_s = hw.peak_16bit * ASSUMED_GPU_MFU / fpt * plan.world_size
+        speed = f"{ASSUMED_GPU_MFU:.0%} MFU, about what h100-350m measured on an H200"
+    else:
+        tok_s, speed = predicted_tokens_per_s(plan, fpt)[0], "the matmul-bound upper bound measured here"
+    lines = [
+        "== budget",
+        budget_line(cfg.train, params=count_params(model_cfg)["total"], tokens_per_s=tok_s, speed=speed),
+    ]
+    run_dir = Path(cfg.run.out_dir)
+    if (run_dir / "metrics.jsonl").is_file():
+        from hopperlm.observe.forecast import forecast_run
+
+        try:
+            lines.append(forecast_run(run_dir).line(cfg.train.target_loss) + f" ({run_dir} so far)")
+        except ConfigError as e:  # too few evaluations yet: say so, the plan is still right
+            lines.append(f"forecast: none yet ({e})")
+    return lines
 
 
 def cmd_bench(args: argparse.Namespace) -> None:

@@ -1,5 +1,6 @@
 """The one object the training loop talks to: it records the plan, sends each log step's record to every sink,
-adds the GPU monitor's readings, keeps the progress display and the ETA, and writes the report at the end.
+adds the GPU monitor's readings and the loss forecast, keeps the progress display and the ETA, and writes the
+report at the end.
 
     observer = RunObserver(cfg, run_dir, log=log, hw=hw, plan=plan, ..., step=0, tokens=0, elapsed_s=0.0)
     with observer:                      # live display, GPU sampling thread; sinks closed even on errors
@@ -20,10 +21,11 @@ from typing import Any
 
 import yaml
 
-from hopperlm.config import Config, ModelConfig
+from hopperlm.config import Config, ModelConfig, TrainConfig
 from hopperlm.hardware import Hardware
 from hopperlm.model.transformer import count_params
 from hopperlm.observe import cuda_memory
+from hopperlm.observe.forecast_log import Forecaster
 from hopperlm.observe.gpu_monitor import open_gpu_monitor
 from hopperlm.observe.progress import (
     RateMeter,
@@ -76,8 +78,11 @@ class RunObserver:
         step: int,
         tokens: int,
         elapsed_s: float,
+        schedule_budget: TrainConfig | None = None,
     ) -> None:
         self.cfg, self.run_dir, self.log = cfg, Path(run_dir), log
+        # the forecast follows the budget the LR schedule is laid over (a resume may keep the original one)
+        self.forecaster = Forecaster(dataclasses.replace(cfg, train=schedule_budget or cfg.train), log)
         (self.run_dir / "plan.json").write_text(
             json.dumps(plan_record(hw, plan, model_cfg, fpt, predicted), indent=2, default=str) + "\n"
         )
@@ -87,6 +92,7 @@ class RunObserver:
         metrics = self.run_dir / "metrics.jsonl"
         records = read_metrics(metrics) if metrics.is_file() else []
         self.val_points = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
+        self.train_points = [(r["step"], r["loss"]) for r in records if _finite(r.get("loss"))]
         self.best_val = min((v for _, v in self.val_points), default=None)
         self.rates = RateMeter(step, tokens, elapsed_s)
         mode, why = choose_progress(cfg.log.progress)
@@ -122,12 +128,16 @@ class RunObserver:
         """Complete the record (GPU readings), write it everywhere, print the line and refresh the display."""
         if self.gpu is not None:
             record.update(self.gpu.read())
-        for sink in self.sinks:
-            sink.write(record)
+        if _finite(record.get("loss")):
+            self.train_points.append((record["step"], record["loss"]))
         val = record.get("val_loss")
-        if val is not None and math.isfinite(val):
+        forecast = None
+        if _finite(val):
             self.val_points.append((record["step"], val))
             self.best_val = val if self.best_val is None else min(self.best_val, val)
+            forecast = self.forecaster.at(record, self.val_points, self.train_points)  # adds its fields
+        for sink in self.sinks:
+            sink.write(record)
         self.rates.mark(record["step"], record["tokens"], record["elapsed_s"])
         tc = self.cfg.train
         rules = rule_progress(
@@ -135,6 +145,8 @@ class RunObserver:
         )
         ending = ending_rule(rules)
         self.log(format_record(record, tc.max_steps) + " | " + eta_text(ending))
+        if forecast is not None:
+            self.forecaster.report(forecast)
         if self.display is not None:
             last_val = self.val_points[-1][1] if self.val_points else None
             self.display.update(
@@ -147,6 +159,7 @@ class RunObserver:
         for sink in self.sinks:
             sink.restart_at(step)
         self.val_points = [(s, v) for s, v in self.val_points if s <= step]
+        self.train_points = [(s, v) for s, v in self.train_points if s <= step]
         self.best_val = min((v for _, v in self.val_points), default=None)
         self.rates.mark(step, tokens, elapsed_s)
 
@@ -171,6 +184,10 @@ class RunObserver:
 
         md, html = write_report(self.run_dir)
         self.log(f"report: {md} and {html}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 class NullObserver:

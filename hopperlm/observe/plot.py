@@ -1,6 +1,7 @@
 """`hopperlm plot RUN_DIR [RUN_DIR ...]`: PNGs from metrics.jsonl, several runs overlaid for comparison.
 
-  loss.png        train (solid) and validation (dashed, dots) loss against steps, tokens and wall time
+  loss.png        train (solid) and validation (dashed, dots) loss against steps, tokens and wall time; the
+                  latest forecast of the final validation loss with its interval (a square at the budget's end)
   throughput.png  tokens/s and MFU against wall time
   lr.png          the learning-rate schedule
   grad_norm.png   gradient norm before clipping (log scale)
@@ -138,6 +139,8 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
                     lw=1.5,
                     label=f"{prefix}val",
                 )
+            if x == "step":
+                _draw_forecast(ax, run, color[run.label], prefix)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
         if x == "tokens":
@@ -252,6 +255,25 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
             axes[0].legend(fontsize=8)
         save(fig, "gpu.png")
     return written
+
+
+def _draw_forecast(ax, run: Run, color: str, prefix: str) -> None:
+    """The latest forecast of the final validation loss: a square at the step the budget ends, its interval as
+    the error bar (observe/forecast.py)."""
+    last = next((r for r in reversed(run.records) if r.get("forecast") is not None), None)
+    if last is None:
+        return
+    f, low, high = last["forecast"], last["forecast_low"], last["forecast_high"]
+    ax.errorbar(
+        [last["forecast_step"]],
+        [f],
+        yerr=[[f - low], [high - f]],
+        fmt="s",
+        color=color,
+        ms=5,
+        capsize=4,
+        label=f"{prefix}forecast made at step {last['step']}",
+    )
 
 
 def _eng(axis) -> None:

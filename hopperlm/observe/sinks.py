@@ -23,6 +23,9 @@ from hopperlm.train.metrics import FIELDS, MetricsFile, read_metrics
 TAGS = {
     "loss": "loss/train",
     "val_loss": "loss/val",
+    "forecast": "loss/forecast",
+    "forecast_low": "loss/forecast_low",
+    "forecast_high": "loss/forecast_high",
     "lr": "optim/lr",
     "grad_norm": "optim/grad_norm",
     "skipped_steps": "optim/skipped_steps",

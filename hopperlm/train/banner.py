@@ -63,9 +63,30 @@ def print_banner(
         f"{rate / 1e12:.2f} TFLOP/s) | memory {plan.memory.total(plan.micro_batch) / 1e9:.2f} GB estimated"
     )
     log(f"plan: {' or '.join(planned)}" + (f" | target val loss {tc.target_loss}" if tc.target_loss else ""))
+    bought = budget_line(
+        tc, params=counts["total"], tokens_per_s=tok_s * plan.world_size, speed="the matmul-bound upper bound"
+    )
+    if bought:
+        log(bought + "; the first log step measures the real speed")
     warning = long_step_warning(plan, tc, tok_s)
     if warning:
         log(warning)
+
+
+CHINCHILLA_TOKENS_PER_PARAM = 20  # compute-optimal tokens per parameter (Hoffmann et al. 2022)
+
+
+def budget_line(tc, *, params: int, tokens_per_s: float, speed: str) -> str | None:
+    """What a wall-clock budget buys at a speed: tokens, and tokens per parameter beside the compute-optimal
+    ~20. None without train.max_hours or a speed."""
+    if not tc.max_hours or tokens_per_s <= 0:
+        return None
+    tokens = tokens_per_s * tc.max_hours * 3600
+    return (
+        f"budget: {tc.max_hours:g} h at {human_count(tokens_per_s)} tokens/s ({speed}) buys "
+        f"{human_count(tokens)} tokens, {tokens / params:.1f} per parameter "
+        f"(compute-optimal is about {CHINCHILLA_TOKENS_PER_PARAM})"
+    )
 
 
 LONG_STEP_CPU_S = (
@@ -99,9 +120,12 @@ def long_step_warning(plan: Plan, tc, tokens_per_s_bound: float) -> str | None:
     )
 
 
-def print_preflight_check(log, record: dict, plan: Plan, *, micro_batch: int, predicted: float) -> None:
+def print_preflight_check(
+    log, record: dict, plan: Plan, *, micro_batch: int, predicted: float, tc=None, params: int = 0
+) -> None:
     """After the first log step: the measured numbers beside the preflight estimate (at the micro-batch the
-    run uses now: the plan's, or less after an out-of-memory error)."""
+    run uses now: the plan's, or less after an out-of-memory error), and what a wall-clock budget buys at the
+    measured speed (`tc`, `params`)."""
     per_rank = record.get("tokens_per_s_per_rank", record["tokens_per_s"])  # the prediction is per device
     speed = f"speed {human_count(per_rank)} tokens/s{' per rank' if 'world_size' in record else ''} = "
     speed += f"{per_rank / predicted:.0%} "
@@ -115,3 +139,8 @@ def print_preflight_check(log, record: dict, plan: Plan, *, micro_batch: int, pr
         memory = f"memory {record['peak_mem_gb']:.2f} GB process peak (the Python runtime included)"
         memory += f" vs {plan.memory.total(micro_batch) / 1e9:.2f} GB estimated for the model"
     log(f"preflight check: {speed} | {memory}")
+    bought = tc is not None and budget_line(
+        tc, params=params, tokens_per_s=record["tokens_per_s"], speed="measured at the first log step"
+    )
+    if bought:
+        log(bought)

@@ -23,6 +23,7 @@ from hopperlm.checkpoint.single import CheckpointSaveError
 from hopperlm.config import Config
 from hopperlm.data.train_data import combined_val_loss
 from hopperlm.errors import HopperError
+from hopperlm.model.transformer import count_params
 from hopperlm.parallel.runtime import session
 from hopperlm.train.banner import print_preflight_check
 from hopperlm.train.evaluate import evaluate
@@ -185,7 +186,13 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
     run.observer.log_step(record)  # GPU readings added, every sink written, the line printed (rank 0)
     if not run.preflight_checked:  # the first log step: measured beside predicted
         print_preflight_check(
-            run.log, record, run.plan, micro_batch=s.micro_batch, predicted=run.predicted[0]
+            run.log,
+            record,
+            run.plan,
+            micro_batch=s.micro_batch,
+            predicted=run.predicted[0],
+            tc=run.cfg.train,
+            params=count_params(run.model_cfg)["total"],
         )
         run.preflight_checked = True
     if (tc.ckpt_every and s.step % tc.ckpt_every == 0) or stopped_by:

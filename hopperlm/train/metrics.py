@@ -15,6 +15,9 @@ metrics.jsonl schema (one JSON object per line; a key is absent when it was not 
   gpu_mem_gb    most device memory in use since the last log (all processes, the allocator's cache included)
   world_size    data-parallel ranks (present with more than one; tokens_per_s and mfu are then the run's: all
                 ranks' tokens, MFU against all ranks' peak)      tokens_per_s_per_rank  tokens_per_s / world_size
+  forecast      evaluation steps, once enough evaluations exist: the predicted validation loss at the end of the
+                budget (observe/forecast.py)      forecast_low, forecast_high  its interval
+                forecast_step  the step the budget is predicted to end at
   loss is the mean over the finite steps of the interval (NaN only if every one of them was bad)
 The same fields go to TensorBoard and W&B under the tags in hopperlm/observe/sinks.py and to metrics.csv.
 """
@@ -47,6 +50,10 @@ FIELDS = (
     "gpu_power_w",
     "gpu_temp_c",
     "gpu_mem_gb",
+    "forecast",
+    "forecast_low",
+    "forecast_high",
+    "forecast_step",
 )
 
 

@@ -152,8 +152,9 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         fpt=fpt,
         predicted=predicted,
     )
+    budget = schedule_budget(cfg, saved, state, elapsed_before, log)
     observer = open_observer(
-        cfg, rt, hw, plan, model_cfg, fpt, predicted, (state.step, state.tokens, elapsed_before)
+        cfg, rt, hw, plan, model_cfg, fpt, predicted, (state.step, state.tokens, elapsed_before), budget
     )
     batches = data.batches(
         micro_batch=plan.micro_batch,
@@ -181,7 +182,7 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         embed_warmup=embed_warmup,
         state=state,
         elapsed=rt.start_clock(elapsed_before),  # several ranks: rank 0's clock, agreed on log steps
-        schedule_budget=schedule_budget(cfg, saved, state, elapsed_before, log),
+        schedule_budget=budget,
         flops_per_token=fpt,
         predicted=predicted,
     )
@@ -220,9 +221,11 @@ def open_observer(
     fpt: int,
     predicted: tuple[float, float],
     start: tuple[int, int, float],
+    budget: TrainConfig,
 ) -> RunObserver | NullObserver:
     """metrics.jsonl (truncated to the checkpoint's step), TensorBoard, W&B, CSV, progress, GPU monitor,
-    plan.json: rank 0 observes, the other ranks' observer does nothing. `start`: (step, tokens, elapsed)."""
+    plan.json, the loss forecast: rank 0 observes, the other ranks' observer does nothing. `start`: (step,
+    tokens, elapsed); `budget`: what the LR schedule is laid over (schedule_budget), which the forecast follows."""
     if not rt.is_main:
         return NullObserver()
     step, tokens, elapsed_s = start
@@ -238,6 +241,7 @@ def open_observer(
         step=step,
         tokens=tokens,
         elapsed_s=elapsed_s,
+        schedule_budget=budget,
     )
 
 

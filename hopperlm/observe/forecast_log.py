@@ -1,0 +1,108 @@
+"""The loss forecast during training: at every evaluation, where the run will land at the end of its budget
+(observe/forecast.py fits the curve), added to the metrics record, printed as one line, and a warning with
+the budget that would reach train.target_loss when the target looks out of reach.
+
+    forecast: 3.05 (3.02-3.09) at step 12000 (the budget's end); target 3.0781: likely
+    warning: target 3.0781 looks out of reach (forecast 3.21, at best 3.17); about 2x this budget would reach
+    it by the forecast (train.max_hours 3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from hopperlm.config import Config
+from hopperlm.observe.forecast import Forecast, forecast_curve, planned_lrs
+
+# budgets tried, as multiples of the run's, when the target looks out of reach
+BUDGET_SCALES = (1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+BUDGET_KEYS = ("max_steps", "max_tokens", "max_hours")
+
+
+class Forecaster:
+    """Forecasts for one run. `cfg.train` holds the budget the LR schedule is laid over."""
+
+    def __init__(self, cfg: Config, log: Callable[[str], None]) -> None:
+        self.cfg, self.log = cfg, log
+        self.off = False  # a forecast failed once: said in one line, then no more (training goes on)
+        self.needed: str | None = None  # the last budget advice printed, so it is not repeated every eval
+        # what the latest evaluation saw: (val points, train points, step), tokens per step, seconds so far
+        self.points: tuple[list, list, int] = ([], [], 0)
+        self.tokens_per_step, self.elapsed_s = 0, 0.0
+
+    def at(
+        self,
+        record: dict[str, Any],
+        val_points: list[tuple[int, float]],
+        train_points: list[tuple[int, float]],
+    ) -> Forecast | None:
+        """The forecast after this evaluation (None: too few evaluations yet), its fields added to `record`."""
+        if self.off:
+            return None
+        step = record["step"]
+        self.tokens_per_step = record["tokens"] // max(step, 1)
+        self.elapsed_s = record["elapsed_s"]
+        self.points = (list(val_points), list(train_points), step)
+        try:
+            forecast = self._fit(self.cfg)
+        except Exception as e:  # a fit that breaks must never end a training run: one line, then off
+            self.off = True
+            self.log(f"forecast: off from step {step} ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+            return None
+        if forecast is not None:
+            record.update(
+                forecast=forecast.final_val_loss,
+                forecast_low=forecast.low,
+                forecast_high=forecast.high,
+                forecast_step=forecast.final_step,
+            )
+        return forecast
+
+    def report(self, forecast: Forecast) -> None:
+        """The forecast line, and when the target is out of reach, the budget that would reach it."""
+        target = self.cfg.train.target_loss
+        self.log(forecast.line(target))
+        if target is None or forecast.low <= target:
+            self.needed = None
+            return
+        advice = self._budget_needed(target)
+        if advice != self.needed:
+            self.needed = advice
+            self.log(
+                f"warning: target {target:g} looks out of reach (forecast {forecast.final_val_loss:.4f}, at best "
+                f"{forecast.low:.4f}); {advice}"
+            )
+
+    def _fit(self, cfg: Config, past_lrs: list[float] | None = None) -> Forecast | None:
+        val_points, train_points, step = self.points
+        lrs = list(
+            planned_lrs(cfg, steps_done=step, tokens_per_step=self.tokens_per_step, elapsed_s=self.elapsed_s)
+        )
+        if past_lrs is not None:  # the LRs already used stay what they were; the new budget shapes the rest
+            lrs = past_lrs[:step] + lrs[step:]
+        return forecast_curve(val_points, lrs, at_step=step, train_points=train_points)
+
+    def _budget_needed(self, target: float) -> str:
+        """The smallest multiple of the budget (BUDGET_SCALES) whose schedule the forecast puts at the target."""
+        _, _, step = self.points
+        tc = self.cfg.train
+        past = list(
+            planned_lrs(
+                self.cfg, steps_done=step, tokens_per_step=self.tokens_per_step, elapsed_s=self.elapsed_s
+            )
+        )
+        for scale in BUDGET_SCALES:
+            changes = {k: _scaled(getattr(tc, k), scale) for k in BUDGET_KEYS if getattr(tc, k) is not None}
+            longer = dataclasses.replace(self.cfg, train=dataclasses.replace(tc, **changes))
+            forecast = self._fit(longer, past)
+            if forecast is not None and forecast.final_val_loss <= target:
+                setting = ", ".join(f"train.{k} {v:g}" for k, v in changes.items())
+                return f"about {scale:g}x this budget would reach it by the forecast ({setting})"
+        return f"not even {BUDGET_SCALES[-1]:g}x this budget reaches it by the forecast: a larger model or more data"
+
+
+def _scaled(value: float, scale: float) -> float:
+    """A budget times `scale`: hours stay a float (printed with :g), steps and tokens whole."""
+    return value * scale if isinstance(value, float) else int(round(value * scale))

@@ -1,0 +1,76 @@
+"""The forecast where a user sees it: evaluation lines, metrics.jsonl, the loss plot, the out-of-reach warning,
+and what a wall-clock budget buys in the banner and in `hopperlm diagnose` (observe/forecast.py fits it)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from hopperlm.config import load_config
+from hopperlm.observe.plot import plot_runs
+from hopperlm.train.loop import train
+from hopperlm.train.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+DEBUG = REPO / "configs" / "debug.yaml"
+
+
+def test_evaluations_carry_a_forecast_and_an_unreachable_target_is_warned(shakespeare_bytes, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = load_config(
+        DEBUG,
+        [
+            *("--data.path", str(shakespeare_bytes), "--run.out_dir", str(run_dir)),
+            *("--train.max_steps", "100", "--train.eval_every", "10", "--train.eval_windows", "16"),
+            *("--train.target_loss", "0.2", "--train.ckpt_every", "0", "--log.report", "false"),
+        ],
+    )
+    lines = []
+    train(cfg, log=lines.append)
+    records = read_metrics(run_dir / "metrics.jsonl")
+    forecasts = [r for r in records if "forecast" in r]
+    assert forecasts, "no evaluation carried a forecast"
+    assert all("val_loss" in r for r in forecasts)  # made at evaluations only
+    for r in forecasts:
+        assert r["forecast_low"] <= r["forecast"] <= r["forecast_high"] and r["forecast_step"] == 100
+    # the last forecast is near where the run landed (a 100-step CPU run: loose; the benchmark measures it)
+    final = records[-1]["val_loss"]
+    assert abs(forecasts[-1]["forecast"] - final) < 0.1 * final
+    said = [line for line in lines if line.startswith("forecast: ")]
+    assert len(said) == len(forecasts) and "target 0.2: unlikely" in said[-1]
+    warnings = [line for line in lines if line.startswith("warning: target 0.2 looks out of reach")]
+    assert warnings and ("this budget would reach it" in warnings[0] or "not even" in warnings[0])
+    assert len(warnings) <= len(forecasts)  # repeated only when the advice changes
+
+    written = plot_runs([run_dir], tmp_path / "plots")  # the loss plot draws the latest forecast
+    assert (tmp_path / "plots" / "loss.png") in written
+
+
+def test_a_wall_clock_budget_says_what_it_buys(shakespeare_bytes, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = load_config(
+        DEBUG,
+        [
+            *("--data.path", str(shakespeare_bytes), "--run.out_dir", str(run_dir)),
+            *("--train.max_steps", "null", "--train.max_hours", "0.002", "--train.eval_every", "0"),
+            *("--train.ckpt_every", "0", "--log.report", "false", "--log.tensorboard", "false"),
+        ],
+    )
+    lines = []
+    train(cfg, log=lines.append)
+    bought = [line for line in lines if line.startswith("budget: 0.002 h at ")]
+    assert len(bought) == 2, lines  # the banner's bound, then the speed the first log step measured
+    assert "the matmul-bound upper bound" in bought[0] and "measured at the first log step" in bought[1]
+    assert all("per parameter" in line for line in bought)
+
+
+def test_diagnose_prints_the_budget_of_a_wall_clock_recipe():
+    out = subprocess.run(
+        [sys.executable, "-m", "hopperlm", "diagnose", "owt-350m-h100", "--simulate", "H100 80GB"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("budget: 1.5 h at "))
+    assert "45% MFU" in line and "per parameter" in line
