@@ -111,9 +111,8 @@ def lr_areas(lrs: Sequence[float], lam: float = LAMBDA) -> tuple[np.ndarray, np.
     drops = np.concatenate([[0.0], np.maximum(0.0, eta[:-1] - eta[1:])])
     m = np.empty_like(eta)
     acc = 0.0
-    for i, d in enumerate(
-        drops
-    ):  # a first-order filter: numpy has none, and this is ~0.1 s per million steps
+    # a first-order filter: numpy has none, and this loop is ~0.1 s per million steps
+    for i, d in enumerate(drops):
         acc = lam * acc + d
         m[i] = acc
     s2 = np.concatenate([[0.0], np.cumsum(m)])
