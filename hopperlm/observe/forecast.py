@@ -317,15 +317,11 @@ def run_target(run_dir: Path) -> float | None:
 
 
 def _budget_fraction(record: dict, tc) -> float:
-    """How much of its budget the run had used at this record (by the budget that ends first)."""
-    fractions = [0.0]
-    if tc.max_steps is not None:
-        fractions.append(record["step"] / tc.max_steps)
-    if tc.max_tokens is not None:
-        fractions.append(record.get("tokens", 0) / tc.max_tokens)
-    if tc.max_hours is not None:
-        fractions.append(record.get("elapsed_s", 0.0) / (tc.max_hours * 3600))
-    return max(fractions)
+    """How much of its budget the run had used at this record (by the budget that ends first), counted from
+    step 0 (the loop's own progress counts a step budget from the end of warm-up)."""
+    from hopperlm.train.optim import budget_progress
+
+    return budget_progress(record["step"], record.get("tokens", 0), record.get("elapsed_s", 0.0), tc)
 
 
 def _schedule(cfg, records: list[dict]) -> np.ndarray:
