@@ -7,6 +7,9 @@ from typing import Literal
 
 from hopperlm.errors import ConfigError
 
+# the train fields that end a run; the LR schedule is laid over them (train/run.py schedule_budget)
+BUDGET_KEYS = ("max_steps", "max_tokens", "max_hours")
+
 
 @dataclass
 class DataConfig:

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from hopperlm.config import Config
+from hopperlm.config.training import BUDGET_KEYS
 from hopperlm.observe.forecast import Forecast, forecast_curve, planned_lrs
 
 # budgets tried, as multiples of the run's, when the target looks out of reach
 BUDGET_SCALES = (1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
-BUDGET_KEYS = ("max_steps", "max_tokens", "max_hours")
 
 
 class Forecaster:

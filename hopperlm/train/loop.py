@@ -21,6 +21,7 @@ import torch
 from hopperlm.checkpoint.layout import list_checkpoints
 from hopperlm.checkpoint.single import CheckpointSaveError
 from hopperlm.config import Config
+from hopperlm.config.training import BUDGET_KEYS
 from hopperlm.data.train_data import combined_val_loss
 from hopperlm.errors import HopperError
 from hopperlm.model.transformer import count_params
@@ -31,7 +32,7 @@ from hopperlm.train.guard import GuardStop
 from hopperlm.train.metrics import Interval, human_count, mfu, peak_memory_gb
 from hopperlm.train.optim import budget_progress, lr_at
 from hopperlm.train.preemption import Preemption
-from hopperlm.train.run import BUDGET_KEYS, Resume, Run, setup_run
+from hopperlm.train.run import Resume, Run, setup_run
 from hopperlm.train.step import StepDropped, StepResult, train_step
 
 

@@ -20,6 +20,7 @@ import torch
 
 from hopperlm.checkpoint import layout as ckpt_io
 from hopperlm.config import Config, ModelConfig, TrainConfig, save_config
+from hopperlm.config.training import BUDGET_KEYS
 from hopperlm.data.batches import BatchSource
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import default_prefetch
@@ -243,9 +244,6 @@ def open_observer(
         elapsed_s=elapsed_s,
         schedule_budget=budget,
     )
-
-
-BUDGET_KEYS = ("max_steps", "max_tokens", "max_hours")
 
 
 def schedule_budget(
