@@ -74,3 +74,11 @@ def test_diagnose_prints_the_budget_of_a_wall_clock_recipe():
     assert out.returncode == 0, out.stderr[-2000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("budget: 1.5 h at "))
     assert "45% MFU" in line and "per parameter" in line
+
+
+def test_a_longer_budget_keeps_hours_fractional():
+    """The out-of-reach advice scales the budget: a YAML `max_hours: 2` is an int, and 1.25x of it is 2.5 h."""
+    from hopperlm.observe.forecast_log import _scaled
+
+    assert _scaled("max_hours", 2, 1.25) == 2.5 and _scaled("max_hours", 0.002, 1.25) == 0.0025
+    assert _scaled("max_steps", 1000, 1.25) == 1250 and _scaled("max_tokens", 10**6, 1.5) == 1_500_000

@@ -326,7 +326,7 @@ def _budget_fraction(record: dict, tc) -> float:
 
 def _schedule(cfg, records: list[dict]) -> np.ndarray:
     last = records[-1]
-    tokens_per_step = max(1, round(last.get("tokens", 0) / max(1, last["step"]))) or 1
+    tokens_per_step = max(1, round(last.get("tokens", 0) / max(1, last["step"])))
     return planned_lrs(
         cfg, steps_done=last["step"], tokens_per_step=tokens_per_step, elapsed_s=last.get("elapsed_s", 0.0)
     )

@@ -28,9 +28,11 @@ class Forecaster:
         self.cfg, self.log = cfg, log
         self.off = False  # a forecast failed once: said in one line, then no more (training goes on)
         self.needed: str | None = None  # the last budget advice printed, so it is not repeated every eval
-        # what the latest evaluation saw: (val points, train points, step), tokens per step, seconds so far
-        self.points: tuple[list, list, int] = ([], [], 0)
-        self.tokens_per_step, self.elapsed_s = 0, 0.0
+        # what the latest evaluation saw, and the LRs of its planned schedule (the past ones included)
+        self.val_points: list[tuple[int, float]] = []
+        self.train_points: list[tuple[int, float]] = []
+        self.step, self.tokens_per_step, self.elapsed_s = 0, 0, 0.0
+        self.lrs: list[float] = []
 
     def at(
         self,
@@ -41,15 +43,18 @@ class Forecaster:
         """The forecast after this evaluation (None: too few evaluations yet), its fields added to `record`."""
         if self.off:
             return None
-        step = record["step"]
-        self.tokens_per_step = record["tokens"] // max(step, 1)
+        self.step = record["step"]
+        self.tokens_per_step = record["tokens"] // max(self.step, 1)
         self.elapsed_s = record["elapsed_s"]
-        self.points = (list(val_points), list(train_points), step)
+        self.val_points, self.train_points = list(val_points), list(train_points)
         try:
-            forecast = self._fit(self.cfg)
+            self.lrs = self._planned(self.cfg)
+            forecast = self._fit(self.lrs)
         except Exception as e:  # a fit that breaks must never end a training run: one line, then off
             self.off = True
-            self.log(f"forecast: off from step {step} ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+            self.log(
+                f"forecast: off from step {self.step} ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+            )
             return None
         if forecast is not None:
             record.update(
@@ -75,34 +80,33 @@ class Forecaster:
                 f"{forecast.low:.4f}); {advice}"
             )
 
-    def _fit(self, cfg: Config, past_lrs: list[float] | None = None) -> Forecast | None:
-        val_points, train_points, step = self.points
-        lrs = list(
-            planned_lrs(cfg, steps_done=step, tokens_per_step=self.tokens_per_step, elapsed_s=self.elapsed_s)
+    def _planned(self, cfg: Config) -> list[float]:
+        """The LR of every step to the end of `cfg.train`'s budget, at the speed measured so far."""
+        return list(
+            planned_lrs(
+                cfg, steps_done=self.step, tokens_per_step=self.tokens_per_step, elapsed_s=self.elapsed_s
+            )
         )
-        if past_lrs is not None:  # the LRs already used stay what they were; the new budget shapes the rest
-            lrs = past_lrs[:step] + lrs[step:]
-        return forecast_curve(val_points, lrs, at_step=step, train_points=train_points)
+
+    def _fit(self, lrs: list[float]) -> Forecast | None:
+        return forecast_curve(self.val_points, lrs, at_step=self.step, train_points=self.train_points)
 
     def _budget_needed(self, target: float) -> str:
         """The smallest multiple of the budget (BUDGET_SCALES) whose schedule the forecast puts at the target."""
-        _, _, step = self.points
         tc = self.cfg.train
-        past = list(
-            planned_lrs(
-                self.cfg, steps_done=step, tokens_per_step=self.tokens_per_step, elapsed_s=self.elapsed_s
-            )
-        )
         for scale in BUDGET_SCALES:
-            changes = {k: _scaled(getattr(tc, k), scale) for k in BUDGET_KEYS if getattr(tc, k) is not None}
+            changes = {
+                k: _scaled(k, getattr(tc, k), scale) for k in BUDGET_KEYS if getattr(tc, k) is not None
+            }
             longer = dataclasses.replace(self.cfg, train=dataclasses.replace(tc, **changes))
-            forecast = self._fit(longer, past)
+            # the LRs already used stay what they were; the longer budget shapes the rest
+            forecast = self._fit(self.lrs[: self.step] + self._planned(longer)[self.step :])
             if forecast is not None and forecast.final_val_loss <= target:
                 setting = ", ".join(f"train.{k} {v:g}" for k, v in changes.items())
                 return f"about {scale:g}x this budget would reach it by the forecast ({setting})"
         return f"not even {BUDGET_SCALES[-1]:g}x this budget reaches it by the forecast: a larger model or more data"
 
 
-def _scaled(value: float, scale: float) -> float:
-    """A budget times `scale`: hours stay a float (printed with :g), steps and tokens whole."""
-    return value * scale if isinstance(value, float) else int(round(value * scale))
+def _scaled(key: str, value: float, scale: float) -> float:
+    """A budget times `scale`: hours stay a fraction (a YAML `max_hours: 2` is an int), steps and tokens whole."""
+    return value * scale if key == "max_hours" else int(round(value * scale))
