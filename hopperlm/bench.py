@@ -175,6 +175,7 @@ def cases_for(
     seq: int,
     hf: bool,
     log,
+    *,
     variants: list[str] = (),
     hf_compile: bool = True,
 ) -> list[Case]:
@@ -352,7 +353,7 @@ def run_bench(
             model_cfg = dataclasses.replace(model_cfg, max_seq_len=seq)
         fpt = flops_per_token(model_cfg, seq)
         batches = batch_source(model_cfg.vocab_size, seq, hw.device, data_dir)
-        for case in cases_for(model_cfg, hw, micro, seq, hf, log, variants, hf_compile):
+        for case in cases_for(model_cfg, hw, micro, seq, hf, log, variants=variants, hf_compile=hf_compile):
             row = Row(preset, case.config, case.micro_batch, seq, fpt)
             log(f"{preset}: {case.config} ...")
             on_hopperlm = case.config.startswith("hopperlm")
