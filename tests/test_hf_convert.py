@@ -155,3 +155,14 @@ def test_preset_configs_round_trip_through_config_json(preset):
     with torch.device("meta"):
         n = transformers.AutoModelForCausalLM.from_config(theirs).num_parameters()
     assert count_params(ours)["total"] == n  # 6,738,415,616 for Llama-2-7B
+
+
+def test_export_refuses_qk_norm_before_writing_anything(tmp_path):
+    from hopperlm.checkpoint.single import write_model
+    from hopperlm.model.transformer import build_model
+
+    cfg = ModelConfig(dim=32, n_layers=1, n_heads=2, ffn_dim=64, vocab_size=64, max_seq_len=32, qk_norm=True)
+    write_model(tmp_path / "model", build_model(cfg, seed=0), cfg, None)
+    with pytest.raises(ConfigError, match=r"model.qk_norm=true has no Llama.*--format hopperlm"):
+        export_hf(tmp_path / "model", tmp_path / "out", log=QUIET)
+    assert not (tmp_path / "out").exists()

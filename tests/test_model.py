@@ -162,3 +162,53 @@ def test_init_scales_residual_projections():
     assert model.layers[0].attn.q_proj.weight.std().item() == pytest.approx(0.02, rel=0.1)
     assert model.layers[0].attn.o_proj.weight.std().item() == pytest.approx(0.02 / 4, rel=0.1)
     assert torch.all(model.norm.weight == 1)
+
+
+def test_qk_norm_normalises_each_heads_queries_and_keys_before_rope():
+    cfg = tiny(n_kv_heads=4, n_layers=1, qk_norm=True)
+    model = build_model(cfg, seed=0).eval()
+    assert sum(p.numel() for p in model.parameters()) == count_params(cfg)["total"]
+    attn = model.layers[0].attn
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 1.5)  # a trained gain, so the reference must apply it too
+        attn.k_norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(1, 10, 64)
+    cos, sin = model.rope_cos[:10], model.rope_sin[:10]
+
+    def rms(t, w):  # RMSNorm over head_dim, eps 1e-5
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+
+    q = apply_rope(rms(attn.q_proj(x).view(1, 10, 4, 16), attn.q_norm.weight).transpose(1, 2), cos, sin)
+    k = apply_rope(rms(attn.k_proj(x).view(1, 10, 4, 16), attn.k_norm.weight).transpose(1, 2), cos, sin)
+    v = attn.v_proj(x).view(1, 10, 4, 16).transpose(1, 2)
+    scores = (q @ k.transpose(-1, -2)) / 4.0
+    scores = scores.masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(), float("-inf"))
+    ref = attn.o_proj((F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(1, 10, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, cos, sin), ref)
+    # scaling a query projection's weights does not change the (normalised) attention
+    with torch.no_grad():
+        before = attn(x, cos, sin)
+        attn.q_proj.weight.mul_(7.0)
+        torch.testing.assert_close(attn(x, cos, sin), before, rtol=1e-4, atol=1e-5)
+    # the KV cache path normalises too
+    prompt = [5, 9, 1, 33]
+    out = generate(model, prompt, 10, temperature=0.0)
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(10):
+            tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
+    assert out == tokens[len(prompt) :]
+
+
+def test_zero_init_output_starts_every_block_as_the_identity():
+    model = build_model(tiny(zero_init_output=True), seed=0)
+    for layer in model.layers:
+        assert torch.all(layer.attn.o_proj.weight == 0) and torch.all(layer.mlp.down_proj.weight == 0)
+        assert layer.attn.q_proj.weight.std().item() == pytest.approx(0.02, rel=0.2)
+    x = torch.randint(0, 97, (2, 12))
+    with torch.no_grad():  # blocks add nothing: logits = head(norm(embedding))
+        torch.testing.assert_close(model(x), model.lm_head(model.norm(model.embed(x))))
+    loss = model(x, x)  # and still learn: the zero matrices get gradients
+    loss.backward()
+    assert model.layers[0].mlp.down_proj.weight.grad.abs().sum() > 0

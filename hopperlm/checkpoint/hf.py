@@ -156,11 +156,21 @@ def model_values(path: str | Path, log=None) -> dict[str, Any]:
     return values
 
 
+def require_llama_family(cfg: ModelConfig) -> None:
+    """ConfigError for a model the Llama-family configs cannot describe (hopperlm's own features)."""
+    if cfg.qk_norm:
+        raise ConfigError(
+            "model.qk_norm=true has no Llama/Qwen2/Mistral equivalent in transformers; export this model with "
+            "`hopperlm export RUN OUT --format hopperlm` (or train it with model.qk_norm: false)"
+        )
+
+
 def hf_config_dict(cfg: ModelConfig, dtype: str, base: dict | None = None) -> dict[str, Any]:
     """A transformers config.json for `cfg`. `base` (the config.json a run started from) keeps its family and
     token ids; otherwise the family follows the features: qwen2 for q/k/v biases, mistral for a window."""
     if cfg.vocab_size is None:
         raise ConfigError("model.vocab_size must be set to write a Hugging Face config")
+    require_llama_family(cfg)
     base = base or {}
     family = base.get("model_type")
     if family not in FAMILIES or (cfg.qkv_bias and family != "qwen2"):
@@ -209,6 +219,7 @@ def llama_config(cfg: ModelConfig):
     transformers = require_transformers()
     if cfg.vocab_size is None:
         raise ConfigError("model.vocab_size must be set to build a Hugging Face config")
+    require_llama_family(cfg)
     return transformers.LlamaConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.dim,

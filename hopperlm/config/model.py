@@ -61,6 +61,12 @@ class ModelConfig:
     """Std of the normal initialisation; output projections are further scaled by 1/sqrt(2*n_layers)."""
     qkv_bias: bool = False
     """Biases on the query, key and value projections (Qwen2)."""
+    qk_norm: bool = False
+    """RMSNorm over each head's queries and keys before RoPE (OLMo 2, Qwen3, modded-nanogpt): attention logits
+    stay bounded at high learning rates. Exports in the hopperlm format only (no Llama equivalent)."""
+    zero_init_output: bool = False
+    """Initialise the residual output projections (o_proj, down_proj) to zero (modded-nanogpt): every block
+    starts as the identity. Only the initialisation changes: the model and its checkpoints are the same."""
     rope_scaling: dict[str, float] | None = None
     """RoPE frequency scaling of long-context checkpoints, as in their config.json: {factor} = linear;
     {factor, low_freq_factor, high_freq_factor, original_max_position_embeddings} = Llama-3.1's llama3."""

@@ -67,6 +67,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+        # per-head RMSNorm of queries and keys (model.qk_norm), applied before RoPE as in Qwen3
+        self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.dropout = cfg.dropout
         self.cache: KVCache | None = None
 
@@ -82,6 +85,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
         k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if docs is not None:  # packed documents: attention stays inside each one (model/attention.py)
             dropout = self.dropout if self.training else 0.0
@@ -183,14 +188,18 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """Normal(0, init_std) for every matrix; residual output projections scaled by 1/sqrt(2*n_layers)
-        (GPT-2) so the residual stream's variance does not grow with depth; norms to one, biases to zero."""
+        (GPT-2) so the residual stream's variance does not grow with depth, or zero with
+        model.zero_init_output; norms to one, biases to zero."""
         cfg = self.cfg
         self.init_buffers()
         residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                std = residual_std if name.endswith(("o_proj", "down_proj")) else cfg.init_std
-                nn.init.normal_(module.weight, mean=0.0, std=std)
+                residual = name.endswith(("o_proj", "down_proj"))
+                if residual and cfg.zero_init_output:
+                    nn.init.zeros_(module.weight)
+                else:
+                    nn.init.normal_(module.weight, mean=0.0, std=residual_std if residual else cfg.init_std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
@@ -274,6 +283,8 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
     attn = d * cfg.n_heads * hd * 2 + d * cfg.kv_heads * hd * 2
     if cfg.qkv_bias:
         attn += (cfg.n_heads + 2 * cfg.kv_heads) * hd
+    if cfg.qk_norm:
+        attn += 2 * hd
     mlp = 3 * d * cfg.hidden_dim
     per_block = attn + mlp + 2 * d
     embedding = V * d
