@@ -241,8 +241,9 @@ def main(argv: list[str] | None = None) -> dict:
         "methods": results,
     }
     if args.save:
-        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.save).write_text(json.dumps(result, indent=2) + "\n")
+        from hopperlm.provenance import save_result
+
+        save_result(result, args.save)
     return result
 
 

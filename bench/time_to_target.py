@@ -301,12 +301,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"\nbest baseline {t['best_baseline']}: val {t['target_val_loss']:.4f} in {t['baseline_wall_s']:.0f} s; "
               f"hopperlm reached it {reached}: target x0.67 {'met' if t['met'] else 'NOT met'}")  # fmt: skip
     result["bench_wall_s"] = round(time.perf_counter() - start, 1)
-    from hopperlm.provenance import provenance
-
-    result["provenance"] = provenance()
     if args.save:
-        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.save).write_text(json.dumps(result, indent=2) + "\n")
+        from hopperlm.provenance import save_result
+
+        save_result(result, args.save)
     return result
 
 

@@ -4,6 +4,7 @@ the date, the machine and the library versions. Every benchmark writes this besi
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
@@ -39,3 +40,13 @@ def provenance(command: str | None = None) -> dict:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "versions": versions,
     }
+
+
+def save_result(result: dict, path: str | Path) -> None:
+    """Write a benchmark's `result` as indented JSON to `path` (its folder made), with this process's
+    provenance under "provenance" unless the result carries its own."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps({**result, "provenance": result.get("provenance") or provenance()}, indent=2) + "\n"
+    )

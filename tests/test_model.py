@@ -92,6 +92,15 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
         torch.testing.assert_close(gqa(x), mha(x), rtol=1e-5, atol=1e-5)
 
 
+def causal_softmax_attention(attn, q, k, x):
+    """The attention layer's output written out: causal softmax(q k^T / sqrt(16)) v over 4 heads x 16, then
+    o_proj (x: (1, 10, 64); q, k: (1, 4, 10, 16) after RoPE)."""
+    v = attn.v_proj(x).view(1, 10, 4, 16).transpose(1, 2)
+    scores = (q @ k.transpose(-1, -2)) / 4.0
+    scores = scores.masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(), float("-inf"))
+    return attn.o_proj((F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(1, 10, 64))
+
+
 def test_attention_matches_explicit_softmax_reference():
     model = build_model(tiny(n_kv_heads=4, n_layers=1), seed=0).eval()
     attn = model.layers[0].attn
@@ -99,23 +108,23 @@ def test_attention_matches_explicit_softmax_reference():
     cos, sin = model.rope_cos[:10], model.rope_sin[:10]
     q = apply_rope(attn.q_proj(x).view(1, 10, 4, 16).transpose(1, 2), cos, sin)
     k = apply_rope(attn.k_proj(x).view(1, 10, 4, 16).transpose(1, 2), cos, sin)
-    v = attn.v_proj(x).view(1, 10, 4, 16).transpose(1, 2)
-    scores = (q @ k.transpose(-1, -2)) / 4.0
-    scores = scores.masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(), float("-inf"))
-    ref = attn.o_proj((F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(1, 10, 64))
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, cos, sin), ref)
+        torch.testing.assert_close(attn(x, cos, sin), causal_softmax_attention(attn, q, k, x))
+
+
+def greedy_without_cache(model, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens, each from a full forward over everything so far (no KV cache)."""
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
+    return tokens[len(prompt) :]
 
 
 def test_kv_cache_decoding_matches_full_forward():
     model = build_model(tiny(max_seq_len=48), seed=0).eval()
     prompt = [5, 9, 1, 33]
-    out = generate(model, prompt, 30, temperature=0.0)
-    tokens = list(prompt)
-    with torch.no_grad():
-        for _ in range(30):
-            tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
-    assert out == tokens[len(prompt) :]
+    assert generate(model, prompt, 30, temperature=0.0) == greedy_without_cache(model, prompt, 30)
     # past the context the cache is rebuilt and generation goes on
     assert len(generate(model, prompt, 80, temperature=1.0, top_k=5, seed=0)) == 80
 
@@ -180,25 +189,17 @@ def test_qk_norm_normalises_each_heads_queries_and_keys_before_rope():
 
     q = apply_rope(rms(attn.q_proj(x).view(1, 10, 4, 16), attn.q_norm.weight).transpose(1, 2), cos, sin)
     k = apply_rope(rms(attn.k_proj(x).view(1, 10, 4, 16), attn.k_norm.weight).transpose(1, 2), cos, sin)
-    v = attn.v_proj(x).view(1, 10, 4, 16).transpose(1, 2)
-    scores = (q @ k.transpose(-1, -2)) / 4.0
-    scores = scores.masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(), float("-inf"))
-    ref = attn.o_proj((F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(1, 10, 64))
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, cos, sin), ref)
+        torch.testing.assert_close(attn(x, cos, sin), causal_softmax_attention(attn, q, k, x))
     # scaling a query projection's weights does not change the (normalised) attention
     with torch.no_grad():
         before = attn(x, cos, sin)
         attn.q_proj.weight.mul_(7.0)
         torch.testing.assert_close(attn(x, cos, sin), before, rtol=1e-4, atol=1e-5)
     # the KV cache path normalises too
-    prompt = [5, 9, 1, 33]
-    out = generate(model, prompt, 10, temperature=0.0)
-    tokens = list(prompt)
-    with torch.no_grad():
-        for _ in range(10):
-            tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
-    assert out == tokens[len(prompt) :]
+    assert generate(model, [5, 9, 1, 33], 10, temperature=0.0) == greedy_without_cache(
+        model, [5, 9, 1, 33], 10
+    )
 
 
 def test_zero_init_output_starts_every_block_as_the_identity():
