@@ -117,10 +117,14 @@ def prepare_data(cache: Path, books: int) -> Path:
     return out
 
 
+def batch_tokens(recipe: dict) -> int:
+    """Tokens per optimizer step: the recipe's, else one micro-batch."""
+    return recipe["train"].get("batch_tokens", recipe["train"]["micro_batch"] * SEQ_LEN)
+
+
 def run_config(recipe: dict, data: Path, out: Path, *, seconds: float, steps: int, seed: int, threads: int,
                eval_windows: int) -> dict:  # fmt: skip
     """The YAML a user would write for `recipe` on this budget."""
-    micro = recipe["train"]["micro_batch"]
     return {
         "model": {**MODEL, **recipe["model"]},
         "data": {"path": str(data)},
@@ -128,7 +132,7 @@ def run_config(recipe: dict, data: Path, out: Path, *, seconds: float, steps: in
         "train": {
             "seq_len": SEQ_LEN,
             **recipe["train"],
-            "batch_tokens": recipe["train"].get("batch_tokens", micro * SEQ_LEN),
+            "batch_tokens": batch_tokens(recipe),
             "max_hours": seconds / 3600,
             "eval_every": max(1, steps // 10),
             "eval_windows": eval_windows,
@@ -182,9 +186,8 @@ def probe_speed(recipes: dict, data: Path, cache: Path, threads: int) -> dict[in
 
 
 def steps_for(recipe: dict, seconds: float, speeds: dict[int, float]) -> int:
-    micro = recipe["train"]["micro_batch"]
-    batch = recipe["train"].get("batch_tokens", micro * SEQ_LEN)
-    return max(10, int(seconds * speeds[micro] / batch))
+    """Optimizer steps `seconds` buy at the probed speed of the recipe's micro-batch."""
+    return max(10, int(seconds * speeds[recipe["train"]["micro_batch"]] / batch_tokens(recipe)))
 
 
 def time_to_target(rows: list[dict]) -> dict:
