@@ -5,24 +5,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hopperlm.config import load_config
+from test_train import debug_config
+
 from hopperlm.observe.plot import plot_runs
 from hopperlm.train.loop import train
 from hopperlm.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
-DEBUG = REPO / "configs" / "debug.yaml"
 
 
 def test_evaluations_carry_a_forecast_and_an_unreachable_target_is_warned(shakespeare_bytes, tmp_path):
     run_dir = tmp_path / "run"
-    cfg = load_config(
-        DEBUG,
-        [
-            *("--data.path", str(shakespeare_bytes), "--run.out_dir", str(run_dir)),
-            *("--train.max_steps", "100", "--train.eval_every", "10", "--train.eval_windows", "16"),
-            *("--train.target_loss", "0.2", "--train.ckpt_every", "0", "--log.report", "false"),
-        ],
+    cfg = debug_config(
+        shakespeare_bytes,
+        run_dir,
+        *("--train.max_steps", "100", "--train.eval_every", "10", "--train.eval_windows", "16"),
+        *("--train.target_loss", "0.2", "--train.ckpt_every", "0", "--log.report", "false"),
     )
     lines = []
     train(cfg, log=lines.append)
@@ -47,13 +45,11 @@ def test_evaluations_carry_a_forecast_and_an_unreachable_target_is_warned(shakes
 
 def test_a_wall_clock_budget_says_what_it_buys(shakespeare_bytes, tmp_path):
     run_dir = tmp_path / "run"
-    cfg = load_config(
-        DEBUG,
-        [
-            *("--data.path", str(shakespeare_bytes), "--run.out_dir", str(run_dir)),
-            *("--train.max_steps", "null", "--train.max_hours", "0.002", "--train.eval_every", "0"),
-            *("--train.ckpt_every", "0", "--log.report", "false", "--log.tensorboard", "false"),
-        ],
+    cfg = debug_config(
+        shakespeare_bytes,
+        run_dir,
+        *("--train.max_steps", "null", "--train.max_hours", "0.002", "--train.eval_every", "0"),
+        *("--train.ckpt_every", "0", "--log.report", "false", "--log.tensorboard", "false"),
     )
     lines = []
     train(cfg, log=lines.append)
