@@ -163,7 +163,7 @@ def test_slurm_script(tmp_path, capsys):
     run_dir = tmp_path / "run"
     cli.main([
         "slurm", "debug", "--nodes", "4", "--gpus-per-node", "8", "--out", str(out), "--time", "04:00:00",
-        "--partition", "gpu", "--run.out_dir", str(run_dir), "--train.max_hours", "100",
+        "--partition", "gpu", "--max-restarts", "2", "--run.out_dir", str(run_dir), "--train.max_hours", "100",
     ])  # fmt: skip
     assert "sbatch" in capsys.readouterr().out and run_dir.is_dir()  # SLURM opens its log there
     script = out.read_text()
@@ -188,9 +188,9 @@ def test_slurm_script(tmp_path, capsys):
     (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
     assert srun.startswith("srun --kill-on-bad-exit=1 bash -c \"trap '' USR1 TERM; exec ")
     for part in (
-        "-m torch.distributed.run --nnodes=$SLURM_NNODES --nproc-per-node=8 --rdzv-backend=c10d",
-        "--rdzv-endpoint=$head_node:29500 --rdzv-id=$SLURM_JOB_ID -m hopperlm train",
-        f"{(REPO / 'configs' / 'debug.yaml').resolve()} --resume auto --run.out_dir {run_dir} --train.max_hours 100",
+        f"-m hopperlm launch {(REPO / 'configs' / 'debug.yaml').resolve()} --nnodes $SLURM_NNODES --nproc-per-node 8",
+        "--rdzv-endpoint $head_node:29500 --rdzv-id $SLURM_JOB_ID --max-restarts 2 --resume auto",
+        f"--resume auto --run.out_dir {run_dir} --train.max_hours 100",
     ):
         assert part in srun, part
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0  # valid bash

@@ -223,4 +223,5 @@ def test_launch_and_slurm_run_finetune_for_instruction_recipes(tinyllama_hf, dat
     assert " -m hopperlm finetune " in capsys.readouterr().out
     cli.main(["slurm", str(REPO / "configs" / "debug.yaml"), "--nodes", "2", "--gpus-per-node", "4", *args])
     script = (tmp_path / "run" / "job.sbatch").read_text()
-    assert "-m hopperlm finetune" in script and "ranks of `hopperlm finetune" in script
+    # each node runs `hopperlm launch`, which picks finetune for this recipe (the dry run above)
+    assert "-m hopperlm launch" in script and "--resume auto" in script

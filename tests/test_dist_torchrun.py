@@ -140,7 +140,7 @@ def test_checkpoints_from_two_ranks_resume_on_one_and_four_and_hsdp_accumulates(
 
 def test_a_failing_rank_stops_every_rank(shakespeare_bytes, tmp_path):
     args = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(tmp_path / "run")]
-    args += ["--train.max_steps", "50", "--parallel.timeout_s", "60"]
+    args += ["--train.max_steps", "50", "--parallel.startup_timeout_s", "60"]
     start = time.perf_counter()
     result = torchrun(2, {"runs": [{"args": args}], "fail": {"rank": 1, "step": 3}})
     seconds = time.perf_counter() - start

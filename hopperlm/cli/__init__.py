@@ -13,6 +13,7 @@ import sys
 from hopperlm import __version__
 from hopperlm.cli import data, measure, models, runs, third_party_logs
 from hopperlm.errors import ConfigError, HopperError
+from hopperlm.parallel.watchdog import supervised
 
 # verbs that run torch: other libraries' log lines go to a file while they run (third_party_logs.py)
 TORCH_VERBS = {
@@ -59,8 +60,13 @@ def main(argv: list[str] | None = None) -> None:
     except HopperError as e:
         if args.debug:
             raise
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        if not supervised():  # a rank of `hopperlm launch`: the launcher prints it (recorded below)
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        quiet_rank_exit(e, 2)
+    except Exception as e:
+        if args.debug or not supervised():
+            raise
+        quiet_rank_exit(e, 1)  # the traceback goes to the launcher's failure.json
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
@@ -68,3 +74,13 @@ def main(argv: list[str] | None = None) -> None:
         line = redirect.summary() if redirect is not None else None
         if line:
             print(line, file=sys.stderr, flush=True)
+
+
+def quiet_rank_exit(exc: Exception, code: int) -> None:
+    """Exit with `code`; a rank of `hopperlm launch` records its error for the launcher's one line first
+    (unless the runtime already recorded the error that came first: parallel/runtime.py `fail`)."""
+    if supervised():
+        from hopperlm.parallel.runtime import Runtime
+
+        Runtime.record_for_launcher(exc)
+    sys.exit(code)

@@ -40,13 +40,15 @@ def train_until_done(cfg, resume: Resume) -> None:
 
 
 def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
-    """Print the exact torchrun command for CONFIG, then become it (signals reach torchrun directly)."""
-    import os
+    """Print the torchrun command for CONFIG and run it under a supervisor (parallel/supervise.py): a rank that
+    stops answering ends the job within its collective limit, a failure is one line with the resume command,
+    and --max-restarts restarts the group from the latest checkpoint."""
     import shlex
 
     from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
     from hopperlm.parallel.launch import launch_command
+    from hopperlm.parallel.supervise import supervise
 
     config = resolve_recipe(args.config)
     # a bad config (model.init_from included) fails here, once, not on every rank
@@ -60,13 +62,28 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
         args.resume,
         overrides,
         verb="finetune" if cfg.sft.path else "train",
+        max_restarts=args.max_restarts,
     )
     log(f"launch: {shlex.join(command)}")
     if args.nnodes > 1:
         log(f"launch: run this same command on each of the {args.nnodes} nodes")
-    if not args.dry_run:
-        sys.stdout.flush()
-        os.execv(command[0], command)
+    if args.dry_run:
+        return
+    sys.stdout.flush()
+    again = ["hopperlm", "launch", str(args.config), "--nproc-per-node", str(args.nproc_per_node)]
+    if args.nnodes > 1:
+        again += ["--nnodes", str(args.nnodes), "--rdzv-endpoint", str(args.rdzv_endpoint)]
+    if args.max_restarts:
+        again += ["--max-restarts", str(args.max_restarts)]
+    code = supervise(
+        command[3:],  # after `python -m torch.distributed.run`: torchrun's argv
+        Path(cfg.run.out_dir).resolve(),
+        resume_command=[*again, "--resume", *overrides],
+        fresh_command=[*again, *overrides],
+        debug=args.debug,
+    )
+    if code:
+        sys.exit(code)
 
 
 def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -92,7 +109,7 @@ def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
         cpus_per_task=args.cpus_per_task,
         python=sys.executable,
         script_path=str(out),
-        verb="finetune" if cfg.sft.path else "train",
+        max_restarts=args.max_restarts,
     )
     run_dir.mkdir(parents=True, exist_ok=True)  # SLURM opens the --output log there before the job starts
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -214,6 +231,12 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         "--rdzv-endpoint", help="HOST:PORT of the c10d rendezvous every node reaches (several nodes)"
     )
     p.add_argument("--rdzv-id", help="job id shared by the nodes (default: hopperlm-RUN_DIR_NAME)")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart the group after a failure, up to N times; it resumes from the latest checkpoint",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the command only")
 
     p = add_verb(
@@ -233,6 +256,12 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--partition")
     p.add_argument("--account")
     p.add_argument("--cpus-per-task", type=int, help="CPU cores per node for the training processes")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart the group in place after a failure, up to N times (then the job fails)",
+    )
 
     add_verb(
         verbs,

@@ -11,7 +11,17 @@ from pathlib import Path
 
 from hopperlm.data.demo_text import cache_dir
 
-LIBRARIES = ("torch", "torchao", "transformers", "bitsandbytes", "peft", "accelerate", "triton")
+# (torch.distributed has a console handler of its own, not torch's: torchrun's agent logs through it)
+LIBRARIES = (
+    "torch",
+    "torch.distributed",
+    "torchao",
+    "transformers",
+    "bitsandbytes",
+    "peft",
+    "accelerate",
+    "triton",
+)
 LOG_NAME = "third-party.log"
 
 

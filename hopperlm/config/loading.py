@@ -75,8 +75,13 @@ def _unknown(key: str, known: list[str], where: str) -> ConfigError:
     return ConfigError(f"unknown config key '{where}{key}'; {hint}")
 
 
+# keys that were renamed: configs saved by earlier versions (run folders, checkpoints) still load
+RENAMED = {("parallel", "timeout_s"): "startup_timeout_s"}
+
+
 def _build_section(name: str, values: dict[str, Any]) -> Any:
     cls = SECTIONS[name]
+    values = {RENAMED.get((name, key), key): value for key, value in values.items()}
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
     if name == "model" and values.get("preset") is not None and values.get("init_from") is not None:

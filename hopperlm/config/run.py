@@ -45,14 +45,22 @@ class ParallelConfig:
     async_checkpoint: bool = False
     """Sharded checkpoints: copy the state to CPU memory and write the files in a background thread while
     training goes on; the checkpoint is completed (checksums, rename) at the next save or at the end."""
-    timeout_s: float = 600.0
-    """Seconds a collective waits for the other ranks before the run is aborted (no hung ranks)."""
+    startup_timeout_s: float = 600.0
+    """Seconds a collective may wait for the other ranks through start-up (loading, data checks, compile, the
+    first log step) and in the long phases after it (evaluation, checkpoint saves): generous, since one rank
+    may be slower there for good reasons."""
+    step_timeout_s: float | None = None
+    """Seconds a collective may wait once training runs; past it the job stops with one line naming the rank
+    that stopped answering (parallel/watchdog.py). null = the larger of 60 s and 10x the slowest step so far
+    (measured on log steps)."""
 
     def __post_init__(self) -> None:
         if self.shard_size is not None and self.shard_size < 1:
             raise ConfigError(f"parallel.shard_size={self.shard_size} must be >= 1 (or null)")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"parallel.timeout_s={self.timeout_s} must be positive")
+        for key in ("startup_timeout_s", "step_timeout_s"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise ConfigError(f"parallel.{key}={value} must be positive")
         if self.async_checkpoint and self.checkpoint == "single":
             raise ConfigError(
                 "parallel.async_checkpoint needs the sharded format; set parallel.checkpoint sharded or auto"

@@ -28,13 +28,20 @@ AGENT_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"
 
 
 def torchrun_args(
-    nproc_per_node: int, nnodes: int = 1, rdzv_endpoint: str | None = None, rdzv_id: str = "hopperlm"
+    nproc_per_node: int,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "hopperlm",
+    max_restarts: int = 0,
 ) -> list[str]:
     """torchrun's own options (everything before the training module)."""
     if nproc_per_node < 1 or nnodes < 1:
         raise ConfigError(f"--nproc-per-node {nproc_per_node} and --nnodes {nnodes} must be at least 1")
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts {max_restarts} must be 0 or more (0: a failure ends the job)")
+    restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
     if nnodes == 1 and rdzv_endpoint is None:
-        return ["--standalone", f"--nproc-per-node={nproc_per_node}"]
+        return ["--standalone", f"--nproc-per-node={nproc_per_node}", *restarts]
     if rdzv_endpoint is None:
         raise ConfigError(
             f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, a host every node reaches (e.g. the first "
@@ -49,6 +56,7 @@ def torchrun_args(
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={rdzv_endpoint}",
         f"--rdzv-id={rdzv_id}",
+        *restarts,
     ]
 
 
@@ -73,14 +81,16 @@ def launch_command(
     overrides: list[str] | None = None,
     python: str | None = None,
     verb: str = "train",
+    max_restarts: int = 0,
 ) -> list[str]:
-    """The command `hopperlm launch` runs: torchrun through this Python (`python -m torch.distributed.run` is
-    torchrun, without depending on which `torchrun` is first on PATH)."""
+    """The torchrun command `hopperlm launch` stands for (it runs torchrun's agent in its own process, with
+    these same options: parallel/supervise.py); `python -m torch.distributed.run` is torchrun, without
+    depending on which `torchrun` is first on PATH."""
     return [
         python or sys.executable,
         "-m",
         "torch.distributed.run",
-        *torchrun_args(nproc_per_node, nnodes, rdzv_endpoint, rdzv_id),
+        *torchrun_args(nproc_per_node, nnodes, rdzv_endpoint, rdzv_id, max_restarts),
         *train_args(config, resume, overrides or [], verb),
     ]
 
@@ -99,7 +109,7 @@ def sbatch_script(
     cpus_per_task: int | None = None,
     python: str = "python3",
     port: int = RDZV_PORT,
-    verb: str = "train",
+    max_restarts: int = 0,
 ) -> str:
     """An sbatch script: `nodes` x `gpus_per_node` ranks, checkpoint + requeue at the time-limit warning."""
     if nodes < 1 or gpus_per_node < 1:
@@ -123,24 +133,35 @@ def sbatch_script(
         options.append(f"--partition={partition}")
     if account:
         options.append(f"--account={account}")
-    torchrun = [
+    # `hopperlm launch` on each node: torchrun's agent under the supervisor (a frozen rank ends or restarts the
+    # job within its limit; a failure is one line in the log), restarting up to max_restarts times in place
+    launch = [
         python,
         "-m",
-        "torch.distributed.run",
-        "--nnodes=$SLURM_NNODES",
-        f"--nproc-per-node={gpus_per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=$head_node:{port}",
-        "--rdzv-id=$SLURM_JOB_ID",
-        *train_args(config_path, "auto", overrides or [], verb),
+        "hopperlm",
+        "launch",
+        config_path,
+        "--nnodes",
+        "$SLURM_NNODES",
+        "--nproc-per-node",
+        str(gpus_per_node),
+        "--rdzv-endpoint",
+        f"$head_node:{port}",
+        "--rdzv-id",
+        "$SLURM_JOB_ID",
+        *(["--max-restarts", str(max_restarts)] if max_restarts else []),
+        "--resume",
+        "auto",
+        *(overrides or []),
     ]
     # quoted for the inner `bash -c "..."`; $VARIABLES are expanded by this script's shell
-    inner = " ".join(a if "$" in a else shlex.quote(a) for a in torchrun)
+    inner = " ".join(a if "$" in a else shlex.quote(a) for a in launch)
     inner = inner.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
     lines = [
         "#!/bin/bash",
         f"# Written by `hopperlm slurm` (hopperlm {__version__}). Submit with: sbatch {script_path or 'THIS_FILE'}",
-        f"# {nodes} node(s) x {gpus_per_node} GPU(s) = {nodes * gpus_per_node} ranks of `hopperlm {verb} {config}`.",
+        f"# {nodes} node(s) x {gpus_per_node} GPU(s) = {nodes * gpus_per_node} ranks of `hopperlm launch {config}`"
+        + (f", restarted up to {max_restarts} time(s) after a failure." if max_restarts else "."),
         f"# {WARNING_SECONDS} s before the time limit SLURM sends USR1 to this script, which forwards it to every",
         "# training rank: they checkpoint at their next log step and exit, and this script requeues the job,",
         "# which resumes from that checkpoint. The run dir must be on a filesystem every node sees.",
@@ -170,7 +191,7 @@ def sbatch_script(
         "}",
         "trap on_warning USR1",
         "",
-        "# torchrun's agent ignores USR1 and TERM (SLURM signals the ranks directly; they install their own handler)",
+        "# the launcher (torchrun's agent) ignores USR1 and TERM: SLURM signals the ranks directly; they install their own handler",
         f"srun --kill-on-bad-exit=1 bash -c \"trap '' USR1 TERM; exec {inner}\" &",
         "srun_pid=$!",
         "while true; do",

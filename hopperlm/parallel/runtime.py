@@ -2,14 +2,15 @@
 to know about the others.
 
 `session(cfg)` reads torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), starts the process group (NCCL on GPUs, gloo on CPU) with `parallel.timeout_s` as the limit for
-any collective, pins each rank to the GPU of its local rank, and tears the group down at the end. Without
+MASTER_PORT), starts the process group (NCCL on GPUs, gloo on CPU) with `parallel.startup_timeout_s` as the
+limit for any collective (the shorter step limit follows at the first log step: parallel/watchdog.py), pins each rank to the GPU of its local rank, and tears the group down at the end. Without
 torchrun there is one process and no group (unless a strategy is asked for explicitly: then a group of one),
 and every helper below is a no-op, so a single-process run is exactly what it was.
 
 No hung ranks: a rank that raises publishes its error in the rendezvous store before it exits. The other
-ranks' collectives then fail (gloo at once, NCCL at the timeout at the latest, or torchrun stops them), and
-each of them reports that first error rather than its own "connection closed" and exits non-zero.
+ranks' collectives then fail (gloo at once, NCCL at the limit at the latest, or torchrun stops them), and
+each of them reports that first error rather than its own "connection closed" and exits non-zero. Under
+`hopperlm launch` the ranks print nothing of it: the launcher says it in one line (parallel/supervise.py).
 
 Rank 0 logs and writes the run's files; `Runtime.log` drops the other ranks' lines.
 """
@@ -24,12 +25,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from hopperlm.errors import ConfigError, HopperError
+from hopperlm.parallel.watchdog import Watchdog, restart_count, supervised
 
 FIRST_ERROR_KEY = "hopperlm/first_error"
 STRATEGIES_NEEDING_A_GROUP = ("ddp", "fsdp", "hsdp")
@@ -111,6 +114,7 @@ class Runtime:
         self.active = False  # a process group is up
         self.backend: str | None = None
         self.clock = Clock(0.0, shared=False)
+        self.watchdog: Watchdog | None = None  # several ranks: the collective limits and the heartbeat
 
     @property
     def world_size(self) -> int:
@@ -145,6 +149,14 @@ class Runtime:
             self.backend = "gloo"
         if not self.launched:  # an explicit strategy without torchrun: a group of one process
             kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            # torchrun's store outlives a restarted group (--max-restarts): keys of the attempt before (gloo's
+            # addresses, the first error) would be read as this one's, so each attempt gets its own prefix
+            from torch.distributed.rendezvous import rendezvous
+
+            store, rank, size = next(rendezvous("env://", timeout=kwargs["timeout"]))
+            prefix = f"hopperlm/attempt-{restart_count()}"
+            kwargs.update(store=dist.PrefixStore(prefix, store), rank=rank, world_size=size)
         dist.init_process_group(self.backend, **kwargs)
         self.active = True
 
@@ -171,18 +183,22 @@ class Runtime:
         except Exception:  # the store is gone or the group never started: report our own
             pass
         if first == mine:
-            self._record_for_torchrun(exc)
+            self.record_for_launcher(exc)
             return None
         here = mine if len(mine) <= 160 else mine[:157] + "..."
-        print(f"[rank {self.rank}] stopping: {first} (here: {here})", file=sys.stderr, flush=True)
+        if not supervised():  # (under `hopperlm launch` the launcher says it, once)
+            print(f"[rank {self.rank}] stopping: {first} (here: {here})", file=sys.stderr, flush=True)
         replacement = PeerFailed(f"{first}; rank {self.rank} stopped too")
-        self._record_for_torchrun(replacement)
+        self.record_for_launcher(replacement)
         return replacement
 
     @staticmethod
-    def _record_for_torchrun(exc: BaseException) -> None:
-        """torchrun's failure summary shows the real error (not 'To enable traceback see ...')."""
-        if not os.environ.get("TORCHELASTIC_ERROR_FILE") or not isinstance(exc, Exception):
+    def record_for_launcher(exc: BaseException) -> None:
+        """torchrun's (and `hopperlm launch`'s) failure summary shows the real error (not 'To enable traceback
+        see ...'). The first record of a process stands: a later one (the CLI's, after the runtime's) is
+        dropped."""
+        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if not path or not isinstance(exc, Exception) or os.path.isfile(path):
             return
         try:
             from torch.distributed.elastic.multiprocessing.errors import get_error_handler
@@ -231,6 +247,25 @@ class Runtime:
         return out
 
     # ---- what the loop asks ------------------------------------------------------------------------------
+    def beat(self, step: int) -> None:
+        """A step finished (the heartbeat the launcher watches carries it)."""
+        if self.watchdog is not None:
+            self.watchdog.beat(step)
+
+    def measured(self, step_time_s: float) -> None:
+        """A log step's mean step time: sets the collective limit for steps (parallel/watchdog.py)."""
+        if self.watchdog is not None:
+            self.watchdog.measured(step_time_s)
+
+    @contextmanager
+    def long_phase(self, name: str) -> Iterator[None]:
+        """Evaluation, checkpoint saves, the run's end: collectives get the start-up limit meanwhile."""
+        if self.watchdog is None:
+            yield
+            return
+        with self.watchdog.long_phase(name):
+            yield
+
     def start_clock(self, before: float) -> Clock:
         self.clock = Clock(before, shared=self.world_size > 1)
         return self.clock
@@ -299,12 +334,21 @@ def session(cfg, log: Callable[[str], None] = print) -> Iterator[Runtime]:
     rank, local_rank, world, launched = read_env()
     rt = Runtime(rank, local_rank, world, log, launched)
     if world.size > 1 or cfg.parallel.strategy in STRATEGIES_NEEDING_A_GROUP:
-        rt.start(device_type(cfg.train.device, world), cfg.parallel.timeout_s)
+        rt.start(device_type(cfg.train.device, world), cfg.parallel.startup_timeout_s)
+    if rt.active and world.size > 1:
+        pc = cfg.parallel
+        rt.watchdog = Watchdog(rank, Path(cfg.run.out_dir), pc.startup_timeout_s, pc.step_timeout_s, rt.log)
+        rt.watchdog.start()
     _current = rt
     try:
         yield rt
-        rt.close()
+        with rt.long_phase("closing"):
+            rt.close()
+        if rt.watchdog is not None:
+            rt.watchdog.close("done")
     except BaseException as e:
+        if rt.watchdog is not None:
+            rt.watchdog.close("failed")
         replacement = rt.fail(e) if rt.active else None
         if replacement is not None:
             raise replacement from e

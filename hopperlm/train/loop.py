@@ -100,6 +100,7 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
                 break
             pending.append(result)
             s.step, s.tokens = s.step + 1, s.tokens + run.tokens_per_step
+            run.rt.beat(s.step)  # several ranks: the heartbeat the launcher watches (parallel/watchdog.py)
             interval.add(run.tokens_per_step)
             is_log_step = s.step % tc.log_every == 0 or bool(tc.eval_every and s.step % tc.eval_every == 0)
             is_log_step = is_log_step or budget_done(run) is not None  # (the same on every rank)
@@ -170,6 +171,7 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
         if tc.target_loss is not None and s.val_loss <= tc.target_loss and stopped_by is None:
             stopped_by = "target_loss"
     tok_s, step_s = interval.rates()
+    run.rt.measured(step_s)  # several ranks: the collective limit for steps follows the slowest step
     world = run.rt.world_size
     record.update(
         lr=lr,
@@ -204,18 +206,19 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
 def validate(run: Run) -> dict[str, float]:
     """Each validation set's loss; the run's validation loss is their mixture-weighted mean."""
     s, val_sets = run.state, run.data.val_sets
-    losses = {
-        v.name: evaluate(
-            run.model,
-            v.shards,
-            v.starts,
-            run.plan,
-            micro_batch=s.micro_batch,
-            packing=run.cfg.data.packing,
-            rt=run.rt,
-        )
-        for v in val_sets
-    }
+    with run.rt.long_phase("evaluation"):
+        losses = {
+            v.name: evaluate(
+                run.model,
+                v.shards,
+                v.starts,
+                run.plan,
+                micro_batch=s.micro_batch,
+                packing=run.cfg.data.packing,
+                rt=run.rt,
+            )
+            for v in val_sets
+        }
     s.val_loss = combined_val_loss(losses, val_sets)
     s.best_val = s.val_loss if s.best_val is None else min(s.best_val, s.val_loss)
     return losses
@@ -256,10 +259,13 @@ def back_off(run: Run) -> None:
 def rollback(run: Run, bad_step: int) -> None:
     """Back to the latest valid checkpoint, past the data of the bad steps, at a lower LR (guard.py)."""
     s = run.state
-    ckpt = run.checkpointer.latest_valid(run.run_dir, run.log)
-    if ckpt is None:
-        raise GuardStop(f"step {bad_step}: the run diverged and there is no valid checkpoint to roll back to")
-    restored = run.checkpointer.load(ckpt, run.model, run.parts.optimizer, run.parts.scaler)
+    with run.rt.long_phase("rollback"):
+        ckpt = run.checkpointer.latest_valid(run.run_dir, run.log)
+        if ckpt is None:
+            raise GuardStop(
+                f"step {bad_step}: the run diverged and there is no valid checkpoint to roll back to"
+            )
+        restored = run.checkpointer.load(ckpt, run.model, run.parts.optimizer, run.parts.scaler)
     run.guard.after_rollback(bad_step, restored["step"])
     run.guard.event(
         bad_step,
@@ -290,18 +296,19 @@ def save_checkpoint(run: Run) -> None:
         "data": run.batches.state_dict(),
     }
     try:
-        path = run.checkpointer.save(
-            run.run_dir,
-            s.step,
-            model=run.model,
-            model_cfg=run.model_cfg,
-            optimizer=run.parts.optimizer,
-            scaler=run.parts.scaler,
-            state=state,
-            tokenizer_dir=run.run_dir / "tokenizer",
-            keep_last=run.cfg.train.keep_last,
-            keep_every=run.cfg.train.keep_every,
-        )
+        with run.rt.long_phase("checkpoint"):
+            path = run.checkpointer.save(
+                run.run_dir,
+                s.step,
+                model=run.model,
+                model_cfg=run.model_cfg,
+                optimizer=run.parts.optimizer,
+                scaler=run.parts.scaler,
+                state=state,
+                tokenizer_dir=run.run_dir / "tokenizer",
+                keep_last=run.cfg.train.keep_last,
+                keep_every=run.cfg.train.keep_every,
+            )
         run.log(f"checkpoint: {path}")
     except CheckpointSaveError as e:  # the previous checkpoint stands
         run.log(f"warning: {e}; training goes on")
@@ -310,7 +317,8 @@ def save_checkpoint(run: Run) -> None:
 def finish(run: Run, stopped_by: str, preemption: Preemption | None = None) -> TrainResult:
     s = run.state
     run.batches.close()
-    run.checkpointer.close()  # a background checkpoint completes before the run ends
+    with run.rt.long_phase("finishing"):
+        run.checkpointer.close()  # a background checkpoint completes before the run ends
     total = run.elapsed()
     run.log(
         f"done: {stopped_by} after {s.step:,} steps, {human_count(s.tokens)} tokens, {total:.1f} s"

@@ -31,6 +31,7 @@ from hopperlm.observe.observer import NullObserver, RunObserver
 from hopperlm.parallel import checkpoint as dist_ckpt
 from hopperlm.parallel.parallelize import SHARDED
 from hopperlm.parallel.runtime import Clock, Runtime
+from hopperlm.parallel.watchdog import restart_count
 from hopperlm.plan import Plan
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner
 from hopperlm.train.guard import Guard
@@ -45,7 +46,12 @@ Resume = bool | Literal["latest", "auto"] | str | Path
 
 
 def resolve_resume(resume: Resume, run_dir: Path, rt: Runtime, log: Callable[[str], None]) -> Path | None:
-    """The checkpoint a run starts from (None: a new run). The one place `--resume` is interpreted."""
+    """The checkpoint a run starts from (None: a new run). The one place `--resume` is interpreted. A group
+    restarted by `hopperlm launch --max-restarts` continues from its latest checkpoint whatever the first
+    attempt was asked (`auto`: it may have failed before its first checkpoint)."""
+    if restart_count() > 0 and resume in (False, None):
+        rt.log(f"restart {restart_count()} of this job: continuing from the latest checkpoint, if any")
+        resume = "auto"
     if resume == "auto":
         resume = bool(ckpt_io.list_checkpoints(run_dir))
     if resume is False or resume is None:

@@ -1,0 +1,143 @@
+"""A lost or stalled rank never hangs `hopperlm launch`: 2 gloo ranks on the CPU, one of them killed (SIGKILL) or
+frozen (SIGSTOP: what a hung NCCL call, a dead link or a stuck read look like from outside) mid-run. The job
+ends promptly with one line naming the rank, the step and the resume command, leaves no process behind and
+keeps its latest checkpoint; with --max-restarts it restarts itself and finishes with an uninterrupted run's
+losses."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hopperlm.checkpoint.layout import latest_checkpoint, verify_checkpoint
+from hopperlm.parallel.supervise import Frozen, describe_failure
+from hopperlm.parallel.watchdog import HEARTBEAT_DIR, step_limit
+from hopperlm.train.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def launch(run_dir: Path, data: Path, steps: int, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "hopperlm",
+        "launch",
+        "configs/debug.yaml",
+        "--nproc-per-node",
+        "2",
+        *extra,
+        "--data.path",
+        str(data),
+        "--run.out_dir",
+        str(run_dir),
+        "--train.max_steps",
+        str(steps),
+        "--train.log_every",
+        "5",
+        "--train.eval_every",
+        "0",
+        "--train.ckpt_every",
+        "20",
+        "--train.device",
+        "cpu",
+    ]
+
+
+def heartbeat(run_dir: Path, rank: int) -> dict | None:
+    try:
+        return json.loads((run_dir / HEARTBEAT_DIR / f"rank-{rank}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_with_fault(command: list[str], run_dir: Path, sig: signal.Signals, at_step: int, timeout: float):
+    """Start the job; when rank 1 has finished `at_step` steps, send it `sig`. (seconds from the signal to
+    the launcher's exit, the finished process, every pid the heartbeats named)."""
+    job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sent, pids, deadline = None, set(), time.time() + timeout
+    while job.poll() is None and time.time() < deadline:
+        for rank in (0, 1):
+            beat = heartbeat(run_dir, rank)
+            if beat is not None:
+                pids.add(beat["pid"])
+        beat = heartbeat(run_dir, 1)
+        if sent is None and beat is not None and beat["step"] >= at_step and beat["phase"] == "train":
+            os.kill(beat["pid"], sig)
+            sent = time.time()
+        time.sleep(0.05)
+    if job.poll() is None:
+        job.kill()
+    out, err = job.communicate()
+    assert sent is not None, f"rank 1 never reached step {at_step}:\n{out[-2000:]}\n{err[-2000:]}"
+    return time.time() - sent, subprocess.CompletedProcess(command, job.returncode, out, err), pids
+
+
+def assert_one_line_and_clean(done: subprocess.CompletedProcess, pids: set[int], run_dir: Path) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    for pid in pids:  # no rank left behind
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt is not None and verify_checkpoint(ckpt) is None  # the latest complete checkpoint is intact
+    assert f"latest checkpoint {ckpt.name}" in lines[0] and "--resume" in lines[0]
+    assert json.loads((run_dir / "failure.json").read_text())["summary"] in lines[0]
+    return lines[0]
+
+
+def test_a_killed_rank_ends_the_job_within_seconds(shakespeare_bytes, tmp_path):
+    run_dir = tmp_path / "killed"
+    seconds, done, pids = run_with_fault(
+        launch(run_dir, shakespeare_bytes, 2000), run_dir, signal.SIGKILL, at_step=45, timeout=120
+    )
+    line = assert_one_line_and_clean(done, pids, run_dir)
+    assert seconds < 10, seconds
+    assert "rank 1 was killed by SIGKILL at step" in line, line
+
+
+def test_a_stopped_rank_ends_the_job_within_its_step_limit(shakespeare_bytes, tmp_path):
+    run_dir = tmp_path / "stopped"
+    command = launch(run_dir, shakespeare_bytes, 100_000, "--parallel.step_timeout_s", "30")
+    seconds, done, pids = run_with_fault(command, run_dir, signal.SIGSTOP, at_step=45, timeout=150)
+    line = assert_one_line_and_clean(done, pids, run_dir)
+    assert seconds < 45, seconds
+    assert "rank 1 stopped answering at step" in line and "limit 30 s" in line, line
+
+
+def test_max_restarts_resumes_to_the_uninterrupted_losses(shakespeare_bytes, tmp_path):
+    whole = subprocess.run(
+        launch(tmp_path / "whole", shakespeare_bytes, 100),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    run_dir = tmp_path / "restarted"
+    command = launch(run_dir, shakespeare_bytes, 100, "--max-restarts", "1")
+    _, done, _ = run_with_fault(command, run_dir, signal.SIGKILL, at_step=45, timeout=180)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "launch: restart 1 of 1" in done.stdout
+    assert "restart 1 of this job: continuing from the latest checkpoint" in done.stdout
+    want = [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "whole" / "metrics.jsonl")]
+    got = [(r["step"], r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl")]
+    assert got == want  # every logged step, bitwise
+    assert json.loads((run_dir / "result.json").read_text())["stopped_by"] == "max_steps"
+
+
+def test_the_step_limit_and_the_failure_line():
+    assert step_limit(None, 0.2) == (60.0, step_limit(None, 0.2)[1])  # the floor
+    assert step_limit(None, 9.0)[0] == 90.0  # 10x the slowest step
+    assert step_limit(30.0, 9.0) == (30.0, "parallel.step_timeout_s")
+    frozen = Frozen(rank=3, step=56, silent_s=31.4, limit_s=30.0, killed=True)
+    assert describe_failure({}, frozen, []).startswith(
+        "rank 3 stopped answering at step 57: no heartbeat for 31 s"
+    )
