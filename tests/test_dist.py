@@ -53,6 +53,11 @@ def test_auto_picks_ddp_when_a_replica_fits_and_fsdp_when_it_does_not():
     assert tiny.micro_batch * tiny.grad_accum == 32 and tiny.tokens_per_step == 2048 * 256
     assert "x 8 ranks" in tiny.reasons["micro_batch"]
     assert tiny.compile_mode != "reduce-overhead"  # no CUDA graphs around collectives
+    # the two collective limits, with their reasons (one process has no collectives: no line)
+    assert "up to 600 s through start-up" in tiny.reasons["timeouts"] and "timeouts" not in one.reasons
+    assert "10x the slowest step" in tiny.reasons["timeouts"]
+    fixed = plan_for("H100 80GB", World(8, 8), parallel={"step_timeout_s": 90, "startup_timeout_s": 1200})
+    assert "up to 1200 s" in fixed.reasons["timeouts"] and "per step 90 s" in fixed.reasons["timeouts"]
 
     big = plan_for("H100 80GB", World(64, 8), preset="llama3-8b", train={"batch_tokens": 2048 * 512})
     assert (big.strategy, big.dp_shard) == ("fsdp", 64)

@@ -46,6 +46,7 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
     import shlex
 
     from hopperlm.checkpoint.init_from import resolve_init_from
+    from hopperlm.cli.third_party_logs import Redirect
     from hopperlm.config import load_config
     from hopperlm.parallel.launch import launch_command
     from hopperlm.parallel.supervise import supervise
@@ -70,6 +71,7 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.dry_run:
         return
     sys.stdout.flush()
+    run_dir = Path(cfg.run.out_dir).resolve()
     again = ["hopperlm", "launch", str(args.config), "--nproc-per-node", str(args.nproc_per_node)]
     if args.nnodes > 1:
         again += ["--nnodes", str(args.nnodes), "--rdzv-endpoint", str(args.rdzv_endpoint)]
@@ -77,10 +79,11 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
         again += ["--max-restarts", str(args.max_restarts)]
     code = supervise(
         command[3:],  # after `python -m torch.distributed.run`: torchrun's argv
-        Path(cfg.run.out_dir).resolve(),
+        run_dir,
         resume_command=[*again, "--resume", *overrides],
         fresh_command=[*again, *overrides],
         debug=args.debug,
+        quiet=None if args.debug else Redirect(run_dir / "launch.log"),  # torchrun's agent's log lines
     )
     if code:
         sys.exit(code)

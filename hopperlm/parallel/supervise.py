@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,7 +146,12 @@ def describe_failure(failures: dict, frozen: Frozen | None, beats: list[dict]) -
     if frozen is not None:
         return describe_frozen(frozen)
     steps = {b["rank"]: b["step"] for b in beats}
-    at = lambda rank: f"at step {steps.get(rank, max(steps.values(), default=0)) + 1}"  # noqa: E731
+
+    def at(rank: int) -> str:
+        if not steps:  # no rank got as far as its process group: the failure is in start-up
+            return "during start-up"
+        return f"at step {steps.get(rank, max(steps.values())) + 1}"
+
     if not failures:
         return f"the job failed {at(0)}"
 
@@ -200,13 +206,13 @@ def supervise(
     resume_command: list[str],
     fresh_command: list[str],
     debug: bool = False,
+    quiet=None,
 ) -> int:
-    """Run the job; the exit code for `hopperlm launch` (0: every rank finished)."""
+    """Run the job; the exit code for `hopperlm launch` (0: every rank finished). `quiet`: a context manager
+    that keeps the agent's log lines off the console while it runs (the CLI's, writing RUN_DIR/launch.log)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
-
-    from hopperlm.cli.third_party_logs import Redirect
 
     args = parse_args(torchrun_argv)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -217,21 +223,14 @@ def supervise(
     if torch.cuda.is_available():
         (run_dir / "flight-recorder").mkdir(exist_ok=True)
     os.environ[SUPERVISED_ENV] = "0" if debug else "1"
-    if (
-        not debug
-    ):  # torch's C++ log lines (gloo's retries, NCCL's watchdog) stay off the console (--debug: on)
+    if not debug:  # torch's C++ log lines (gloo's retries, NCCL's watchdog) stay off the console
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     started = time.time()
     say = lambda line: print(line, flush=True)  # noqa: E731
     watcher = HeartbeatWatcher(run_dir, started, args.max_restarts, say)
-    quiet = Redirect(run_dir / "launch.log") if not debug else None
     try:
-        with watcher:
-            if quiet is not None:
-                with quiet:
-                    run(args)
-            else:
-                run(args)
+        with watcher, quiet or nullcontext():
+            run(args)
         return 0
     except ChildFailedError as e:
         frozen = watcher.frozen or watcher.check()  # (the final check also kills what is frozen)

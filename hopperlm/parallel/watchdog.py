@@ -32,6 +32,7 @@ HEARTBEAT_DIR = "heartbeats"
 SUPERVISED_ENV = "HOPPERLM_SUPERVISED"
 """Set to 1 by `hopperlm launch` for its ranks: they record their errors for it and print none themselves."""
 BEAT_EVERY_S = 1.0
+BEAT_BYTES = 512  # a heartbeat file's fixed size (JSON padded with spaces)
 STEP_LIMIT_FLOOR_S = 60.0
 STEP_LIMIT_FACTOR = 10.0
 
@@ -59,6 +60,20 @@ def step_limit(configured: float | None, slowest_step_s: float) -> tuple[float, 
     )
 
 
+def describe_limits(startup_s: float, step_s: float | None) -> str:
+    """The plan's line on the two limits."""
+    steps = (
+        f"{step_s:g} s (parallel.step_timeout_s)"
+        if step_s is not None
+        else f"max({STEP_LIMIT_FLOOR_S:.0f} s, {STEP_LIMIT_FACTOR:.0f}x the slowest step), set at the first log step"
+    )
+    return (
+        f"a collective waits up to {startup_s:g} s through start-up, evaluation and checkpoints "
+        f"(parallel.startup_timeout_s), then per step {steps}; a frozen rank is named and killed by "
+        "`hopperlm launch` within that limit"
+    )
+
+
 def set_group_timeout(seconds: float) -> None:
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _set_pg_timeout
@@ -80,6 +95,7 @@ class Watchdog:
         self.step_limit_s: float | None = None  # set at the first log step
         self.slowest_s = 0.0
         self.attempt = restart_count()
+        self._fd: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hopperlm-heartbeat", daemon=True)
 
@@ -128,6 +144,9 @@ class Watchdog:
             self._thread.join(timeout=2 * BEAT_EVERY_S)
         with suppress(OSError):
             self._write()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     # ---- inside --------------------------------------------------------------------------------------
     def _set(self, limit_s: float, phase: str) -> None:
@@ -136,6 +155,9 @@ class Watchdog:
         self.limit_s, self.phase = limit_s, phase
 
     def _write(self) -> None:
+        """Overwrite the file in place, padded to a fixed size: no new disk block is needed, so a full disk
+        (which training survives: a failed checkpoint save is only a warning) does not silence the heartbeat.
+        A reader that catches a write half-way fails to parse it and reads again half a second later."""
         beat = {
             "rank": self.rank,
             "attempt": self.attempt,
@@ -146,9 +168,10 @@ class Watchdog:
             "limit_s": self.limit_s,
             "time": time.time(),
         }
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(beat))
-        tmp.replace(self.path)  # the launcher never reads half a file
+        data = json.dumps(beat).encode().ljust(BEAT_BYTES)
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.pwrite(self._fd, data, 0)
 
     def _run(self) -> None:
         while not self._stop.wait(BEAT_EVERY_S):

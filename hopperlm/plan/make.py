@@ -18,6 +18,7 @@ from hopperlm.memory import MemoryEstimate, estimate_memory
 from hopperlm.model.transformer import flops_per_token
 from hopperlm.parallel.parallelize import SHARDED, choose_strategy, lora_parallel_note
 from hopperlm.parallel.runtime import World
+from hopperlm.parallel.watchdog import describe_limits
 from hopperlm.plan.choices import (
     choose_attention,
     choose_compile,
@@ -211,6 +212,8 @@ def make_plan(
         budget=budget,
     )
     why["parallel"] += lora_parallel_note(cfg, model_cfg, strategy, precision)
+    if world.size > 1:
+        why["timeouts"] = describe_limits(cfg.parallel.startup_timeout_s, cfg.parallel.step_timeout_s)
     fp8_all_gather = fp8 == "tensorwise" and strategy in SHARDED
     if fp8_all_gather:
         why["fp8"] += "; FSDP all-gathers the weights in float8 (half of bf16's bytes)"

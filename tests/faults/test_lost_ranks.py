@@ -58,7 +58,7 @@ def heartbeat(run_dir: Path, rank: int) -> dict | None:
 
 def run_with_fault(command: list[str], run_dir: Path, sig: signal.Signals, at_step: int, timeout: float):
     """Start the job; when rank 1 has finished `at_step` steps, send it `sig`. (seconds from the signal to
-    the launcher's exit, the finished process, every pid the heartbeats named)."""
+    the launcher's exit, the finished process, every pid the heartbeats named, rank 1's environment)."""
     job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sent, pids, deadline = None, set(), time.time() + timeout
     while job.poll() is None and time.time() < deadline:
@@ -68,6 +68,7 @@ def run_with_fault(command: list[str], run_dir: Path, sig: signal.Signals, at_st
                 pids.add(beat["pid"])
         beat = heartbeat(run_dir, 1)
         if sent is None and beat is not None and beat["step"] >= at_step and beat["phase"] == "train":
+            environ = Path(f"/proc/{beat['pid']}/environ").read_bytes().split(b"\0")
             os.kill(beat["pid"], sig)
             sent = time.time()
         time.sleep(0.05)
@@ -75,7 +76,8 @@ def run_with_fault(command: list[str], run_dir: Path, sig: signal.Signals, at_st
         job.kill()
     out, err = job.communicate()
     assert sent is not None, f"rank 1 never reached step {at_step}:\n{out[-2000:]}\n{err[-2000:]}"
-    return time.time() - sent, subprocess.CompletedProcess(command, job.returncode, out, err), pids
+    env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+    return time.time() - sent, subprocess.CompletedProcess(command, job.returncode, out, err), pids, env
 
 
 def assert_one_line_and_clean(done: subprocess.CompletedProcess, pids: set[int], run_dir: Path) -> str:
@@ -95,18 +97,22 @@ def assert_one_line_and_clean(done: subprocess.CompletedProcess, pids: set[int],
 
 def test_a_killed_rank_ends_the_job_within_seconds(shakespeare_bytes, tmp_path):
     run_dir = tmp_path / "killed"
-    seconds, done, pids = run_with_fault(
+    seconds, done, pids, env = run_with_fault(
         launch(run_dir, shakespeare_bytes, 2000), run_dir, signal.SIGKILL, at_step=45, timeout=120
     )
     line = assert_one_line_and_clean(done, pids, run_dir)
     assert seconds < 10, seconds
     assert "rank 1 was killed by SIGKILL at step" in line, line
+    # what the launcher gave its ranks: quiet errors (it speaks for them), NCCL's abort and flight recorder
+    assert env["HOPPERLM_SUPERVISED"] == "1" and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == str(run_dir.resolve() / "flight-recorder" / "nccl_trace_rank_")
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_FR_BUFFER_SIZE"]) > 0
 
 
 def test_a_stopped_rank_ends_the_job_within_its_step_limit(shakespeare_bytes, tmp_path):
     run_dir = tmp_path / "stopped"
     command = launch(run_dir, shakespeare_bytes, 100_000, "--parallel.step_timeout_s", "30")
-    seconds, done, pids = run_with_fault(command, run_dir, signal.SIGSTOP, at_step=45, timeout=150)
+    seconds, done, pids, _ = run_with_fault(command, run_dir, signal.SIGSTOP, at_step=45, timeout=150)
     line = assert_one_line_and_clean(done, pids, run_dir)
     assert seconds < 45, seconds
     assert "rank 1 stopped answering at step" in line and "limit 30 s" in line, line
@@ -123,7 +129,7 @@ def test_max_restarts_resumes_to_the_uninterrupted_losses(shakespeare_bytes, tmp
     assert whole.returncode == 0, whole.stderr[-2000:]
     run_dir = tmp_path / "restarted"
     command = launch(run_dir, shakespeare_bytes, 100, "--max-restarts", "1")
-    _, done, _ = run_with_fault(command, run_dir, signal.SIGKILL, at_step=45, timeout=180)
+    _, done, *_ = run_with_fault(command, run_dir, signal.SIGKILL, at_step=45, timeout=180)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     assert "launch: restart 1 of 1" in done.stdout
     assert "restart 1 of this job: continuing from the latest checkpoint" in done.stdout
