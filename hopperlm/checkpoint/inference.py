@@ -16,6 +16,7 @@ from hopperlm.checkpoint.layout import (
     CONFIG_FILE,
     STATE_FILE,
     TOKENIZER_DIR,
+    read_lora_config,
     read_model_config,
     resolve_model_dir,
 )
@@ -27,10 +28,17 @@ from hopperlm.hardware import detect_for
 from hopperlm.model.transformer import Transformer, build_empty
 
 
-def load_for_inference(path: str | Path, device: str = "auto") -> tuple[Transformer, Tokenizer]:
-    """(model in eval mode, tokenizer) from a run, checkpoint, model folder or Hugging Face folder."""
+def load_for_inference(
+    path: str | Path, device: str = "auto", *, merge: bool = True
+) -> tuple[Transformer, Tokenizer]:
+    """(model in eval mode, tokenizer) from a run, checkpoint, model folder or Hugging Face folder. A LoRA
+    checkpoint is merged into its base on the way, or with merge=False kept as trained: the base with its
+    adapters beside it (what `eval --tasks` scores, so a run is judged as it trained)."""
     path = Path(path)
     dev = detect_for(device).device
+    if not merge and not is_hf_dir(path) and read_lora_config(resolve_model_dir(path)) is not None:
+        model_dir = resolve_model_dir(path)
+        return unmerged_lora(model_dir, dev), _tokenizer_of(model_dir, model_dir / TOKENIZER_DIR)
     if is_hf_dir(path):
         model = build_empty(ModelConfig(**model_values(path)), dev)
         tokenizer_dir = path
@@ -44,12 +52,32 @@ def load_for_inference(path: str | Path, device: str = "auto") -> tuple[Transfor
         model = build_empty(read_model_config(model_dir), dev)
         path = model_dir
     load_weights(model, path)
+    return model.eval(), _tokenizer_of(path, tokenizer_dir)
+
+
+def _tokenizer_of(path: Path, tokenizer_dir: Path) -> Tokenizer:
     try:  # a folder hopperlm exported with its byte tokenizer: the marker, not its transformers form
         marker = tokenizer_dir / BYTE_MARKER
-        tokenizer = load_tokenizer(marker if marker.is_file() else tokenizer_dir)
+        return load_tokenizer(marker if marker.is_file() else tokenizer_dir)
     except DataError as e:
         raise CheckpointError(f"{path} has no usable tokenizer ({e})") from None
-    return model.eval(), tokenizer
+
+
+def unmerged_lora(model_dir: Path, device) -> Transformer:
+    """A LoRA checkpoint's model as it trained: its base (model.init_from, checked unchanged) wrapped with the
+    adapters, in eval mode. A QLoRA run's base is its 16-bit weights (the NF4 copy is rebuilt only to train)."""
+    from hopperlm.checkpoint.tensors import check_base, read_adapters
+    from hopperlm.model.lora import apply_lora, load_adapter_state
+
+    model_cfg, lora_cfg = read_model_config(model_dir), read_lora_config(model_dir)
+    if not model_cfg.init_from:
+        raise CheckpointError(f"{model_dir} holds adapters without a model.init_from base")
+    check_base(model_dir)
+    model = build_empty(model_cfg, device)
+    load_weights(model, model_cfg.init_from)
+    apply_lora(model, lora_cfg)
+    load_adapter_state(model, read_adapters(model_dir), str(model_dir))
+    return model.eval()
 
 
 def tokenizer_path(source: str | Path) -> Path:

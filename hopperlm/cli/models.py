@@ -29,17 +29,24 @@ def cmd_merge(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    """Held-out loss in the windows heldout.py describes (the windowing is printed per set), and GSM8K."""
-    import json
+    """lm-evaluation-harness tasks (--tasks), held-out loss in the windows heldout.py describes (the
+    windowing is printed per set), and GSM8K."""
 
     import torch
 
     from hopperlm.checkpoint.inference import load_for_inference, trained_with
 
-    if not args.data and not args.gsm8k:
-        raise ConfigError("nothing to evaluate: pass --data FILE_OR_DIR (held-out loss) and/or --gsm8k FILE")
-    model, tokenizer = load_for_inference(args.model, device=args.device)
+    if not args.data and not args.gsm8k and not args.tasks:
+        raise ConfigError(
+            "nothing to evaluate: pass --tasks T1,T2 (lm-evaluation-harness), --data FILE_OR_DIR (held-out "
+            "loss) and/or --gsm8k FILE"
+        )
     report: dict = {"model": args.model, "heldout": [], "gsm8k": None}
+    if args.tasks:
+        report["lm_eval"] = harness_tasks(args)
+        if not args.data and not args.gsm8k:
+            return write_report(report, args.json)
+    model, tokenizer = load_for_inference(args.model, device=args.device)
     if args.data:
         from hopperlm.eval.heldout import default_batch, default_context, heldout_loss
 
@@ -85,9 +92,66 @@ def cmd_eval(args: argparse.Namespace) -> None:
             "samples": g.samples,
         }
         log(f"gsm8k: {g.correct}/{g.total} exact match = {g.accuracy:.1%} (greedy, {args.shots}-shot)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-        log(f"results: {args.json}")
+    write_report(report, args.json)
+
+
+def write_report(report: dict, path: str | None) -> None:
+    import json
+
+    if path:
+        Path(path).write_text(json.dumps(report, indent=1, default=str) + "\n")
+        log(f"results: {path}")
+
+
+def harness_tasks(args: argparse.Namespace) -> dict:
+    """`--tasks` through lm-evaluation-harness (eval/harness.py): the table printed, lm-eval's results returned
+    (metrics under lm-eval's names); a LoRA run is scored with its adapters unmerged."""
+    import json
+
+    import torch
+
+    from hopperlm.checkpoint.inference import load_for_inference, tokenizer_path, trained_with
+    from hopperlm.eval.harness import build_adapter, metrics_of, require_lm_eval, run_tasks
+
+    import os
+
+    require_lm_eval()  # before loading a model: one line saying how to install it
+    if not args.debug:  # lm-eval's progress bars (its log lines go to the third-party log file)
+        os.environ.setdefault("TQDM_DISABLE", "1")
+    from lm_eval.utils import make_table
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    model, tokenizer = load_for_inference(args.model, device=args.device, merge=False)
+    autocast = None  # a run trained on a GPU under autocast is scored under it too
+    if trained_with(args.model) is not None and model.embed.weight.device.type == "cuda":
+        autocast = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    adapter = build_adapter(
+        model,
+        tokenizer,
+        tokenizer_folder=tokenizer_path(args.model),
+        batch_size=args.batch or 8,
+        autocast=autocast,
+    )
+    results = run_tasks(
+        adapter,
+        tasks,
+        num_fewshot=args.num_fewshot,
+        limit=args.limit,
+        include_path=args.include_path,
+        log_samples=bool(args.log_samples),
+    )
+    log(make_table(results))
+    if args.log_samples:
+        with open(args.log_samples, "w") as f:
+            for task, samples in results.get("samples", {}).items():
+                for sample in samples:
+                    f.write(json.dumps({"task": task, **sample}, default=str) + "\n")
+        log(f"samples: {args.log_samples}")
+    return {
+        "metrics": metrics_of(results),
+        "results": results["results"],
+        "n-samples": results.get("n-samples"),
+    }
 
 
 GENERATE_HELP = (
@@ -278,14 +342,32 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
             p.add_argument("--peft", action="store_true", help="LoRA runs: the adapters in PEFT's format")
 
     p = add_verb(
-        verbs, common, "eval", cmd_eval, "held-out loss/perplexity, GSM8K exact match of generated answers"
+        verbs,
+        common,
+        "eval",
+        cmd_eval,
+        "lm-evaluation-harness tasks, held-out loss/perplexity, GSM8K exact match of generated answers",
     )
     p.add_argument("model", help="run dir, checkpoint, model folder or Hugging Face folder")
+    p.add_argument(
+        "--tasks",
+        help="lm-evaluation-harness tasks, comma-separated (e.g. hellaswag,arc_easy; local task YAMLs with "
+        "--include-path); needs pip install 'hopperlm[eval]'",
+    )
+    p.add_argument(
+        "--num-fewshot", type=int_at_least(0), help="--tasks: examples in each prompt (default: the task's)"
+    )
+    p.add_argument(
+        "--include-path", help="--tasks: a folder of task YAMLs (e.g. dataset_path: json, local data_files)"
+    )
+    p.add_argument("--log-samples", help="--tasks: write every request and response here (JSONL)")
     p.add_argument(
         "--data", action="append", default=[], help="held-out text file/folder or prepared dir (repeat)"
     )
     p.add_argument("--gsm8k", help="GSM8K JSONL (question/answer), e.g. ../shared/data/gsm8k/test.jsonl")
-    p.add_argument("--limit", type=int_at_least(1), help="GSM8K: only the first N problems (>= 1)")
+    p.add_argument(
+        "--limit", type=int_at_least(1), help="GSM8K and --tasks: only the first N problems (>= 1)"
+    )
     p.add_argument(
         "--shots",
         type=int_at_least(0),
@@ -311,7 +393,8 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch",
         type=int_at_least(1),
-        help="held-out windows per forward pass (>= 1; default: the run's micro-batch, else up to 8)",
+        help="held-out windows (--tasks: requests) per forward pass (>= 1; default: the run's micro-batch, "
+        "else up to 8; --tasks: 8)",
     )
     p.add_argument("--device", default="auto")
     p.add_argument("--json", help="also write the results here")

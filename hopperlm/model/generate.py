@@ -6,7 +6,7 @@ The next token is chosen as transformers' `generate` chooses it, processors in i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -133,13 +133,15 @@ def generate(
     *,
     top_p: float = 1.0,
     repetition_penalty: float = 1.0,
+    stop: Callable[[list[int]], bool] | None = None,
 ) -> list[int]:
     """Continue `prompt` by up to max_new_tokens ids; stops after any id of eos_id (one id or several, as a
-    generation_config.json's eos_token_id list), which is returned with the rest. When the context is full the
-    cache is rebuilt from the last half-context of tokens, so generation may run past max_seq_len."""
+    generation_config.json's eos_token_id list), which is returned with the rest, or once `stop(new ids)` is
+    true (a stop string appeared: lm-eval's tasks). When the context is full the cache is rebuilt from the
+    last half-context of tokens, so generation may run past max_seq_len."""
     if not prompt:
         raise ValueError("generate needs at least one prompt token")
-    stop = set() if eos_id is None else {eos_id} if isinstance(eos_id, int) else set(eos_id)
+    stop_ids = set() if eos_id is None else {eos_id} if isinstance(eos_id, int) else set(eos_id)
     device = model.embed.weight.device
     generator = None
     if seed is not None:
@@ -168,7 +170,7 @@ def generate(
                 seen=seen,
             )
             tokens.append(int(nxt))
-            if tokens[-1] in stop:
+            if tokens[-1] in stop_ids or (stop is not None and stop(tokens[len(prompt) :])):
                 break
             if seen is not None:
                 seen[0, tokens[-1]] = True

@@ -1,0 +1,122 @@
+"""`hopperlm eval --tasks` runs lm-evaluation-harness on hopperlm's own model code and scores what
+`lm_eval --model hf` scores on the run's export: a LoRA fine-tune of the tiny TinyLlama, evaluated with its
+adapters unmerged, against its merged Hugging Face export under transformers, on local tasks built from
+../shared/data (multiple choice, rolling perplexity, lm-eval's own GSM8K task on the local file)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hf_tiny import finetune_config
+
+from hopperlm.cli import main
+from hopperlm.errors import ConfigError
+from hopperlm.train.loop import train
+
+lm_eval = pytest.importorskip("lm_eval")
+
+REPO = Path(__file__).resolve().parents[1]
+QUIET = lambda line: None  # noqa: E731
+TASKS = ["tir_news", "wikitext_paragraphs", "gsm8k_local"]
+
+
+@pytest.fixture(scope="module")
+def task_dir(data_dir, tmp_path_factory) -> Path:
+    """The two task YAMLs hopperlm ships (configs/tasks, their data paths made absolute) and lm-eval's own
+    GSM8K task pointed at the local train/test files."""
+    out = tmp_path_factory.mktemp("tasks")
+    for name in ("tir_news", "wikitext_paragraphs"):
+        text = (REPO / "configs" / "tasks" / f"{name}.yaml").read_text()
+        # (the rolling task reads Tiny Shakespeare's short speeches here: WikiText's long paragraphs through a
+        # 32,000-piece vocabulary take a minute on both sides)
+        text = text.replace("wikitext-2/wiki.test.tokens", "tinyshakespeare/input.txt")
+        (out / f"{name}.yaml").write_text(text.replace("../shared/data", str(data_dir)))
+    gsm8k = Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
+    (out / "gsm8k_local.yaml").write_text(
+        f"include: {gsm8k}\ntask: gsm8k_local\ntag: []\ndataset_path: json\ndataset_name: null\n"
+        "dataset_kwargs:\n  data_files:\n"
+        f"    train: {data_dir / 'gsm8k' / 'train.jsonl'}\n    test: {data_dir / 'gsm8k' / 'test.jsonl'}\n"
+        # (answers of 32 tokens, not 256: transformers' generate on a CPU is the slow half of the test)
+        "generation_kwargs:\n  until: ['Question:', '</s>', '<|im_end|>']\n  do_sample: false\n"
+        "  temperature: 0.0\n  max_gen_toks: 32\n"
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def lora_run(tinyllama_hf, data_dir, tmp_path_factory) -> tuple[Path, Path]:
+    """(a LoRA run, trained a few steps so its adapters are not zero; its merged Hugging Face export)."""
+    root = tmp_path_factory.mktemp("lora-eval")
+    run = root / "run"
+    lora = ["--lora.rank", "4", "--lora.targets", "all-linear", "--sft.max_examples", "64"]
+    steps = [
+        "--train.max_steps",
+        "4",
+        "--train.log_every",
+        "2",
+        "--train.eval_every",
+        "0",
+        "--optim.lr",
+        "1e-2",
+    ]
+    train(finetune_config(tinyllama_hf, data_dir, run, *lora, *steps), log=QUIET)
+    main(["export", str(run), str(root / "export")])
+    return run, root / "export"
+
+
+def test_eval_tasks_equal_lm_eval_hf_on_the_export(lora_run, task_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # local files only: no network, the datasets cache used
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run, export = lora_run
+    capsys.readouterr()
+    common = ["--include-path", str(task_dir), "--limit", "4", "--num-fewshot", "1"]
+    main(["eval", str(run), "--tasks", ",".join(TASKS), *common, "--json", str(tmp_path / "r.json"),
+          "--log-samples", str(tmp_path / "s.jsonl")])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "|tir_news" in printed and "bits_per_byte" in printed  # lm-eval's table
+    ours = json.loads((tmp_path / "r.json").read_text())["lm_eval"]["metrics"]
+
+    from lm_eval.tasks import TaskManager
+
+    theirs = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={export},dtype=float32",
+        tasks=TASKS,
+        limit=4,
+        num_fewshot=1,
+        task_manager=TaskManager(include_path=str(task_dir)),
+        batch_size=4,
+        device="cpu",
+        log_samples=True,
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )
+    from hopperlm.eval.harness import metrics_of
+
+    want = metrics_of(theirs)
+    assert set(ours) == set(want)
+    for name, value in want.items():
+        assert ours[name] == pytest.approx(value, rel=1e-4), name
+    assert ours["wikitext_paragraphs/bits_per_byte"] > 0 and "tir_news/acc" in ours
+    # greedy generation: the very same text, sample by sample (before lm-eval's answer extraction)
+    lines = (tmp_path / "s.jsonl").read_text().splitlines()
+    samples = [s for s in map(json.loads, lines) if s["task"] == "gsm8k_local"]
+    assert [s["resps"] for s in samples] == [s["resps"] for s in theirs["samples"]["gsm8k_local"]]
+    assert len({s["doc_id"] for s in samples}) == 4 and all(s["resps"][0][0] for s in samples)
+
+
+def test_without_lm_eval_or_with_an_unknown_task_one_line_says_what_to_do(lora_run, monkeypatch, capsys):
+    run, _ = lora_run
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", str(run), "--tasks", "no_such_task", "--limit", "1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--tasks no_such_task: no such lm-eval task" in err[0], err
+    monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)  # as if not installed
+    from hopperlm.eval.harness import require_lm_eval
+
+    with pytest.raises(ConfigError, match=r"pip install 'hopperlm\[eval\]'"):
+        require_lm_eval()
