@@ -107,13 +107,12 @@ def harness_tasks(args: argparse.Namespace) -> dict:
     """`--tasks` through lm-evaluation-harness (eval/harness.py): the table printed, lm-eval's results returned
     (metrics under lm-eval's names); a LoRA run is scored with its adapters unmerged."""
     import json
+    import os
 
     import torch
 
     from hopperlm.checkpoint.inference import load_for_inference, tokenizer_path, trained_with
     from hopperlm.eval.harness import build_adapter, metrics_of, require_lm_eval, run_tasks
-
-    import os
 
     require_lm_eval()  # before loading a model: one line saying how to install it
     if not args.debug:  # lm-eval's progress bars (its log lines go to the third-party log file)
