@@ -11,6 +11,7 @@ from hf_tiny import finetune_config
 
 from hopperlm.cli import main
 from hopperlm.errors import ConfigError
+from hopperlm.eval.harness import FIXED_SEEDS, metrics_of
 from hopperlm.train.loop import train
 
 lm_eval = pytest.importorskip("lm_eval")
@@ -89,12 +90,8 @@ def test_eval_tasks_equal_lm_eval_hf_on_the_export(lora_run, task_dir, tmp_path,
         device="cpu",
         log_samples=True,
         bootstrap_iters=0,
-        random_seed=0,
-        numpy_random_seed=0,
-        torch_random_seed=0,
-        fewshot_random_seed=0,
+        **FIXED_SEEDS,  # the same few-shot examples as hopperlm's side drew
     )
-    from hopperlm.eval.harness import metrics_of
 
     want = metrics_of(theirs)
     assert set(ours) == set(want)
@@ -120,3 +117,32 @@ def test_without_lm_eval_or_with_an_unknown_task_one_line_says_what_to_do(lora_r
 
     with pytest.raises(ConfigError, match=r"pip install 'hopperlm\[eval\]'"):
         require_lm_eval()
+
+
+def test_tasks_during_training(shakespeare_bytes, task_dir, tmp_path, capsys, monkeypatch):
+    """eval.tasks at log steps: the metrics in metrics.jsonl (equal to `hopperlm eval` of the checkpoint of
+    that step) and the report, and the run's losses those of a run without them (dropout on: the model goes
+    back to train mode and every RNG to its state)."""
+    from hopperlm.config import load_config
+    from hopperlm.train.metrics import read_metrics
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    common = ["--data.path", str(shakespeare_bytes), "--train.max_steps", "20", "--train.log_every", "5"]
+    common += ["--train.eval_every", "10", "--train.ckpt_every", "10", "--model.dropout", "0.1"]
+    tasks = ["--eval.tasks", "tir_news", "--eval.include_path", str(task_dir), "--eval.limit", "8"]
+    train(load_config(REPO / "configs" / "debug.yaml", [*common, "--run.out_dir", str(tmp_path / "plain")]))
+    run = tmp_path / "tasks"
+    train(load_config(REPO / "configs" / "debug.yaml", [*common, *tasks, "--eval.every", "10",
+                                                        "--run.out_dir", str(run)]))  # fmt: skip
+    records = read_metrics(run / "metrics.jsonl")
+    with_tasks = [r for r in records if "tasks" in r]
+    assert [r["step"] for r in with_tasks] == [10, 20]
+    assert [r["loss"] for r in records] == [
+        r["loss"] for r in read_metrics(tmp_path / "plain" / "metrics.jsonl")
+    ]
+    capsys.readouterr()
+    main(["eval", str(run / "checkpoints" / "step_000010"), "--tasks", "tir_news", "--include-path",
+          str(task_dir), "--limit", "8", "--json", str(tmp_path / "after.json")])  # fmt: skip
+    after = json.loads((tmp_path / "after.json").read_text())["lm_eval"]["metrics"]
+    assert with_tasks[0]["tasks"] == pytest.approx(after, rel=1e-6)
+    assert "## Benchmarks (lm-evaluation-harness)" in (run / "report.md").read_text()

@@ -1,6 +1,6 @@
 """Typed run configuration: dataclasses with one docstring per field, YAML loading and strict CLI overrides.
 
-A config file has up to ten sections (model, data, optim, train, guard, log, parallel, run, lora, sft).
+A config file has up to eleven sections (model, data, optim, train, guard, log, parallel, run, lora, sft, eval).
 `model.preset` starts the model section from a preset in presets.py; keys beside it override the preset.
 `model.init_from` starts it from a Hugging Face or hopperlm checkpoint instead: reading a config opens no
 checkpoint, so such a section awaits an explicit `hopperlm.checkpoint.init_from.resolve_init_from(cfg)`,

@@ -1,4 +1,4 @@
-"""The whole recipe: a Config of ten sections, and the checks that span two of them."""
+"""The whole recipe: a Config of eleven sections, and the checks that span two of them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from hopperlm.config.finetune import LoRAConfig, SFTConfig
 from hopperlm.config.model import ModelConfig
-from hopperlm.config.run import LogConfig, ParallelConfig, RunConfig
+from hopperlm.config.run import EvalConfig, LogConfig, ParallelConfig, RunConfig
 from hopperlm.config.training import DataConfig, GuardConfig, OptimConfig, TrainConfig
 from hopperlm.errors import ConfigError
 
@@ -25,6 +25,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         if self.lora.enabled and self.train.embed_warmup_steps:
@@ -54,4 +55,5 @@ SECTIONS: dict[str, type] = {
     "run": RunConfig,
     "lora": LoRAConfig,
     "sft": SFTConfig,
+    "eval": EvalConfig,
 }

@@ -30,6 +30,32 @@ class LogConfig:
 
 
 @dataclass
+class EvalConfig:
+    tasks: str | None = None
+    """lm-evaluation-harness tasks to run during training, comma-separated (e.g. hellaswag,arc_easy; needs
+    pip install 'hopperlm[eval]'); each metric goes to metrics.jsonl (`tasks`), TensorBoard/W&B (tasks/...)
+    and the report. null = none."""
+    every: int = 0
+    """Steps between task evaluations (taken at the next log step); 0 = once, at the end of the run."""
+    limit: int | None = None
+    """Only the first N examples of each task (null = all): tasks during training are usually a quick check."""
+    num_fewshot: int | None = None
+    """Examples in each prompt; null = each task's own default."""
+    include_path: str | None = None
+    """A folder of task YAMLs of your own (e.g. on local files: dataset_path json with data_files)."""
+    batch: int = 8
+    """Requests per forward pass."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ConfigError(f"eval.every={self.every} must be >= 0 (0: once, at the end)")
+        if self.batch < 1 or (self.limit is not None and self.limit < 1):
+            raise ConfigError(f"eval.batch={self.batch} and eval.limit={self.limit} must be >= 1")
+        if self.tasks is not None and not [t for t in self.tasks.split(",") if t.strip()]:
+            raise ConfigError("eval.tasks is empty; name tasks (e.g. hellaswag,arc_easy) or set it to null")
+
+
+@dataclass
 class ParallelConfig:
     strategy: Literal["auto", "ddp", "fsdp", "hsdp", "none"] = "auto"
     """Data parallelism under torchrun: ddp (a replica per rank), fsdp (FSDP2: parameters, gradients and

@@ -24,6 +24,8 @@ from hopperlm.errors import ConfigError
 from hopperlm.model.generate import generate
 
 INSTALL = "pip install 'hopperlm[eval]' (lm-evaluation-harness)"
+# lm-eval's seeds (few-shot examples, sampling), fixed so that two evaluations draw the same prompts
+FIXED_SEEDS = dict(random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
 
 
 def require_lm_eval():
@@ -233,10 +235,7 @@ def run_tasks(
         task_manager=manager,
         log_samples=log_samples,
         bootstrap_iters=0,
-        random_seed=0,
-        numpy_random_seed=0,
-        torch_random_seed=0,
-        fewshot_random_seed=0,
+        **FIXED_SEEDS,
     )
 
 

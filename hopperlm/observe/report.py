@@ -121,6 +121,7 @@ def gather(run_dir: Path) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "status": status,
         "summary": summarize(records, plan),
+        "tasks": [(r["step"], r["tasks"]) for r in records if r.get("tasks")],
         "plan": plan,
         "events": _read_jsonl(run_dir / "events.jsonl"),
         "checkpoints": checkpoint_rows(run_dir),
@@ -151,6 +152,10 @@ def _fmt(value: Any, spec: str = "") -> str:
 def blocks(info: dict[str, Any], pngs: list[Path]) -> list[tuple]:
     """The report as (kind, ...) blocks: h2, kv, table, text, muted, plots, code."""
     out: list[tuple] = [("h2", "Summary"), ("kv", info["summary"])]
+    if info.get("tasks"):  # lm-evaluation-harness during training (the eval section)
+        names = sorted({name for _, metrics in info["tasks"] for name in metrics})
+        rows = [[step, *(_fmt(metrics.get(n), ".4f") for n in names)] for step, metrics in info["tasks"]]
+        out += [("h2", "Benchmarks (lm-evaluation-harness)"), ("table", ["step", *names], rows)]
     if pngs:
         out += [("h2", "Plots"), ("plots", pngs)]
     out.append(("h2", "Plan"))

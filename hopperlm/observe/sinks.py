@@ -49,6 +49,9 @@ def tagged(record: dict[str, Any]) -> dict[str, float]:
         value = record.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             out[tag] = value
+    for name, value in (record.get("tasks") or {}).items():  # lm-eval metrics during training
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out[f"tasks/{name}"] = value
     return out
 
 

@@ -34,6 +34,7 @@ from hopperlm.parallel.runtime import Clock, Runtime
 from hopperlm.parallel.watchdog import restart_count
 from hopperlm.plan import Plan
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner
+from hopperlm.train.benchmarks import Benchmarks
 from hopperlm.train.guard import Guard
 from hopperlm.train.model_setup import EmbedWarmup, build_train_model
 from hopperlm.train.optim import budget_progress, lr_at
@@ -104,6 +105,7 @@ class Run:
     flops_per_token: int
     predicted: tuple[float, float]  # (tokens/s bound, matmul FLOP/s measured here)
     preflight_checked: bool = False  # the first log step compared measured with predicted
+    benchmarks: Benchmarks | None = None  # lm-eval tasks during training (the eval section)
 
     @property
     def log(self) -> Callable[[str], None]:
@@ -192,6 +194,7 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         schedule_budget=budget,
         flops_per_token=fpt,
         predicted=predicted,
+        benchmarks=Benchmarks(cfg, run_dir, rt, plan.strategy, log) if cfg.eval.tasks else None,
     )
 
 
