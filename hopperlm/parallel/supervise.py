@@ -72,6 +72,7 @@ class HeartbeatWatcher:
         self.host = socket.gethostname()
         self.frozen: Frozen | None = None
         self.attempt = 0
+        self.handled: set[tuple[int, int]] = set()  # (attempt, rank) already named and killed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hopperlm-watcher", daemon=True)
 
@@ -106,6 +107,9 @@ class HeartbeatWatcher:
             silent = now - b["time"]
             if b["phase"] in ENDED_PHASES or silent <= b["limit_s"] + GRACE_S:
                 continue
+            if (attempt, b["rank"]) in self.handled:
+                continue
+            self.handled.add((attempt, b["rank"]))
             killed = b.get("host") == self.host and _kill(b["pid"])
             # the others wait in the step the frozen rank never joined (its own file may be a second old)
             step = max(other["step"] for other in beats)
@@ -113,7 +117,7 @@ class HeartbeatWatcher:
             if self.attempt < self.max_restarts:  # the group restarts: say why now
                 self.say(f"launch: {describe_frozen(self.frozen)}")
             return self.frozen
-        return None
+        return self.frozen
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):

@@ -147,3 +147,23 @@ def test_the_step_limit_and_the_failure_line():
     assert describe_failure({}, frozen, []).startswith(
         "rank 3 stopped answering at step 57: no heartbeat for 31 s"
     )
+
+
+def test_the_watcher_kills_a_frozen_rank_once_and_says_it_once(tmp_path):
+    from hopperlm.parallel.supervise import HeartbeatWatcher
+
+    frozen = subprocess.Popen(["sleep", "60"])
+    beats = tmp_path / HEARTBEAT_DIR
+    beats.mkdir()
+    now = time.time()
+    for rank, (pid, age, phase) in enumerate([(os.getpid(), 0.5, "train"), (frozen.pid, 40.0, "train")]):
+        beat = {"rank": rank, "attempt": 0, "pid": pid, "host": os.uname().nodename, "step": 56 + rank,
+                "phase": phase, "limit_s": 30.0, "time": now - age}  # fmt: skip
+        (beats / f"rank-{rank}.json").write_text(json.dumps(beat))
+    said = []
+    watcher = HeartbeatWatcher(tmp_path, started=now - 100, max_restarts=1, say=said.append)
+    first = watcher.check(now)
+    assert (first.rank, first.step, first.killed) == (1, 57, True)
+    assert frozen.wait(timeout=5) == -signal.SIGKILL
+    assert watcher.check(now + 1) is first and len(said) == 1  # named once (a restart follows: said now)
+    assert "rank 1 stopped answering at step 58" in said[0]
