@@ -183,6 +183,11 @@ def build_adapter(
                 kwargs = normalize_gen_kwargs(gen_kwargs, 256)
                 until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
                 max_new = kwargs.pop("max_gen_toks")
+                if max_new >= self.max_length:
+                    raise ConfigError(
+                        f"the task asks for {max_new} new tokens, as many as the model's whole context "
+                        f"({self.max_length}); lower its generation_kwargs max_gen_toks"
+                    )
                 prompt = self.tok_encode(context, left_truncate_len=self.max_length - max_new)
 
                 def stop(new_ids: list[int], until=until) -> bool:
