@@ -111,7 +111,7 @@ def test_without_lm_eval_or_with_an_unknown_task_one_line_says_what_to_do(lora_r
         main(["eval", str(run), "--tasks", "no_such_task", "--limit", "1"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--tasks no_such_task: no such lm-eval task" in err[0], err
+    assert len(err) == 1 and "tasks no_such_task: no such lm-eval task" in err[0], err
     monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)  # as if not installed
     from hopperlm.eval.harness import require_lm_eval
 
@@ -146,3 +146,13 @@ def test_tasks_during_training(shakespeare_bytes, task_dir, tmp_path, capsys, mo
     after = json.loads((tmp_path / "after.json").read_text())["lm_eval"]["metrics"]
     assert with_tasks[0]["tasks"] == pytest.approx(after, rel=1e-6)
     assert "## Benchmarks (lm-evaluation-harness)" in (run / "report.md").read_text()
+
+
+def test_an_unknown_task_stops_training_before_its_first_step(shakespeare_bytes, task_dir, tmp_path):
+    from hopperlm.config import load_config
+
+    args = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(tmp_path / "run")]
+    args += ["--eval.tasks", "tir_news,tir_nwes", "--eval.include_path", str(task_dir)]
+    with pytest.raises(ConfigError, match=r"tasks tir_nwes: no such lm-eval task or in "):
+        train(load_config(REPO / "configs" / "debug.yaml", args), log=QUIET)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # not one step trained

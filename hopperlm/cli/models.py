@@ -112,7 +112,7 @@ def harness_tasks(args: argparse.Namespace) -> dict:
     import torch
 
     from hopperlm.checkpoint.inference import load_for_inference, tokenizer_path, trained_with
-    from hopperlm.eval.harness import build_adapter, metrics_of, require_lm_eval, run_tasks
+    from hopperlm.eval.harness import metrics_of, require_lm_eval, run_tasks
 
     require_lm_eval()  # before loading a model: one line saying how to install it
     if not args.debug:  # lm-eval's progress bars (its log lines go to the third-party log file)
@@ -124,16 +124,13 @@ def harness_tasks(args: argparse.Namespace) -> dict:
     autocast = None  # a run trained on a GPU under autocast is scored under it too
     if trained_with(args.model) is not None and model.embed.weight.device.type == "cuda":
         autocast = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    adapter = build_adapter(
+    results = run_tasks(
         model,
         tokenizer,
+        tasks,
         tokenizer_folder=tokenizer_path(args.model),
         batch_size=args.batch or 8,
         autocast=autocast,
-    )
-    results = run_tasks(
-        adapter,
-        tasks,
         num_fewshot=args.num_fewshot,
         limit=args.limit,
         include_path=args.include_path,

@@ -13,7 +13,6 @@ cache (no left padding, so its tokens are exactly the unbatched ones).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -212,26 +211,27 @@ def build_adapter(
 
 
 def run_tasks(
-    adapter,
+    model,
+    tokenizer: Tokenizer,
     tasks: list[str],
     *,
+    tokenizer_folder: Path | None = None,
+    batch_size: int = 8,
+    autocast: torch.dtype | None = None,
     num_fewshot: int | None = None,
     limit: float | None = None,
     include_path: str | None = None,
     log_samples: bool = False,
-    log: Callable[[str], None] = print,
+    manager=None,
 ) -> dict:
-    """lm-eval's `simple_evaluate` on the adapter: its results dict (lm-eval's metric names)."""
+    """lm-eval's `simple_evaluate` of `tasks` on the model (through a HopperLM): its results dict (lm-eval's
+    metric names). What `hopperlm eval --tasks` and the eval section during training both call; `manager`:
+    task_manager's answer for these tasks, when the caller has one."""
     lm_eval = require_lm_eval()
-    from lm_eval.tasks import TaskManager
-
-    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
-    unknown = [t for t in tasks if t not in manager.all_tasks]
-    if unknown:
-        where = (
-            f" or in {include_path}" if include_path else " (local tasks: --include-path DIR of task YAMLs)"
-        )
-        raise ConfigError(f"--tasks {','.join(unknown)}: no such lm-eval task{where}")
+    manager = manager or task_manager(tasks, include_path)
+    adapter = build_adapter(
+        model, tokenizer, tokenizer_folder=tokenizer_folder, batch_size=batch_size, autocast=autocast
+    )
     return lm_eval.simple_evaluate(
         model=adapter,
         tasks=tasks,
@@ -242,6 +242,22 @@ def run_tasks(
         bootstrap_iters=0,
         **FIXED_SEEDS,
     )
+
+
+def task_manager(tasks: list[str], include_path: str | None):
+    """lm-eval's index of tasks (its own and those in `include_path`; ~4 s), after checking every task is in
+    it: an unknown one is a one-line ConfigError."""
+    require_lm_eval()
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        where = (
+            f" or in {include_path}" if include_path else " (local tasks: --include-path DIR of task YAMLs)"
+        )
+        raise ConfigError(f"tasks {','.join(unknown)}: no such lm-eval task{where}")
+    return manager
 
 
 def metrics_of(results: dict) -> dict[str, float]:

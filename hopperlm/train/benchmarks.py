@@ -23,7 +23,7 @@ from hopperlm.errors import ConfigError
 
 class Benchmarks:
     def __init__(self, cfg, run_dir: Path, rt, strategy: str, log) -> None:
-        from hopperlm.eval.harness import require_lm_eval
+        from hopperlm.eval.harness import task_manager
 
         ec = cfg.eval
         self.tasks = [t.strip() for t in ec.tasks.split(",") if t.strip()]
@@ -33,8 +33,8 @@ class Benchmarks:
                 f"eval.tasks during training needs the whole model on rank 0, which {strategy} shards; "
                 "evaluate the checkpoints with `hopperlm eval RUN --tasks ...` instead, or use ddp"
             )
-        if rt.is_main:
-            require_lm_eval()  # missing: one line now, not at the first evaluation
+        # lm-eval missing or a task unknown: one line now, not at the first evaluation hours later
+        self.manager = task_manager(self.tasks, ec.include_path) if rt.is_main else None
         self.tokenizer = None
 
     def due(self, step: int, stopped_by: str | None) -> bool:
@@ -46,7 +46,7 @@ class Benchmarks:
         if not self.rt.is_main:
             return None
         from hopperlm.data.tokenizer import load_tokenizer
-        from hopperlm.eval.harness import build_adapter, metrics_of, run_tasks
+        from hopperlm.eval.harness import metrics_of, run_tasks
 
         folder = self.run_dir / "tokenizer"
         if self.tokenizer is None:
@@ -54,13 +54,16 @@ class Benchmarks:
         was_training = model.training
         saved = _rng_states()
         try:
-            adapter = build_adapter(model, self.tokenizer, tokenizer_folder=folder, batch_size=self.cfg.batch)
             results = run_tasks(
-                adapter,
+                model,
+                self.tokenizer,
                 self.tasks,
+                tokenizer_folder=folder,
+                batch_size=self.cfg.batch,
                 num_fewshot=self.cfg.num_fewshot,
                 limit=self.cfg.limit,
                 include_path=self.cfg.include_path,
+                manager=self.manager,
             )
         finally:
             model.train(was_training)
