@@ -4,8 +4,9 @@ to know about the others.
 `session(cfg)` reads torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), starts the process group (NCCL on GPUs, gloo on CPU) with `parallel.startup_timeout_s` as the
 limit for any collective (the shorter step limit follows at the first log step: parallel/watchdog.py), pins
-each rank to the GPU of its local rank, and tears the group down at the end. Without torchrun there is one process and no group (unless a strategy is asked for explicitly: then a group of one),
-and every helper below is a no-op, so a single-process run is exactly what it was.
+each rank to the GPU of its local rank, and tears the group down at the end. Without torchrun there is one
+process and no group (unless a strategy is asked for explicitly: then a group of one), and every helper below
+is a no-op, so a single-process run is exactly what it was.
 
 No hung ranks: a rank that raises publishes its error in the rendezvous store before it exits. The other
 ranks' collectives then fail (gloo at once, NCCL at the limit at the latest, or torchrun stops them), and
