@@ -31,10 +31,12 @@ def cmd_merge(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     """lm-evaluation-harness tasks (--tasks), held-out loss in the windows heldout.py describes (the
     windowing is printed per set), and GSM8K."""
+    import json
 
     import torch
 
     from hopperlm.checkpoint.inference import load_for_inference, trained_with
+    from hopperlm.eval.harness import require_lm_eval
 
     if not args.data and not args.gsm8k and not args.tasks:
         raise ConfigError(
@@ -43,10 +45,11 @@ def cmd_eval(args: argparse.Namespace) -> None:
         )
     report: dict = {"model": args.model, "heldout": [], "gsm8k": None}
     if args.tasks:
-        report["lm_eval"] = harness_tasks(args)
-        if not args.data and not args.gsm8k:
-            return write_report(report, args.json)
-    model, tokenizer = load_for_inference(args.model, device=args.device)
+        require_lm_eval()  # before loading a model: one line saying how to install it
+    # loaded once for everything asked; a LoRA run stays unmerged when lm-eval scores it (as it trained)
+    model, tokenizer = load_for_inference(args.model, device=args.device, merge=not args.tasks)
+    if args.tasks:
+        report["lm_eval"] = harness_tasks(args, model, tokenizer)
     if args.data:
         from hopperlm.eval.heldout import default_batch, default_context, heldout_loss
 
@@ -92,18 +95,12 @@ def cmd_eval(args: argparse.Namespace) -> None:
             "samples": g.samples,
         }
         log(f"gsm8k: {g.correct}/{g.total} exact match = {g.accuracy:.1%} (greedy, {args.shots}-shot)")
-    write_report(report, args.json)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
+        log(f"results: {args.json}")
 
 
-def write_report(report: dict, path: str | None) -> None:
-    import json
-
-    if path:
-        Path(path).write_text(json.dumps(report, indent=1, default=str) + "\n")
-        log(f"results: {path}")
-
-
-def harness_tasks(args: argparse.Namespace) -> dict:
+def harness_tasks(args: argparse.Namespace, model, tokenizer) -> dict:
     """`--tasks` through lm-evaluation-harness (eval/harness.py): the table printed, lm-eval's results returned
     (metrics under lm-eval's names); a LoRA run is scored with its adapters unmerged."""
     import json
@@ -111,16 +108,14 @@ def harness_tasks(args: argparse.Namespace) -> dict:
 
     import torch
 
-    from hopperlm.checkpoint.inference import load_for_inference, tokenizer_path, trained_with
-    from hopperlm.eval.harness import metrics_of, require_lm_eval, run_tasks
+    from hopperlm.checkpoint.inference import tokenizer_path, trained_with
+    from hopperlm.eval.harness import metrics_of, run_tasks
 
-    require_lm_eval()  # before loading a model: one line saying how to install it
     if not args.debug:  # lm-eval's progress bars (its log lines go to the third-party log file)
         os.environ.setdefault("TQDM_DISABLE", "1")
     from lm_eval.utils import make_table
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    model, tokenizer = load_for_inference(args.model, device=args.device, merge=False)
     autocast = None  # a run trained on a GPU under autocast is scored under it too
     if trained_with(args.model) is not None and model.embed.weight.device.type == "cuda":
         autocast = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

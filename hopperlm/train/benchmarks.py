@@ -12,12 +12,11 @@ limit (parallel/watchdog.py).
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from hopperlm.checkpoint.single import rng_state, set_rng_state
 from hopperlm.errors import ConfigError
 
 
@@ -52,7 +51,7 @@ class Benchmarks:
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(folder)
         was_training = model.training
-        saved = _rng_states()
+        saved = rng_state()  # (what a checkpoint saves of them)
         try:
             results = run_tasks(
                 model,
@@ -67,21 +66,7 @@ class Benchmarks:
             )
         finally:
             model.train(was_training)
-            _restore_rng(saved)
+            set_rng_state(*saved)
         metrics = metrics_of(results)
         self.log(f"tasks at step {step}: " + " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         return metrics
-
-
-def _rng_states() -> tuple:
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
-
-
-def _restore_rng(saved: tuple) -> None:
-    py, npy, cpu, cuda = saved
-    random.setstate(py)
-    np.random.set_state(npy)
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
