@@ -1,4 +1,4 @@
-"""Every number a `generate` or `eval` flag takes is checked before anything loads: one line naming the flag,
+"""Every number a `generate`, `eval`, `launch` or `slurm` flag takes is checked before anything loads: one line naming the flag,
 the value and the range, exit code 2. A config file that is not text gets one line naming it."""
 
 import subprocess
@@ -27,6 +27,9 @@ BAD = [
     ("eval", "--max-tokens", "0", "must be an integer >= 1"),
     ("eval", "--windows", "0", "must be an integer >= 1"),
     ("eval", "--batch", "2.5", "must be an integer >= 1"),
+    ("eval", "--num-fewshot", "-1", "must be an integer >= 0"),
+    ("launch", "--max-restarts", "-1", "must be an integer >= 0"),
+    ("slurm", "--max-restarts", "-1", "must be an integer >= 0"),
 ]
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hopperlm.cli.common import add_verb, log, number, printed_config, resolve_recipe
+from hopperlm.cli.common import add_verb, int_at_least, log, number, printed_config, resolve_recipe
 from hopperlm.cli.models import model_samples
 from hopperlm.errors import ConfigError
 
@@ -236,7 +236,7 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--rdzv-id", help="job id shared by the nodes (default: hopperlm-RUN_DIR_NAME)")
     p.add_argument(
         "--max-restarts",
-        type=int,
+        type=int_at_least(0),
         default=0,
         help="restart the group after a failure, up to N times; it resumes from the latest checkpoint",
     )
@@ -261,7 +261,7 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus-per-task", type=int, help="CPU cores per node for the training processes")
     p.add_argument(
         "--max-restarts",
-        type=int,
+        type=int_at_least(0),
         default=0,
         help="restart the group in place after a failure, up to N times (then the job fails)",
     )
