@@ -11,7 +11,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -140,13 +139,13 @@ def test_checkpoints_from_two_ranks_resume_on_one_and_four_and_hsdp_accumulates(
 
 def test_a_failing_rank_stops_every_rank(shakespeare_bytes, tmp_path):
     args = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(tmp_path / "run")]
-    args += ["--train.max_steps", "50", "--parallel.startup_timeout_s", "60"]
-    start = time.perf_counter()
-    result = torchrun(2, {"runs": [{"args": args}], "fail": {"rank": 1, "step": 3}})
-    seconds = time.perf_counter() - start
+    # a collective limit far longer than the test may take (torchrun() gives up after 150 s): rank 0 must stop
+    # because rank 1 failed, not because a limit ran out
+    args += ["--train.max_steps", "50", "--parallel.startup_timeout_s", "600"]
+    result = torchrun(2, {"runs": [{"args": args}], "fail": {"rank": 1, "step": 3}})  # (150 s at most)
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert seconds < 60, seconds  # gloo notices at once; nothing waits for the 60 s timeout
+    assert "timed out" not in output.lower(), output[-3000:]
     # rank 1's own error, and rank 0 stopping because of it (not a bare "connection closed")
     assert "ValueError: injected failure on rank 1 at step 3" in output
     assert "[rank 0] stopping: rank 1: ValueError: injected failure on rank 1 at step 3" in output

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +47,24 @@ def comparable(manifest: dict) -> dict:
     return {k: v for k, v in manifest.items() if k != "created"}
 
 
+# `hopperlm prepare` in a child process that SIGKILLs itself when it is about to write its n-th saved state:
+# a real kill -9 mid-run (the work since the last save is lost), at the same point on a fast or a slow machine
+KILLED_AT_SAVE = """
+import os, signal, sys
+import hopperlm.data.prepare as prepare
+from hopperlm.cli import main
+save, calls, kill_at = prepare._save_state, [0], int(sys.argv[1])
+def save_or_die(*args):
+    calls[0] += 1
+    if calls[0] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    save(*args)
+prepare._save_state = save_or_die
+main(sys.argv[2:])
+"""
+
+
+@pytest.mark.slow
 def test_killed_prepare_resumes_to_identical_shards(tmp_path):
     """SIGKILL a real `hopperlm prepare` mid-run, twice; the resumed result equals an uninterrupted run."""
     folder = books(tmp_path / "books", 14)
@@ -66,25 +83,19 @@ def test_killed_prepare_resumes_to_identical_shards(tmp_path):
     partial = tmp_path / "out.partial"
     cmd = [sys.executable, "-m", "hopperlm", "prepare", *args, "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    kills, total = 0, sum(p.stat().st_size for p in folder.iterdir())
-    for wanted_bytes in (0.3 * total, 0.65 * total):
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                state = json.loads((partial / "progress.json").read_text())
-            except (OSError, ValueError):
-                state = None
-            if state and state["bytes"] >= wanted_bytes:
-                time.sleep(0.05)  # land between two saves
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-                break
-            time.sleep(0.01)
-        proc.wait()
-        assert not (out / "manifest.json").exists(), proc.stdout.read()
-        assert (partial / "progress.json").is_file()
-    assert kills == 2
+    progress = []
+    for kill_at in (3, 3):  # the first run dies before its 3rd save, the resumed one before its 3rd
+        killed = subprocess.run(
+            [sys.executable, "-c", KILLED_AT_SAVE, str(kill_at), "prepare", *args, "--out", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+        assert not (out / "manifest.json").exists()
+        progress.append(json.loads((partial / "progress.json").read_text())["bytes"])
+    assert 0 < progress[0] < progress[1]  # the second run resumed from the first's last save, and went on
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "resuming the interrupted run" in done.stdout
