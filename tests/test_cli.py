@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -15,6 +17,7 @@ def run_cli(*args, env=None):
     )
 
 
+@pytest.mark.slow
 def test_demo_end_to_end_short(tmp_path, data_dir):
     """The demo recipe for 40 steps: finds the text via HOPPERLM_DATA_DIR, prepares, trains, samples. (Steps,
     not the recipe's clock: a loss reached in N seconds depends on how busy the machine is; test_train.py
@@ -91,6 +94,7 @@ def test_diagnose_simulated_plan_and_json():
     assert bad.returncode == 2 and "no simulated GPU" in bad.stderr
 
 
+@pytest.mark.slow
 def test_diagnose_takes_the_vocabulary_from_prepared_data_or_a_mixture(shakespeare_bytes):
     plan_line = lambda r: next(line for line in r.stdout.splitlines() if line.startswith("== plan"))  # noqa: E731
     unprepared = run_cli("diagnose", "debug", "--no-selftest", "--data.path", "/nonexistent")

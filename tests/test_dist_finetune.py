@@ -24,6 +24,8 @@ from test_dist_torchrun import WORKER, assert_same_curve, copy_checkpoint, curve
 
 from hopperlm.train.loop import train
 
+pytestmark = pytest.mark.slow  # every test here starts torchrun: several Python processes
+
 REPO = Path(__file__).resolve().parents[1]
 QUIET = lambda line: None  # noqa: E731
 STEPS = ["--train.max_steps", "4", "--train.log_every", "1", "--train.eval_every", "2"]

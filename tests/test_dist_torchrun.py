@@ -19,6 +19,8 @@ from hopperlm.config import load_config
 from hopperlm.train.loop import train
 from hopperlm.train.metrics import read_metrics
 
+pytestmark = pytest.mark.slow  # every test here starts torchrun: several Python processes
+
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
 STEPS = ["--train.max_steps", "6", "--train.log_every", "1", "--train.eval_every", "3"]

@@ -131,6 +131,7 @@ def test_bad_input_is_one_line_and_exit_code_2(tiny_run, tmp_path, args, says):
     assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_in_smoke_mode(tmp_path):
     sys.path.insert(0, str(REPO / "bench"))
     try:

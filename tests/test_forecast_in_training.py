@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_train import debug_config
 
 from hopperlm.observe.plot import plot_runs
@@ -43,6 +44,7 @@ def test_evaluations_carry_a_forecast_and_an_unreachable_target_is_warned(shakes
     assert (tmp_path / "plots" / "loss.png") in written
 
 
+@pytest.mark.slow
 def test_a_wall_clock_budget_says_what_it_buys(shakespeare_bytes, tmp_path):
     run_dir = tmp_path / "run"
     cfg = debug_config(

@@ -93,6 +93,7 @@ def test_smoke_campaign_runs_every_stage_of_both_calls(tmp_path):
     assert tests["failed"] == 0 and tests["skipped"] >= 1  # on the CPU every GPU test skips, with its reason
 
 
+@pytest.mark.slow
 def test_a_failing_stage_is_recorded_and_the_campaign_goes_on(tmp_path):
     out, bring = tmp_path / "broken", tmp_path / "bring"
     done = campaign(

@@ -65,6 +65,7 @@ def lora_run(tinyllama_hf, data_dir, tmp_path_factory) -> tuple[Path, Path]:
     return run, root / "export"
 
 
+@pytest.mark.slow
 def test_eval_tasks_equal_lm_eval_hf_on_the_export(lora_run, task_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # local files only: no network, the datasets cache used
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -119,6 +120,7 @@ def test_without_lm_eval_or_with_an_unknown_task_one_line_says_what_to_do(lora_r
         require_lm_eval()
 
 
+@pytest.mark.slow
 def test_tasks_during_training(shakespeare_bytes, task_dir, tmp_path, capsys, monkeypatch):
     """eval.tasks at log steps: the metrics in metrics.jsonl (equal to `hopperlm eval` of the checkpoint of
     that step) and the report, and the run's losses those of a run without them (dropout on: the model goes

@@ -112,6 +112,7 @@ def lora_config(tinyllama_hf, data_dir, run_dir, *extra):
     return finetune_config(tinyllama_hf, data_dir, run_dir, *lora, *extra)
 
 
+@pytest.mark.slow
 def test_lora_run_saves_adapters_resumes_exactly_and_round_trips_through_peft(
     tinyllama_hf, data_dir, tmp_path
 ):

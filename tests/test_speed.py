@@ -270,6 +270,7 @@ def test_other_optimizers_train_and_resume_exactly(shakespeare_bytes, tmp_path, 
 
 
 # ---- bench -----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed")
 def test_bench_quick_prints_the_table_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"

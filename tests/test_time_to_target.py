@@ -81,6 +81,7 @@ def test_time_to_target_is_the_first_hopperlm_point_at_the_best_baselines_loss()
     assert ttt.time_to_target(rows)["hopperlm_s"] is None and not ttt.time_to_target(rows)["met"]
 
 
+@pytest.mark.slow
 def test_the_race_runs_end_to_end_in_smoke_mode(tmp_path):
     out = tmp_path / "race.json"
     result = ttt.main(["--smoke", "--cache", str(tmp_path / "cache"), "--save", str(out)])

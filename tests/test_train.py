@@ -126,6 +126,7 @@ def test_run_dir_protection_and_mismatched_resume(shakespeare_bytes, tmp_path):
     assert latest_checkpoint(run).name == "step_000002"  # nothing on disk was lost
 
 
+@pytest.mark.slow
 def test_token_time_and_target_budgets(shakespeare_bytes, tmp_path):
     by_tokens = train(
         debug_config(
@@ -180,6 +181,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "hopperlm", *args], capture_output=True, text=True, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_cli_train_generate_export(shakespeare_bytes, tmp_path):
     run = tmp_path / "run"
     result = run_cli(

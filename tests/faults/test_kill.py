@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hopperlm.checkpoint.layout import latest_checkpoint, list_checkpoints, verify_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +55,7 @@ def losses(run_dir):
     return [(r["step"], r["loss"], r.get("val_loss")) for r in records]
 
 
+@pytest.mark.slow
 def test_sigkill_anywhere_then_resume_is_exact(shakespeare_bytes, tmp_path):
     reference = tmp_path / "reference"
     assert hopperlm(reference, shakespeare_bytes).returncode == 0

@@ -95,6 +95,7 @@ def assert_one_line_and_clean(done: subprocess.CompletedProcess, pids: set[int],
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_job_within_seconds(shakespeare_bytes, tmp_path):
     run_dir = tmp_path / "killed"
     seconds, done, pids, env = run_with_fault(
@@ -109,6 +110,7 @@ def test_a_killed_rank_ends_the_job_within_seconds(shakespeare_bytes, tmp_path):
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_FR_BUFFER_SIZE"]) > 0
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_ends_the_job_within_its_step_limit(shakespeare_bytes, tmp_path):
     run_dir = tmp_path / "stopped"
     command = launch(run_dir, shakespeare_bytes, 100_000, "--parallel.step_timeout_s", "30")
@@ -118,6 +120,7 @@ def test_a_stopped_rank_ends_the_job_within_its_step_limit(shakespeare_bytes, tm
     assert "rank 1 stopped answering at step" in line and "limit 30 s" in line, line
 
 
+@pytest.mark.slow
 def test_max_restarts_resumes_to_the_uninterrupted_losses(shakespeare_bytes, tmp_path):
     whole = subprocess.run(
         launch(tmp_path / "whole", shakespeare_bytes, 100),

@@ -199,6 +199,7 @@ def test_generate_and_export_skip_a_corrupt_newest_checkpoint(shakespeare_bytes,
         layout.resolve_model_dir(run)
 
 
+@pytest.mark.slow
 def test_signal_mid_step_drops_the_partial_step_and_resumes_exactly(shakespeare_bytes, tmp_path):
     """A step of 128 micro-batches (far longer than a short preemption warning): the signal stops the run at
     the next micro-batch boundary, the last complete step is checkpointed with the stream's position, and the
