@@ -224,7 +224,7 @@ def train_runs(set_name: str, cache: Path, *, jobs: int) -> None:
 
 
 def final_val(run_dir: Path) -> float:
-    from hopperlm.train.metrics import read_metrics
+    from hopperlm.observe.metrics import read_metrics
 
     vals = [r["val_loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
     return vals[-1]

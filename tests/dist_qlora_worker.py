@@ -25,7 +25,7 @@ from hopperlm.data.loader import Batch
 from hopperlm.hardware import detect_for
 from hopperlm.parallel.runtime import Runtime, World
 from hopperlm.plan import make_plan
-from hopperlm.train.model_setup import build_lora_model
+from hopperlm.train.initial_model import build_lora_model
 from hopperlm.train.step import build_step, train_step
 
 CFG = ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, vocab_size=256, max_seq_len=64)

@@ -14,8 +14,8 @@ from hopperlm.config import load_config
 from hopperlm.data import tokenizer_train as tt
 from hopperlm.data.prepare import prepare
 from hopperlm.errors import ConfigError, DataError
+from hopperlm.train.initial_model import build_train_model
 from hopperlm.train.loop import train
-from hopperlm.train.model_setup import build_train_model
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = lambda line: None  # noqa: E731
@@ -59,7 +59,7 @@ def test_resized_model_keeps_old_outputs_and_starts_new_rows_from_their_pieces(
     tok_dir, data, ext = tigrinya
     cfg = cpt_config(tinyllama_hf, data, tmp_path / "r", "--train.max_steps", "1")
     from hopperlm.data.tokenizer import load_tokenizer
-    from hopperlm.train.setup import resolve_model_config
+    from hopperlm.train.data_and_plan import resolve_model_config
 
     model_cfg = resolve_model_config(cfg.model, 32200)
     assert model_cfg.vocab_size == 32256  # 32,200 rounded up to a multiple of 64

@@ -20,11 +20,11 @@ from hopperlm.config import config_from_dict, load_config
 from hopperlm.data.loader import RandomWindows, TokenShards
 from hopperlm.errors import ConfigError
 from hopperlm.hardware import simulated
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.parallel.launch import launch_command, sbatch_script
 from hopperlm.parallel.runtime import World, read_env
 from hopperlm.plan import make_plan
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = lambda line: None  # noqa: E731

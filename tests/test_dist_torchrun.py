@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from hopperlm.config import load_config
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 
 pytestmark = pytest.mark.slow  # every test here starts torchrun: several Python processes
 

@@ -15,7 +15,7 @@ from hopperlm.checkpoint.peft import export_peft
 from hopperlm.checkpoint.single import write_model
 from hopperlm.config import LoRAConfig, ModelConfig
 from hopperlm.model.transformer import build_empty
-from hopperlm.train.model_setup import build_lora_model
+from hopperlm.train.initial_model import build_lora_model
 
 QUIET = lambda line: None  # noqa: E731
 

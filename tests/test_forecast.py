@@ -19,8 +19,8 @@ from hopperlm.observe.forecast import (
     lr_areas,
     planned_lrs,
 )
+from hopperlm.schedule import budget_progress, lr_at
 from hopperlm.train.loop import train
-from hopperlm.train.optim import budget_progress, lr_at
 
 REPO = Path(__file__).resolve().parents[1]
 DEBUG = REPO / "configs" / "debug.yaml"

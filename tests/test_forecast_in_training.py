@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from test_train import debug_config
 
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.observe.plot import plot_runs
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 

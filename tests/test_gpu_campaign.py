@@ -136,7 +136,7 @@ def test_random_token_benchmarks_load_a_checkpoint_without_a_data_tokenizer(tiny
 
     from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import config_from_dict
-    from hopperlm.train.model_setup import build_train_model
+    from hopperlm.train.initial_model import build_train_model
 
     for lora in ({}, {"lora": {"rank": 4, "alpha": 8, "targets": "all-linear"}}):
         cfg = resolve_init_from(

@@ -23,7 +23,7 @@ from hopperlm.plan.make import fewest_accumulation_steps
 from hopperlm.train import batch_finder
 from hopperlm.train.loop import OutOfMemory, back_off
 from hopperlm.train.optim import build_optimizer
-from hopperlm.train.run import RunState
+from hopperlm.train.state import TrainState
 from hopperlm.train.step import make_step_parts, train_step
 
 SEQ = 64
@@ -88,7 +88,7 @@ def test_back_off_under_cuda_graphs_stops_instead_of_doubling_accumulation():
     plan, parts = _graphs_parts()
     moved, lines = [], []
     run = SimpleNamespace(
-        state=RunState(micro_batch=8, grad_accum=1, fp8="off"),
+        state=TrainState(micro_batch=8, grad_accum=1, fp8="off"),
         rt=Runtime(),
         plan=plan,
         parts=parts,

@@ -126,7 +126,7 @@ def test_tasks_during_training(shakespeare_bytes, task_dir, tmp_path, capsys, mo
     that step) and the report, and the run's losses those of a run without them (dropout on: the model goes
     back to train mode and every RNG to its state)."""
     from hopperlm.config import load_config
-    from hopperlm.train.metrics import read_metrics
+    from hopperlm.observe.metrics import read_metrics
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     common = ["--data.path", str(shakespeare_bytes), "--train.max_steps", "20", "--train.log_every", "5"]

@@ -16,8 +16,8 @@ from hopperlm.data.loader import TokenShards, eval_windows
 from hopperlm.data.tokenizer import ByteTokenizer
 from hopperlm.eval import heldout
 from hopperlm.model.transformer import build_model
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = lambda line: None  # noqa: E731

@@ -17,6 +17,7 @@ LAYERS = {
     "hopperlm.errors": 0,
     "hopperlm.provenance": 0,
     "hopperlm.config": 1,  # typed sections and presets: what a run is
+    "hopperlm.schedule": 1,  # the LR of a step of that config
     "hopperlm.hardware": 2.0,  # the parts: what the device can do, the network, tokens
     "hopperlm.selftest": 2.0,
     "hopperlm.model": 2.1,
@@ -26,8 +27,8 @@ LAYERS = {
     "hopperlm.memory": 4,
     "hopperlm.speed": 4,
     "hopperlm.parallel": 4,
-    "hopperlm.train": 5,  # running it, watching it, judging it
-    "hopperlm.observe": 5,
+    "hopperlm.observe": 4.5,  # watching a run: what training reports to, so below it
+    "hopperlm.train": 5,  # running it, judging it
     "hopperlm.eval": 5,
     "hopperlm.bench": 5,
     "hopperlm.cli": 6,  # one verb per job
@@ -139,3 +140,20 @@ def test_no_import_from_a_higher_layer():
         "imports against the layering (each layer imports only from those below it):\n  "
         + "\n  ".join(upward)
     )
+
+
+def test_no_two_packages_import_each_other():
+    """Within a layer, packages may import each other's modules without a cycle among the modules; the
+    packages still read as one tangle. Each pair of packages is one-way."""
+    package = {name: ".".join(name.split(".")[:2]) for name in module_files()}
+    edges: dict[tuple[str, str], list[str]] = {}
+    for name, targets in import_graph().items():
+        for target in targets:
+            if package[name] != package[target]:
+                edges.setdefault((package[name], package[target]), []).append(f"{name} -> {target}")
+    both = [
+        f"{a} <-> {b}: " + "; ".join(sorted(edges[a, b]) + sorted(edges[b, a]))
+        for a, b in sorted(edges)
+        if a < b and (b, a) in edges
+    ]
+    assert not both, "packages that import each other:\n  " + "\n  ".join(both)

@@ -19,8 +19,8 @@ from hopperlm.model.lora import (
     merge_lora,
 )
 from hopperlm.model.transformer import build_model
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 
 QUIET = lambda line: None  # noqa: E731
 CFG = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=128, max_seq_len=64)
@@ -163,7 +163,7 @@ def test_lora_run_saves_adapters_resumes_exactly_and_round_trips_through_peft(
     # the adapters unmerged (the training model) vs `hopperlm merge`'s folder
     from hopperlm.checkpoint.layout import read_lora_config, read_model_config
     from hopperlm.checkpoint.single import load_checkpoint_weights
-    from hopperlm.train.model_setup import build_lora_model
+    from hopperlm.train.initial_model import build_lora_model
 
     model_cfg, adapters = read_model_config(ckpts[-1]), read_lora_config(ckpts[-1])
     unmerged = build_lora_model(model_cfg, adapters, "cpu", model_cfg.init_from, torch.float32, None, 0)

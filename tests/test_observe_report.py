@@ -13,10 +13,10 @@ import pytest
 
 from hopperlm.cli import main
 from hopperlm.config import load_config
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.observe.plot import plot_runs, run_labels
 from hopperlm.observe.report import png_size, summarize
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 
 DEBUG = Path(__file__).resolve().parents[1] / "configs" / "debug.yaml"
 PLOTS = {"loss.png", "throughput.png", "lr.png", "grad_norm.png", "memory.png"}

@@ -12,9 +12,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from hopperlm.checkpoint.layout import latest_checkpoint
 from hopperlm.config import load_config
 from hopperlm.errors import ConfigError
+from hopperlm.observe.metrics import FIELDS, read_metrics
 from hopperlm.observe.sinks import TAGS, CsvSink, JsonlSink, TensorBoardSink, WandbSink, open_sinks, tagged
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import FIELDS, read_metrics
 
 DEBUG = Path(__file__).resolve().parents[1] / "configs" / "debug.yaml"
 QUIET = lambda line: None  # noqa: E731

@@ -11,7 +11,7 @@ from hopperlm.checkpoint import hf
 from hopperlm.config import LoRAConfig, ModelConfig
 from hopperlm.model.lora import count_trainable, lora_modules
 from hopperlm.model.transformer import build_empty
-from hopperlm.train.model_setup import build_lora_model
+from hopperlm.train.initial_model import build_lora_model
 
 needs_bnb = pytest.mark.skipif(
     importlib.util.find_spec("bitsandbytes") is None, reason="bitsandbytes not installed"
@@ -73,8 +73,8 @@ def test_qlora_trains_on_cuda_with_paged_8bit_adamw(tinyllama_hf, data_dir, tmp_
 
     from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
+    from hopperlm.observe.metrics import read_metrics
     from hopperlm.train.loop import train
-    from hopperlm.train.metrics import read_metrics
 
     cfg = load_config(
         Path(__file__).resolve().parents[1] / "configs" / "debug.yaml",

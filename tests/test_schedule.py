@@ -3,7 +3,7 @@
 import pytest
 
 from hopperlm.config import OptimConfig, TrainConfig
-from hopperlm.train.optim import budget_progress, lr_at
+from hopperlm.schedule import budget_progress, lr_at
 
 
 def test_warmup_then_cosine_to_min():

@@ -16,8 +16,8 @@ from hopperlm.data.sft import Rows, detect_format, read_records, to_example, tok
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.errors import DataError
 from hopperlm.model.loss import IGNORE_INDEX
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = lambda line: None  # noqa: E731

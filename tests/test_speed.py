@@ -244,8 +244,8 @@ def test_compiled_model_matches_eager(shakespeare_bytes, scope):
 @pytest.mark.parametrize("name", ["muon", pytest.param("adamw8bit", marks=needs_torchao)])
 def test_other_optimizers_train_and_resume_exactly(shakespeare_bytes, tmp_path, name):
     from hopperlm.config import load_config
+    from hopperlm.observe.metrics import read_metrics
     from hopperlm.train.loop import train
-    from hopperlm.train.metrics import read_metrics
 
     def cfg(run, steps):
         args = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(run), "--optim.name", name]

@@ -12,8 +12,8 @@ from hopperlm.checkpoint.inference import load_for_inference
 from hopperlm.checkpoint.layout import latest_checkpoint, list_checkpoints
 from hopperlm.config import load_config
 from hopperlm.errors import CheckpointError, DataError
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 DEBUG = REPO / "configs" / "debug.yaml"

@@ -11,8 +11,8 @@ from test_train import QUIET, debug_config
 from hopperlm.checkpoint.layout import list_checkpoints, read_state
 from hopperlm.data.prepare import prepare
 from hopperlm.errors import ConfigError, DataError
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 
 
 @pytest.fixture(scope="module")

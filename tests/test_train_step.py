@@ -17,10 +17,10 @@ from hopperlm.config import ModelConfig, config_from_dict, load_config
 from hopperlm.data.loader import Batch, RandomWindows, TokenShards
 from hopperlm.hardware import detect_for, simulated
 from hopperlm.model.transformer import build_model
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.parallel.parallelize import Parallel
 from hopperlm.plan import make_plan
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 from hopperlm.train.optim import build_optimizer
 from hopperlm.train.step import build_step, honours_found_inf, make_step_parts, skip_on_device, train_step
 

@@ -77,7 +77,7 @@ def hopperlm_step(base: Path, quantize: str, seq: int, device: str, log):
     from hopperlm.data.loader import Batch
     from hopperlm.hardware import detect_for
     from hopperlm.plan import make_plan
-    from hopperlm.train.model_setup import build_train_model
+    from hopperlm.train.initial_model import build_train_model
     from hopperlm.train.step import build_step, train_step
 
     stand_in = quantize == "nf4" and device == "cpu"

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hopperlm.cli.common import add_verb, log, printed_config, resolve_recipe
+from hopperlm.cli.common import add_verb, log, printed_config, run_config
 from hopperlm.errors import ConfigError
 
 
@@ -19,27 +19,22 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
     from hopperlm.hardware import detect, simulated
 
     if args.print_config:
-        from hopperlm.checkpoint.init_from import resolve_init_from
-        from hopperlm.config import load_config
-
         if not args.config:
             raise ConfigError(
                 "--print-config needs a CONFIG to print; e.g. hopperlm diagnose debug --print-config"
             )
-        printed_config(args, resolve_init_from(load_config(resolve_recipe(args.config), overrides)))
+        printed_config(args, run_config(args.config, overrides))
         return
     hw = simulated(args.simulate) if args.simulate else detect()
     report: dict = {"hardware": hw.to_dict()}
     lines = ["== hardware" + (f" (simulated: {args.simulate})" if args.simulate else ""), *hw.summary()]
     if args.config:
-        from hopperlm.checkpoint.init_from import resolve_init_from
-        from hopperlm.config import load_config
         from hopperlm.data.train_data import resolve_datasets
         from hopperlm.errors import DataError
         from hopperlm.parallel.runtime import World
-        from hopperlm.train.setup import plan_run, resolve_model_config
+        from hopperlm.train.data_and_plan import plan_run, resolve_model_config
 
-        cfg = resolve_init_from(load_config(resolve_recipe(args.config), overrides))
+        cfg = run_config(args.config, overrides)
         model_cfg, vocab_note = cfg.model, ""
         vocab = None
         if cfg.data.path or cfg.data.mixture:
@@ -51,7 +46,7 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
             model_cfg = dataclasses.replace(model_cfg, vocab_size=32000)
             vocab_note = " (data not prepared: vocabulary taken as 32000)"
         world = World(args.world_size, args.gpus_per_node or args.world_size)
-        # the plan `train` would make (train/setup.py); the GPU finder measures the run's own model
+        # the plan `train` would make (train/data_and_plan.py); the GPU finder measures the run's own model
         plan = plan_run(
             cfg,
             model_cfg,
@@ -184,11 +179,9 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace, overrides: list[str]) -> None:
-    from hopperlm.checkpoint.init_from import resolve_init_from
-    from hopperlm.config import load_config
-    from hopperlm.observe.profile import profile_config
+    from hopperlm.train.profile import profile_config
 
-    cfg = resolve_init_from(load_config(resolve_recipe(args.config), overrides))
+    cfg = run_config(args.config, overrides)
     result = profile_config(cfg, args.steps, args.wait, args.warmup, args.out, args.memory_snapshot, log=log)
     kind = "GPU kernels, device time" if result.device == "cuda" else "CPU ops, self time"
     log(f"\n--- where the time goes ({kind}) ---")

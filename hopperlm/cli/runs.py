@@ -9,7 +9,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hopperlm.cli.common import add_verb, int_at_least, log, number, printed_config, resolve_recipe
+from hopperlm.cli.common import (
+    add_verb,
+    int_at_least,
+    log,
+    number,
+    printed_config,
+    resolve_recipe,
+    run_config,
+)
 from hopperlm.cli.models import model_samples
 from hopperlm.errors import ConfigError
 
@@ -20,10 +28,8 @@ DEMO_RECIPE = "shakespeare-char"
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
-    from hopperlm.checkpoint.init_from import resolve_init_from
-    from hopperlm.config import load_config
 
-    cfg = resolve_init_from(load_config(resolve_recipe(args.config), overrides))
+    cfg = run_config(args.config, overrides)
     if not printed_config(args, cfg):
         train_until_done(cfg, args.resume)
 
@@ -45,15 +51,14 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
     and --max-restarts restarts the group from the latest checkpoint."""
     import shlex
 
-    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.cli.third_party_logs import Redirect
-    from hopperlm.config import load_config
     from hopperlm.parallel.launch import launch_command
     from hopperlm.parallel.supervise import supervise
 
     config = resolve_recipe(args.config)
-    # a bad config (model.init_from included) fails here, once, not on every rank
-    cfg = resolve_init_from(load_config(config, overrides))
+    cfg = run_config(
+        args.config, overrides
+    )  # a bad config (model.init_from included) fails here, not per rank
     command = launch_command(
         str(config),
         args.nproc_per_node,
@@ -91,12 +96,10 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
     """Write an sbatch script that runs CONFIG on NODES x GPUS ranks and requeues itself before its time limit."""
-    from hopperlm.checkpoint.init_from import resolve_init_from
-    from hopperlm.config import load_config
     from hopperlm.parallel.launch import sbatch_script
 
     config = resolve_recipe(args.config)
-    cfg = resolve_init_from(load_config(config, overrides))
+    cfg = run_config(args.config, overrides)
     run_dir = Path(cfg.run.out_dir).resolve()
     out = Path(args.out) if args.out else run_dir / "job.sbatch"
     script = sbatch_script(
@@ -122,10 +125,8 @@ def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_finetune(args: argparse.Namespace, overrides: list[str]) -> None:
     """`train` for instruction data: the recipe must name sft.path (and usually model.init_from, lora)."""
-    from hopperlm.checkpoint.init_from import resolve_init_from
-    from hopperlm.config import load_config
 
-    cfg = resolve_init_from(load_config(resolve_recipe(args.config), overrides))
+    cfg = run_config(args.config, overrides)
     if not cfg.sft.path:
         raise ConfigError(
             "finetune needs instruction data: set sft.path (Alpaca/ShareGPT/messages JSON); "
@@ -138,9 +139,7 @@ def cmd_finetune(args: argparse.Namespace, overrides: list[str]) -> None:
 def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     """Tiny Shakespeare end to end: find the text, prepare it, train the demo recipe, print samples."""
     from hopperlm.checkpoint.inference import load_for_inference
-    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.checkpoint.layout import list_checkpoints
-    from hopperlm.config import load_config
     from hopperlm.data.demo_text import resolve_demo_text
     from hopperlm.data.prepare import prepare
     from hopperlm.train.loop import train
@@ -153,11 +152,8 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     created = not run_dir.exists()
     try:
         prepare([text], run_dir / "data", tokenizer="byte", val_fraction=0.1, split="tail")
-        cfg = resolve_init_from(
-            load_config(
-                resolve_recipe(DEMO_RECIPE),
-                ["--data.path", str(run_dir / "data"), "--run.out_dir", str(run_dir), *overrides],
-            )
+        cfg = run_config(
+            DEMO_RECIPE, ["--data.path", str(run_dir / "data"), "--run.out_dir", str(run_dir), *overrides]
         )
         result = train(cfg, log=log)
     except BaseException:

@@ -27,6 +27,7 @@ from hopperlm.model.transformer import count_params
 from hopperlm.observe import cuda_memory
 from hopperlm.observe.forecast_log import Forecaster
 from hopperlm.observe.gpu_monitor import open_gpu_monitor
+from hopperlm.observe.metrics import format_record, read_metrics
 from hopperlm.observe.progress import (
     RateMeter,
     RichProgress,
@@ -38,7 +39,6 @@ from hopperlm.observe.progress import (
 )
 from hopperlm.observe.sinks import open_sinks
 from hopperlm.plan import Plan
-from hopperlm.train.metrics import format_record, read_metrics
 
 
 def plan_record(

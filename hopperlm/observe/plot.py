@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hopperlm.errors import DataError
-from hopperlm.train.metrics import read_metrics
+from hopperlm.observe.metrics import read_metrics
 
 DPI = 110
 

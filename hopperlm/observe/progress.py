@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from hopperlm.config import TrainConfig
-from hopperlm.train.metrics import human_count
+from hopperlm.observe.metrics import human_count
 
 TARGET_FIT_POINTS = 4  # evaluations the target-loss trend is fitted on (the latest ones)
 

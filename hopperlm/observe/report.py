@@ -17,9 +17,9 @@ from typing import Any
 
 from hopperlm.checkpoint.layout import list_checkpoints, read_state
 from hopperlm.errors import CheckpointError, DataError
+from hopperlm.observe.metrics import human_count, read_metrics
 from hopperlm.observe.plot import plot_runs
 from hopperlm.observe.progress import format_duration
-from hopperlm.train.metrics import human_count, read_metrics
 
 
 def _read_json(path: Path) -> Any:

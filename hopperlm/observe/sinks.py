@@ -1,6 +1,6 @@
 """Where metrics go: metrics.jsonl (always), TensorBoard, Weights & Biases, CSV, behind one interface.
 
-One schema: the fields of metrics.jsonl (hopperlm/train/metrics.py documents them). TensorBoard and W&B get the
+One schema: the fields of metrics.jsonl (hopperlm/observe/metrics.py documents them). TensorBoard and W&B get the
 same values under the tags in TAGS (grouped: loss/, optim/, speed/, memory/, gpu/, progress/); metrics.csv has
 one column per field. A sink is told `restart_at(step)` when the run goes back to a checkpoint (resume or the
 guard's rollback): the records after it are about to be recomputed, so no sink keeps them twice.
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from hopperlm.config import Config
 from hopperlm.errors import ConfigError
-from hopperlm.train.metrics import FIELDS, MetricsFile, read_metrics
+from hopperlm.observe.metrics import FIELDS, MetricsFile, read_metrics
 
 TAGS = {
     "loss": "loss/train",

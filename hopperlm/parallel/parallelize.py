@@ -21,7 +21,7 @@ sequence fit one device (memory.py's estimate), FSDP otherwise; the plan says wh
 LoRA/QLoRA: DDP buckets only parameters that require gradients, so only the adapters' gradients cross ranks.
 FSDP2 shards the frozen base with the adapters (per-parameter sharding: frozen and trainable parameters share
 a block's unit) and reduce-scatters the adapters' gradients only. QLoRA's NF4 data is stored in the dtype FSDP2
-gathers in (train/model_setup.py, model/qlora.py), so the mixed-precision cast leaves it as it is.
+gathers in (train/initial_model.py, model/qlora.py), so the mixed-precision cast leaves it as it is.
 bitsandbytes' paged optimizer steps plain tensors, not DTensor shards: refused under fsdp/hsdp.
 """
 

@@ -5,7 +5,7 @@
               LoRA/QLoRA's base
   make.py     make_plan: the rules in order, then data parallelism, activation checkpointing, the micro-batch
               (measured on a GPU by a finder, else estimated) and CUDA graphs
-`train` and `diagnose` both reach make_plan through train/setup.py's `plan_run`.
+`train` and `diagnose` both reach make_plan through train/data_and_plan.py's `plan_run`.
 """
 
 from hopperlm.plan.make import Finder, make_plan

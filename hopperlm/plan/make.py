@@ -172,7 +172,7 @@ def make_plan(
 ) -> Plan:
     """Every choice for this run, with reasons. `finder` measures the micro-batch on a real GPU; without it
     (CPU, simulated hardware) the memory estimate decides. `world`: the ranks of a torchrun launch.
-    train/setup.py's `plan_run` is the one caller that `train` and `diagnose` share."""
+    train/data_and_plan.py's `plan_run` is the one caller that `train` and `diagnose` share."""
     tc = cfg.train
     world = world or World()
     why: dict[str, str] = {"device": hw.summary()[0].removeprefix("device: ")}

@@ -8,8 +8,8 @@ import math
 import torch
 
 from hopperlm.model.transformer import count_params
+from hopperlm.observe.metrics import human_count
 from hopperlm.plan import Plan
-from hopperlm.train.metrics import human_count
 
 
 def predicted_tokens_per_s(plan: Plan, flops_per_token: int) -> tuple[float, float]:

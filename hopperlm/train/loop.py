@@ -21,16 +21,15 @@ import torch
 from hopperlm.checkpoint.layout import list_checkpoints
 from hopperlm.checkpoint.single import CheckpointSaveError
 from hopperlm.config import Config
-from hopperlm.config.training import BUDGET_KEYS
 from hopperlm.data.train_data import combined_val_loss
 from hopperlm.errors import HopperError
 from hopperlm.model.transformer import count_params
+from hopperlm.observe.metrics import Interval, human_count, mfu, peak_memory_gb
 from hopperlm.parallel.runtime import session
+from hopperlm.schedule import budget_progress, lr_at
 from hopperlm.train.banner import print_preflight_check
 from hopperlm.train.evaluate import evaluate
 from hopperlm.train.guard import GuardStop
-from hopperlm.train.metrics import Interval, human_count, mfu, peak_memory_gb
-from hopperlm.train.optim import budget_progress, lr_at
 from hopperlm.train.preemption import Preemption
 from hopperlm.train.run import Resume, Run, setup_run
 from hopperlm.train.step import StepDropped, StepResult, train_step
@@ -85,7 +84,7 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
             budget = run.schedule_budget  # the run's, or the checkpoint's (optim.resume_horizon keep)
             progress = budget_progress(s.step, s.tokens, run.elapsed(), budget, run.cfg.optim.warmup_steps)
             lr = lr_at(s.step, progress, run.cfg.optim) * run.guard.state.lr_scale
-            if run.embed_warmup is not None:  # new token rows first, then everything (model_setup.py)
+            if run.embed_warmup is not None:  # new token rows first, then everything (initial_model.py)
                 run.embed_warmup.before_step(s.step, run.parts.optimizer)
             try:
                 batch_of = partial(run.batches.next, s.step + run.guard.state.data_offset)  # (micro) -> Batch
@@ -271,35 +270,19 @@ def rollback(run: Run, bad_step: int) -> None:
                 f"step {bad_step}: the run diverged and there is no valid checkpoint to roll back to"
             )
         restored = run.checkpointer.load(ckpt, run.model, run.parts.optimizer, run.parts.scaler)
-    run.guard.after_rollback(bad_step, restored["step"])
+    s.roll_back(restored, bad_step)
     run.guard.event(
         bad_step,
         "divergence (bad steps or loss spike)",
         f"rolled back to {ckpt.name}, skipping the data of steps {restored['step'] + 1}-{bad_step}, "
         f"LR x{run.guard.state.lr_scale:g}",
     )
-    s.step, s.tokens = restored["step"], restored["tokens"]
     run.observer.restart_at(s.step, s.tokens, run.elapsed())  # the curve restarts; events.jsonl keeps why
 
 
 def save_checkpoint(run: Run) -> None:
     """A checkpoint of the run's state; a failed save (e.g. a full disk) is logged and training goes on."""
     s, rt = run.state, run.rt
-    state = {
-        "tokens": s.tokens,
-        "elapsed_s": run.elapsed(),
-        "best_val_loss": s.best_val,
-        "val_loss": s.val_loss,
-        "micro_batch": s.micro_batch * rt.world_size,  # all ranks together
-        "grad_accum": s.grad_accum,
-        "fp8": s.fp8,  # in effect for these steps: the plan's, or off after a start-up fallback
-        "world_size": rt.world_size,
-        "schedule_budget": {k: getattr(run.schedule_budget, k) for k in BUDGET_KEYS},
-        "config": run.cfg.to_dict(),
-        "data_manifest_tokenizer": run.data.manifest["tokenizer"],
-        "guard": run.guard.to_dict(),
-        "data": run.batches.state_dict(),
-    }
     try:
         with run.rt.long_phase("checkpoint"):
             path = run.checkpointer.save(
@@ -309,7 +292,7 @@ def save_checkpoint(run: Run) -> None:
                 model_cfg=run.model_cfg,
                 optimizer=run.parts.optimizer,
                 scaler=run.parts.scaler,
-                state=state,
+                state=s.state_dict(rt.world_size),
                 tokenizer_dir=run.run_dir / "tokenizer",
                 keep_last=run.cfg.train.keep_last,
                 keep_every=run.cfg.train.keep_every,

@@ -1,9 +1,10 @@
 """One training run, set up: `setup_run(cfg, resume, runtime)` builds the `Run` the loop steps (train/loop.py).
 
-A `Run` holds what the loop touches (the model and the parts of its training step, the batches, the
-checkpointer, the stability guard, the observer) and a small `RunState`: exactly what changes from step to step
-and is saved in every checkpoint. The plan never changes; what changes while the run goes (the micro-batch
-after an out-of-memory error, a float8 backend that failed at start-up) lives in the state and is logged.
+A `Run` holds what is built once and the loop touches (the model and the parts of its training step, the
+batches, the checkpointer, the stability guard, the observer) and the `TrainState` (train/state.py): everything
+that changes as the run goes, which every checkpoint saves and a resume restores. The plan never changes; what
+changes while the run goes (the micro-batch after an out-of-memory error, a float8 backend that failed at
+start-up) lives in the state and is logged.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ from hopperlm.parallel.parallelize import SHARDED
 from hopperlm.parallel.runtime import Clock, Runtime
 from hopperlm.parallel.watchdog import restart_count
 from hopperlm.plan import Plan
+from hopperlm.schedule import budget_progress, lr_at
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner
 from hopperlm.train.benchmarks import Benchmarks
+from hopperlm.train.data_and_plan import RunData, open_run_data, plan_run, resolve_model_config
 from hopperlm.train.guard import Guard
-from hopperlm.train.model_setup import EmbedWarmup, build_train_model
-from hopperlm.train.optim import budget_progress, lr_at
-from hopperlm.train.setup import RunData, open_run_data, plan_run, resolve_model_config
+from hopperlm.train.initial_model import EmbedWarmup, build_train_model
+from hopperlm.train.state import TrainState
 from hopperlm.train.step import StepParts, build_step
 
 # False: a new run; True or "latest": the run's latest valid checkpoint; "auto": that if the run has any
@@ -72,19 +74,6 @@ def resolve_resume(resume: Resume, run_dir: Path, rt: Runtime, log: Callable[[st
 
 
 @dataclass
-class RunState:
-    """What changes from step to step; all of it is saved in every checkpoint."""
-
-    micro_batch: int  # per rank: the plan's, until an out-of-memory error halves it
-    grad_accum: int
-    fp8: str  # the float8 backend in effect (the plan's, or "off" after a start-up failure)
-    step: int = 0
-    tokens: int = 0
-    best_val: float | None = None
-    val_loss: float | None = None
-
-
-@dataclass
 class Run:
     cfg: Config
     rt: Runtime
@@ -99,9 +88,7 @@ class Run:
     guard: Guard
     observer: RunObserver | NullObserver
     embed_warmup: EmbedWarmup | None
-    state: RunState
-    elapsed: Clock  # seconds of training across resumes
-    schedule_budget: TrainConfig  # the budget the LR schedule is laid over (train/run.py schedule_budget)
+    state: TrainState  # everything that changes as the run goes: what a checkpoint saves (train/state.py)
     flops_per_token: int
     predicted: tuple[float, float]  # (tokens/s bound, matmul FLOP/s measured here)
     preflight_checked: bool = False  # the first log step compared measured with predicted
@@ -110,6 +97,16 @@ class Run:
     @property
     def log(self) -> Callable[[str], None]:
         return self.rt.log
+
+    @property
+    def elapsed(self) -> Clock:
+        """Seconds of training across resumes (several ranks: rank 0's, agreed on log steps)."""
+        return self.state.clock
+
+    @property
+    def schedule_budget(self) -> TrainConfig:
+        """The budget the LR schedule is laid over (schedule_budget below)."""
+        return self.state.schedule_budget
 
     @property
     def run_dir(self) -> Path:
@@ -138,12 +135,21 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     parts, fp8 = build_step(model, plan, cfg.optim, log=log, rt=rt)
     checkpointer = dist_ckpt.Checkpointer(rt, plan.strategy, cfg.parallel, log)
     guard = Guard(cfg.guard, run_dir / "events.jsonl" if rt.is_main else Path(os.devnull), log)
-    state, elapsed_before = RunState(plan.micro_batch, plan.grad_accum, fp8), 0.0
+    batches = data.batches(
+        micro_batch=plan.micro_batch,
+        grad_accum=plan.grad_accum,
+        pin=plan.pin_memory,
+        prefetch=default_prefetch(cfg.data, plan.device),
+        rank=rt.rank,  # each rank reads its block of every global micro-batch
+        world_size=rt.world_size,
+    )
+    state = TrainState(plan.micro_batch, plan.grad_accum, fp8, guard=guard, batches=batches)
+    state.run_record = {"config": cfg.to_dict(), "data_manifest_tokenizer": data.manifest["tokenizer"]}
+    elapsed_before = 0.0
     if resume_from is not None:
-        restored = checkpointer.load(resume_from, model, parts.optimizer, parts.scaler)  # weights, RNG
-        state.step, state.tokens = restored["step"], restored["tokens"]
-        state.best_val, elapsed_before = restored.get("best_val_loss"), restored["elapsed_s"]
-        guard.load(restored.get("guard"))
+        # weights, optimizer, scaler and RNGs into the model; state.json (as `saved`, with the step) back
+        state.load_state_dict(checkpointer.load(resume_from, model, parts.optimizer, parts.scaler))
+        elapsed_before = saved["elapsed_s"]
 
     fpt = training_flops_per_token(model_cfg, cfg.train.seq_len, cfg.lora)  # LoRA: no frozen weight grads
     predicted = predicted_tokens_per_s(plan, fpt)
@@ -161,20 +167,19 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         fpt=fpt,
         predicted=predicted,
     )
-    budget = schedule_budget(cfg, saved, state, elapsed_before, log)
+    state.schedule_budget = schedule_budget(cfg, saved, state, elapsed_before, log)
+    state.clock = rt.start_clock(elapsed_before)  # several ranks: rank 0's clock, agreed on log steps
     observer = open_observer(
-        cfg, rt, hw, plan, model_cfg, fpt, predicted, (state.step, state.tokens, elapsed_before), budget
+        cfg,
+        rt,
+        hw,
+        plan,
+        model_cfg,
+        fpt,
+        predicted,
+        (state.step, state.tokens, elapsed_before),
+        state.schedule_budget,
     )
-    batches = data.batches(
-        micro_batch=plan.micro_batch,
-        grad_accum=plan.grad_accum,
-        pin=plan.pin_memory,
-        prefetch=default_prefetch(cfg.data, plan.device),
-        rank=rt.rank,  # each rank reads its block of every global micro-batch
-        world_size=rt.world_size,
-    )
-    if saved is not None:
-        batches.load_state_dict(saved.get("data"))  # sequential/mixture: exactly the next sample
     return Run(
         cfg=cfg,
         rt=rt,
@@ -190,8 +195,6 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         observer=observer,
         embed_warmup=embed_warmup,
         state=state,
-        elapsed=rt.start_clock(elapsed_before),  # several ranks: rank 0's clock, agreed on log steps
-        schedule_budget=budget,
         flops_per_token=fpt,
         predicted=predicted,
         benchmarks=Benchmarks(cfg, run_dir, rt, plan.strategy, log) if cfg.eval.tasks else None,
@@ -256,7 +259,7 @@ def open_observer(
 
 
 def schedule_budget(
-    cfg: Config, saved: dict | None, state: RunState, elapsed_s: float, log: Callable[[str], None]
+    cfg: Config, saved: dict | None, state: TrainState, elapsed_s: float, log: Callable[[str], None]
 ) -> TrainConfig:
     """The budget the LR schedule is laid over: the run's own, or, when a resumed run changed it and
     optim.resume_horizon is keep, the checkpoint's. Says in one line how the LR changes at the resume step."""

@@ -10,9 +10,9 @@ import torch
 from hopperlm.checkpoint.layout import latest_checkpoint, verify_checkpoint
 from hopperlm.config import load_config
 from hopperlm.model.transformer import Transformer
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.train.guard import GuardStop
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 100

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from hopperlm.checkpoint.layout import latest_checkpoint, verify_checkpoint
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.parallel.supervise import Frozen, describe_failure
 from hopperlm.parallel.watchdog import HEARTBEAT_DIR, step_limit
-from hopperlm.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,8 @@ from hopperlm.checkpoint.layout import latest_checkpoint, list_checkpoints
 from hopperlm.config import load_config
 from hopperlm.data.loader import TokenShards
 from hopperlm.errors import CheckpointError, DataError
+from hopperlm.observe.metrics import read_metrics
 from hopperlm.train.loop import train
-from hopperlm.train.metrics import read_metrics
 from hopperlm.train.preemption import Preemption
 
 REPO = Path(__file__).resolve().parents[2]

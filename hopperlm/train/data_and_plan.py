@@ -23,7 +23,7 @@ from hopperlm.parallel.parallelize import SHARDED
 from hopperlm.parallel.runtime import Runtime, World
 from hopperlm.plan import Plan, make_plan
 from hopperlm.train.batch_finder import make_gpu_finder
-from hopperlm.train.model_setup import build_train_model
+from hopperlm.train.initial_model import build_train_model
 
 
 def resolve_model_config(cfg: ModelConfig, data_vocab: int) -> ModelConfig:

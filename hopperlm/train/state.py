@@ -1,0 +1,78 @@
+"""TrainState: everything a run changes as it goes, with one owner. Every checkpoint's state.json is its
+`state_dict()`; a resume is `load_state_dict()`, a rollback `roll_back()`: one call each.
+
+    step, tokens                where the run is          best_val, val_loss     what it measured
+    micro_batch, grad_accum     per rank: the plan's, until an out-of-memory error halves them
+    fp8                         the float8 backend in effect (the plan's, or "off" after a start-up failure)
+    schedule_budget             the budget the LR schedule is laid over (a resume may keep the original one)
+    clock                       seconds of training across resumes (what train.max_hours counts)
+    guard                       the stability guard's counters, data offset and LR scale (train/guard.py)
+    batches                     the position of the data stream (data/batches.py)
+
+The weights, the optimizer's and loss scaler's state and the RNGs travel beside state.json in the same
+checkpoint; the checkpointer (parallel/checkpoint.py) writes and loads those. What state.json records of the
+run for the checks a resume makes (its config, its data's tokenizer) is `run_record`, set once at set-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hopperlm.config.training import BUDGET_KEYS
+
+if TYPE_CHECKING:
+    from hopperlm.config import TrainConfig
+    from hopperlm.data.batches import BatchSource
+    from hopperlm.parallel.runtime import Clock
+    from hopperlm.train.guard import Guard
+
+
+@dataclass
+class TrainState:
+    micro_batch: int  # per rank
+    grad_accum: int
+    fp8: str
+    step: int = 0
+    tokens: int = 0
+    best_val: float | None = None
+    val_loss: float | None = None
+    schedule_budget: TrainConfig | None = None
+    clock: Clock | None = None
+    guard: Guard | None = None
+    batches: BatchSource | None = None
+    run_record: dict[str, Any] = field(default_factory=dict)  # config, data tokenizer: saved, never restored
+
+    def state_dict(self, world_size: int) -> dict[str, Any]:
+        """state.json of a checkpoint of the current step (the checkpointer adds the step and the RNGs)."""
+        return {
+            "tokens": self.tokens,
+            "elapsed_s": self.clock(),
+            "best_val_loss": self.best_val,
+            "val_loss": self.val_loss,
+            "micro_batch": self.micro_batch
+            * world_size,  # all ranks together: any world size that divides it
+            "grad_accum": self.grad_accum,
+            "fp8": self.fp8,
+            "world_size": world_size,
+            "schedule_budget": {k: getattr(self.schedule_budget, k) for k in BUDGET_KEYS},
+            "guard": self.guard.to_dict(),
+            "data": self.batches.state_dict(),
+            **self.run_record,
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Resume: where the run was, what it measured, the guard, the data position. The micro-batch and
+        the schedule's budget were settled from the same state.json before the plan was made (train/run.py),
+        and the clock starts from `saved["elapsed_s"]` (Runtime.start_clock)."""
+        self.step, self.tokens = saved["step"], saved["tokens"]
+        self.best_val = saved.get("best_val_loss")
+        self.guard.load(saved.get("guard"))
+        self.batches.load_state_dict(saved.get("data"))
+
+    def roll_back(self, saved: dict[str, Any], bad_step: int) -> None:
+        """Back to a checkpoint's step and tokens after divergence at `bad_step`. The guard keeps counting (its
+        rollbacks, and the data offset that skips the bad batches) and the data stream goes on past them, so
+        neither is restored."""
+        self.guard.after_rollback(bad_step, saved["step"])
+        self.step, self.tokens = saved["step"], saved["tokens"]
