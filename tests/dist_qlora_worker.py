@@ -23,8 +23,8 @@ import torch.distributed as dist
 from hopperlm.config import Config, LoRAConfig, ModelConfig, OptimConfig
 from hopperlm.data.loader import Batch
 from hopperlm.hardware import detect_for
-from hopperlm.parallel.runtime import Runtime, World
-from hopperlm.plan import make_plan
+from hopperlm.parallel.runtime import Runtime
+from hopperlm.plan import World, make_plan
 from hopperlm.train.initial_model import build_lora_model
 from hopperlm.train.step import build_step, train_step
 

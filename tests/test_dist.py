@@ -22,8 +22,8 @@ from hopperlm.errors import ConfigError
 from hopperlm.hardware import simulated
 from hopperlm.observe.metrics import read_metrics
 from hopperlm.parallel.launch import launch_command, sbatch_script
-from hopperlm.parallel.runtime import World, read_env
-from hopperlm.plan import make_plan
+from hopperlm.parallel.runtime import read_env
+from hopperlm.plan import World, make_plan
 from hopperlm.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,8 +17,8 @@ from hopperlm.hardware import detect_for, simulated
 from hopperlm.model.transformer import build_model
 from hopperlm.parallel import runtime
 from hopperlm.parallel.parallelize import Parallel
-from hopperlm.parallel.runtime import Runtime, World
-from hopperlm.plan import make_plan
+from hopperlm.parallel.runtime import Runtime
+from hopperlm.plan import World, make_plan
 from hopperlm.plan.make import fewest_accumulation_steps
 from hopperlm.train import batch_finder
 from hopperlm.train.loop import OutOfMemory, back_off

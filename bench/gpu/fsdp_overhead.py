@@ -28,8 +28,11 @@ from hopperlm.config import config_from_dict  # noqa: E402
 from hopperlm.data.loader import Batch  # noqa: E402
 from hopperlm.hardware import detect, detect_for  # noqa: E402
 from hopperlm.model.transformer import build_model, flops_per_token  # noqa: E402
-from hopperlm.parallel.runtime import Runtime, World, read_env  # noqa: E402
-from hopperlm.plan import make_plan  # noqa: E402
+from hopperlm.parallel.runtime import Runtime, read_env  # noqa: E402
+from hopperlm.plan import (
+    World,  # noqa: E402
+    make_plan,  # noqa: E402
+)
 from hopperlm.provenance import provenance  # noqa: E402
 from hopperlm.train.step import build_step, train_step  # noqa: E402
 

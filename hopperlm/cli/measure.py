@@ -5,9 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hopperlm.cli.common import add_verb, log, printed_config, run_config
 from hopperlm.errors import ConfigError
+
+if TYPE_CHECKING:  # (the CLI imports torch only when a verb needs it)
+    from hopperlm.config import Config, ModelConfig
+    from hopperlm.hardware import Hardware
+    from hopperlm.plan import Plan
 
 
 def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -31,7 +37,7 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.config:
         from hopperlm.data.train_data import resolve_datasets
         from hopperlm.errors import DataError
-        from hopperlm.parallel.runtime import World
+        from hopperlm.plan import World
         from hopperlm.train.data_and_plan import plan_run, resolve_model_config
 
         cfg = run_config(args.config, overrides)
@@ -77,7 +83,7 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
 ASSUMED_GPU_MFU = 0.45
 
 
-def budget_lines(cfg, model_cfg, plan, hw) -> list[str]:
+def budget_lines(cfg: Config, model_cfg: ModelConfig, plan: Plan, hw: Hardware) -> list[str]:
     """For a wall-clock budget: the tokens it buys at the predicted speed (a GPU: the dense 16-bit peak at the
     MFU measured for h100-350m; a CPU: the matmul rate measured here, an upper bound) and per parameter, and
     where the run folder already has evaluations, the forecast of its final validation loss."""

@@ -55,6 +55,11 @@ class EvalConfig:
             raise ConfigError("eval.tasks is empty; name tasks (e.g. hellaswag,arc_easy) or set it to null")
 
 
+# parallel.step_timeout_s null: the collective limit per step is max(floor, factor x the slowest step so far)
+STEP_LIMIT_FLOOR_S = 60.0
+STEP_LIMIT_FACTOR = 10.0
+
+
 @dataclass
 class ParallelConfig:
     strategy: Literal["auto", "ddp", "fsdp", "hsdp", "none"] = "auto"

@@ -65,14 +65,13 @@ from hopperlm.data.shards import file_sha256
 from hopperlm.errors import CheckpointError
 from hopperlm.model.lora import has_lora
 from hopperlm.parallel.runtime import Runtime
-
-SHARDED_STRATEGIES = ("fsdp", "hsdp")
+from hopperlm.plan.strategy import SHARDED
 
 
 def checkpoint_format(cfg: ParallelConfig, strategy: str) -> str:
     if cfg.checkpoint != "auto":
         return cfg.checkpoint
-    return "sharded" if strategy in SHARDED_STRATEGIES or cfg.async_checkpoint else "single"
+    return "sharded" if strategy in SHARDED or cfg.async_checkpoint else "single"
 
 
 def optimizers_of(optimizer) -> list[torch.optim.Optimizer]:
@@ -308,7 +307,7 @@ class Checkpointer:
         model; returns state.json. `model` is the unwrapped model (not the DDP wrapper)."""
         if is_sharded(ckpt):
             state = self._load_sharded(ckpt, model, optimizer, scaler)
-        elif self.strategy in SHARDED_STRATEGIES:
+        elif self.strategy in SHARDED:
             state = self._load_single_into_shards(ckpt, model, optimizer, scaler)
         else:
             load_model_weights(ckpt, model)

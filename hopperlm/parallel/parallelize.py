@@ -16,7 +16,8 @@ Strategies (`parallel.strategy`, plan.strategy):
   hsdp  FSDP2 on a 2-D mesh (replicate x shard): sharded within groups of `parallel.shard_size` ranks (one
         node by default), replicated across groups; the cross-group all-reduce runs on the last micro-batch
 `auto`: none for one process; with several, DDP when the model, its gradients and AdamW state and one
-sequence fit one device (memory.py's estimate), FSDP otherwise; the plan says which and why.
+sequence fit one device (memory.py's estimate), FSDP otherwise; the plan chooses (plan/strategy.py) and says
+which and why.
 
 LoRA/QLoRA: DDP buckets only parameters that require gradients, so only the adapters' gradients cross ranks.
 FSDP2 shards the frozen base with the adapters (per-parameter sharding: frozen and trainable parameters share
@@ -35,118 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from hopperlm.config import Config, ModelConfig
-from hopperlm.errors import ConfigError
-from hopperlm.memory import estimate_memory
-from hopperlm.model.lora import count_trainable
-from hopperlm.parallel.runtime import Runtime, World
-
-SHARDED = ("fsdp", "hsdp")
-
-
-def lora_parallel_note(cfg: Config, model_cfg: ModelConfig, strategy: str, precision: str) -> str:
-    """What DDP or FSDP2 does with a LoRA model, for the plan's parallel line ("" when not LoRA on ranks)."""
-    if not cfg.lora.enabled or strategy == "none":
-        return ""
-    if strategy == "ddp":
-        trainable = count_trainable(model_cfg, cfg.lora)
-        return f"; LoRA: only the adapters' gradients ({4 * trainable / 1e6:,.0f} MB fp32) cross ranks"
-    compute = "fp32" if precision == "fp32" else precision
-    nf4_rule = ""
-    if cfg.lora.quantize == "nf4":
-        nf4_rule = f"the NF4 data stored as {compute} (FSDP2's parameter dtype: gathered without a cast), "
-    return (
-        f"; LoRA: {nf4_rule}base and adapters sharded, gathered in {compute} per block; fp32 adapter shards for "
-        "the optimizer; checkpoints hold the adapters only"
-    )
-
-
-def choose_strategy(
-    cfg: Config,
-    model_cfg: ModelConfig,
-    hw,
-    world: World,
-    *,
-    precision: str,
-    fused_loss: bool,
-    optimizer: str,
-    budget: float,
-) -> tuple[str, int, str]:
-    """(strategy, dp_shard, reason): the data parallelism over the world's ranks and the ranks one copy of the
-    state is spread over. `budget` is the memory one device may fill."""
-    want, n = cfg.parallel.strategy, world.size
-    if want == "none" and n > 1:
-        raise ConfigError(
-            f"parallel.strategy=none with {n} ranks: each would train its own copy; use auto, ddp, fsdp or "
-            "hsdp, or launch one process"
-        )
-    if want == "auto" and n == 1:
-        return "none", 1, "none (one process; under torchrun auto picks DDP or FSDP)"
-    muon = cfg.optim.name == "muon"
-    if muon and want in SHARDED:
-        raise ConfigError(
-            "optim.name=muon orthogonalises whole matrices and cannot run on FSDP's shards; "
-            "use parallel.strategy ddp or optim.name adamw"
-        )
-    if optimizer == "paged_adamw8bit" and want in SHARDED:
-        raise ConfigError(
-            "optim.name=paged_adamw8bit (bitsandbytes) steps plain tensors, not FSDP2's sharded DTensor "
-            "parameters; use parallel.strategy ddp or optim.name adamw8bit (torchao's, which steps shards)"
-        )
-    where = "GPU" if hw.device_type == "cuda" else "process"
-    if want == "auto":
-        full = estimate_memory(
-            model_cfg,
-            cfg.train.seq_len,
-            precision,
-            checkpointing="full",
-            fused_loss=fused_loss,
-            optimizer=optimizer,
-            lora=cfg.lora,
-        )
-        state = f"weights + grads + {optimizer} state ({full.static / 1e9:.1f} GB)"
-        if cfg.lora.enabled:
-            base = "NF4" if cfg.lora.quantize == "nf4" else "frozen"
-            state = (
-                f"the {base} base + adapters, their grads and {optimizer} state ({full.static / 1e9:.1f} GB)"
-            )
-        if full.largest_micro_batch(budget) >= 1:
-            return (
-                "ddp",
-                1,
-                (
-                    f"ddp over {n} ranks: {state} and a sequence fit one {where} ({budget / 1e9:.1f} GB); "
-                    "a replica per rank, gradients all-reduced once per step"
-                ),
-            )
-        if muon or optimizer == "paged_adamw8bit":
-            raise ConfigError(
-                f"{state} exceed one {where} ({budget / 1e9:.1f} GB), so this run needs FSDP, which "
-                f"optim.name={optimizer} cannot run on; use optim.name {'adamw8bit' if not muon else 'adamw'}"
-            )
-        return (
-            "fsdp",
-            n,
-            (
-                f"fsdp over {n} ranks: {state} exceed one {where} ({budget / 1e9:.1f} GB); sharded, "
-                f"{full.static / n / 1e9:.1f} GB per rank"
-            ),
-        )
-    if want == "fsdp":
-        return "fsdp", n, f"fsdp over {n} rank(s) (set by parallel.strategy)"
-    if want == "hsdp":
-        shard = cfg.parallel.shard_size or world.local_size
-        if n % shard:
-            raise ConfigError(
-                f"parallel.shard_size={shard} does not divide the {n} ranks; use a divisor of {n} "
-                "(e.g. the GPUs of one node)"
-            )
-        return (
-            "hsdp",
-            shard,
-            f"hsdp (set by parallel.strategy): sharded over {shard} rank(s), {n // shard} replica(s)",
-        )
-    return want, 1, f"{want} over {n} rank(s) (set by parallel.strategy)"
+from hopperlm.parallel.runtime import Runtime
+from hopperlm.plan import SHARDED, Plan, Strategy
 
 
 @dataclass
@@ -154,7 +45,7 @@ class Parallel:
     """The model as the training step uses it: `module` is what the forward goes through (the DDP wrapper, or
     the model itself, sharded in place by FSDP2)."""
 
-    strategy: str
+    strategy: Strategy
     module: nn.Module
     fp8_all_gather: bool = False
     world_size: int = 1  # the ranks whose gradients are averaged
@@ -190,7 +81,7 @@ class Parallel:
         return torch.amp.GradScaler("cuda")
 
 
-def device_mesh(plan, rt: Runtime):
+def device_mesh(plan: Plan, rt: Runtime):
     from torch.distributed.device_mesh import init_device_mesh
 
     kind = plan.device.type
@@ -201,7 +92,7 @@ def device_mesh(plan, rt: Runtime):
 
 
 def parallelize(
-    model: nn.Module, plan, rt: Runtime, log: Callable[[str], None], *, fp8_all_gather: bool = False
+    model: nn.Module, plan: Plan, rt: Runtime, log: Callable[[str], None], *, fp8_all_gather: bool = False
 ) -> Parallel:
     """Wrap (DDP) or shard in place (FSDP2/HSDP) the model, after apply_speedups; none: the model as it is.
     `fp8_all_gather`: the plan's, if float8 is in effect after the speed-ups."""

@@ -24,7 +24,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ import torch
 
 from hopperlm.errors import ConfigError, HopperError
 from hopperlm.parallel.watchdog import Watchdog, restart_count, supervised
+from hopperlm.plan import Plan, World
 
 FIRST_ERROR_KEY = "hopperlm/first_error"
 STRATEGIES_NEEDING_A_GROUP = ("ddp", "fsdp", "hsdp")
@@ -41,18 +41,6 @@ STRATEGIES_NEEDING_A_GROUP = ("ddp", "fsdp", "hsdp")
 
 class PeerFailed(HopperError):
     """Another rank failed first; this rank stops too (the message names that rank and its error)."""
-
-
-@dataclass(frozen=True)
-class World:
-    """The shape of a run, as the plan sees it: how many ranks, and how many of them share a node."""
-
-    size: int = 1
-    local_size: int = 1
-
-    @property
-    def nodes(self) -> int:
-        return max(1, self.size // max(1, self.local_size))
 
 
 def read_env(environ: dict[str, str] | None = None) -> tuple[int, int, World, bool]:
@@ -106,11 +94,12 @@ class Runtime:
         self,
         rank: int = 0,
         local_rank: int = 0,
-        world: World = World(),
+        world: World | None = None,
         log: Callable[[str], None] = print,
         launched: bool = False,
     ) -> None:
-        self.rank, self.local_rank, self.world, self.launched = rank, local_rank, world, launched
+        self.rank, self.local_rank, self.launched = rank, local_rank, launched
+        self.world = world or World()
         self._log = log
         self.active = False  # a process group is up
         self.backend: str | None = None
@@ -304,7 +293,7 @@ class Runtime:
         if finder is None or self.world_size == 1:
             return finder
 
-        def agreed(model_cfg, plan, cap):
+        def agreed(model_cfg, plan: Plan, cap: int) -> tuple[int, str]:
             micro, reason = finder(model_cfg, plan, cap)
             least = int(self.all_reduce(torch.tensor([micro], device=self.collective_device), "min").item())
             return least, f"{reason}; the smallest over {self.world_size} ranks"

@@ -28,13 +28,13 @@ from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
 
+from hopperlm.config.run import STEP_LIMIT_FACTOR, STEP_LIMIT_FLOOR_S
+
 HEARTBEAT_DIR = "heartbeats"
 SUPERVISED_ENV = "HOPPERLM_SUPERVISED"
 """Set to 1 by `hopperlm launch` for its ranks: they record their errors for it and print none themselves."""
 BEAT_EVERY_S = 1.0
 BEAT_BYTES = 512  # a heartbeat file's fixed size (JSON padded with spaces)
-STEP_LIMIT_FLOOR_S = 60.0
-STEP_LIMIT_FACTOR = 10.0
 
 
 def supervised() -> bool:
@@ -57,20 +57,6 @@ def step_limit(configured: float | None, slowest_step_s: float) -> tuple[float, 
     return (
         auto,
         f"max({STEP_LIMIT_FLOOR_S:.0f} s, {STEP_LIMIT_FACTOR:.0f} x the slowest step {slowest_step_s:.2f} s)",
-    )
-
-
-def describe_limits(startup_s: float, step_s: float | None) -> str:
-    """The plan's line on the two limits."""
-    steps = (
-        f"{step_s:g} s (parallel.step_timeout_s)"
-        if step_s is not None
-        else f"max({STEP_LIMIT_FLOOR_S:.0f} s, {STEP_LIMIT_FACTOR:.0f}x the slowest step), set at the first log step"
-    )
-    return (
-        f"a collective waits up to {startup_s:g} s through start-up, evaluation and checkpoints "
-        f"(parallel.startup_timeout_s), then per step {steps}; a frozen rank is named and killed by "
-        "`hopperlm launch` within that limit"
     )
 
 

@@ -12,6 +12,7 @@ from hopperlm.errors import ConfigError
 from hopperlm.hardware import Hardware
 from hopperlm.model.lora import count_trainable
 from hopperlm.model.qlora import require_bitsandbytes
+from hopperlm.plan.record import Precision
 from hopperlm.speed.float8 import PAYOFF_SHARE, converted_share, torchao_available
 
 FUSED_LOSS_SHARE = 0.01  # the chunked loss when one sequence's logits would fill 1% of the memory budget
@@ -46,7 +47,7 @@ def choose_precision(
 
 
 def choose_fp8(
-    cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, compiled: bool, why: dict
+    cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: Precision, compiled: bool, why: dict
 ) -> str:
     """float8 for the large linear layers, or "off" with the reason. Never an error: an explicit request that
     cannot run here (a GPU without fp8 tensor cores, torchao missing) falls back to bf16 with one line."""
@@ -155,7 +156,9 @@ def choose_optimizer(cfg: Config, cuda: bool, why: dict) -> tuple[str, bool]:
     return oc.name, fused
 
 
-def choose_attention(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, why: dict) -> str:
+def choose_attention(
+    cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: Precision, why: dict
+) -> str:
     want = cfg.train.attention
     if hw.device_type != "cuda":
         if want not in ("auto", "math"):
@@ -212,7 +215,7 @@ def choose_compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | No
     return True, mode, scope
 
 
-def choose_lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: str, why: dict) -> str:
+def choose_lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: Precision, why: dict) -> str:
     """LoRA/QLoRA: what is adapted and how the frozen base is kept; QLoRA refuses a CPU up front."""
     lc = cfg.lora
     if not lc.enabled:

@@ -16,9 +16,6 @@ from hopperlm.errors import ConfigError
 from hopperlm.hardware import Hardware
 from hopperlm.memory import MemoryEstimate, estimate_memory
 from hopperlm.model.transformer import flops_per_token
-from hopperlm.parallel.parallelize import SHARDED, choose_strategy, lora_parallel_note
-from hopperlm.parallel.runtime import World
-from hopperlm.parallel.watchdog import describe_limits
 from hopperlm.plan.choices import (
     choose_attention,
     choose_compile,
@@ -30,6 +27,7 @@ from hopperlm.plan.choices import (
     choose_threads,
 )
 from hopperlm.plan.record import Plan
+from hopperlm.plan.strategy import SHARDED, World, choose_strategy, describe_limits, lora_parallel_note
 
 CPU_MICRO_BATCH_CAP = 16  # on a CPU, throughput stops improving well before memory runs out
 GPU_MICRO_BATCH_CAP_TOKENS = 1 << 19  # without a global batch, do not grow one micro-batch past 512K tokens

@@ -6,10 +6,19 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from hopperlm.memory import MemoryEstimate
+
+# the plan's choices, named as the config names them (config/training.py's Literal fields)
+Precision = Literal["fp32", "bf16", "fp16"]
+Checkpointing = Literal["none", "selective-op", "selective-block", "full"]
+Float8 = Literal["off", "tensorwise", "rowwise", "native"]
+OptimizerName = Literal["adamw", "adamw8bit", "muon", "paged_adamw8bit"]
+CompileMode = Literal["default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"]
+Strategy = Literal["none", "ddp", "fsdp", "hsdp"]
 
 
 class Reasons(dict):
@@ -31,28 +40,28 @@ class Plan:
     is the run's state, logged when it changes (train/run.py)."""
 
     device: torch.device
-    precision: str  # "fp32" | "bf16" | "fp16"
+    precision: Precision
     autocast_dtype: torch.dtype | None
     loss_scaling: bool
     tf32: bool
     attention: str  # "auto" (SDPA's own dispatch) or the backend forced first
     compile: bool
-    compile_mode: str | None
-    activation_checkpointing: str  # "none" | "selective-op" | "selective-block" | "full"
+    compile_mode: CompileMode | None
+    activation_checkpointing: Checkpointing
     fused_adamw: bool
     pin_memory: bool
     expandable_segments: bool
     seq_len: int
-    compile_scope: str = "block"
+    compile_scope: Literal["block", "model"] = "block"
     ac_every: int = 2
-    fp8: str = "off"  # "off" | "tensorwise" | "rowwise" | "native"
+    fp8: Float8 = "off"
     fused_loss: bool = False
-    optimizer: str = "adamw"  # "adamw" | "adamw8bit" | "muon" | "paged_adamw8bit"
+    optimizer: OptimizerName = "adamw"
     lora: str = "none"  # "none", or what is adapted and how the base is stored
     micro_batch: int = 0  # per rank
     grad_accum: int = 1
     memory: MemoryEstimate | None = None
-    strategy: str = "none"  # "none" | "ddp" | "fsdp" | "hsdp" (parallel/parallelize.py)
+    strategy: Strategy = "none"  # chosen by plan/strategy.py, carried out by parallel/parallelize.py
     world_size: int = 1
     dp_shard: int = 1  # ranks one copy of the weights/grads/optimizer state is sharded over
     fp8_all_gather: bool = False  # FSDP all-gathers float8 weights (tensorwise fp8 only)

@@ -19,9 +19,8 @@ from hopperlm.data.tokenizer import Tokenizer, load_tokenizer
 from hopperlm.data.train_data import Dataset, ValSet, open_train_shards, open_val_sets, resolve_datasets
 from hopperlm.errors import ConfigError, DataError
 from hopperlm.hardware import Hardware
-from hopperlm.parallel.parallelize import SHARDED
-from hopperlm.parallel.runtime import Runtime, World
-from hopperlm.plan import Plan, make_plan
+from hopperlm.parallel.runtime import Runtime
+from hopperlm.plan import SHARDED, Plan, World, make_plan
 from hopperlm.train.batch_finder import make_gpu_finder
 from hopperlm.train.initial_model import build_train_model
 

@@ -30,10 +30,9 @@ from hopperlm.hardware import Hardware, detect_for
 from hopperlm.model.lora import training_flops_per_token
 from hopperlm.observe.observer import NullObserver, RunObserver
 from hopperlm.parallel import checkpoint as dist_ckpt
-from hopperlm.parallel.parallelize import SHARDED
 from hopperlm.parallel.runtime import Clock, Runtime
 from hopperlm.parallel.watchdog import restart_count
-from hopperlm.plan import Plan
+from hopperlm.plan import SHARDED, Plan
 from hopperlm.schedule import budget_progress, lr_at
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner
 from hopperlm.train.benchmarks import Benchmarks
