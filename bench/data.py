@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from shared_data import DATA_DIR  # noqa: E402
 
 from hopperlm.config import DataConfig  # noqa: E402
-from hopperlm.data.batches import train_batches  # noqa: E402
+from hopperlm.data.batches import BatchLayout, train_batches  # noqa: E402
 from hopperlm.data.loader import TokenShards  # noqa: E402
 from hopperlm.data.prepare import prepare  # noqa: E402
 from hopperlm.data.train_data import resolve_datasets  # noqa: E402
@@ -102,8 +102,7 @@ def bench_loader(
         datasets,
         shards,
         seq_len=seq_len,
-        micro_batch=micro,
-        grad_accum=1,
+        layout=BatchLayout(micro_batch=micro),
         seed=0,
         pin=False,
         prefetch=prefetch,

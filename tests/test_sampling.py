@@ -10,7 +10,7 @@ import torch
 from shared_data import DATA_DIR
 
 from hopperlm.config import DataConfig
-from hopperlm.data.batches import train_batches
+from hopperlm.data.batches import BatchLayout, train_batches
 from hopperlm.data.loader import RandomWindows, TokenShards
 from hopperlm.data.packing import window_doc_ids
 from hopperlm.data.prepare import prepare
@@ -159,7 +159,7 @@ def test_prefetch_thread_gives_the_same_batches_and_position(tir, sampling):
     cfg = DataConfig(path=str(tir), sampling=sampling, packing=True)
     datasets = resolve_datasets(cfg)
     shards = [TokenShards(tir, "train")]
-    same = dict(seq_len=T, micro_batch=4, grad_accum=2, seed=1, pin=False)
+    same = dict(seq_len=T, layout=BatchLayout(micro_batch=4, grad_accum=2), seed=1, pin=False)
     plain = train_batches(cfg, datasets, shards, **same, prefetch=0)
     ahead = train_batches(cfg, datasets, shards, **same, prefetch=3)
     for step in range(4):

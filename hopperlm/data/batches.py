@@ -16,6 +16,7 @@ Both pretraining sources can prepare (and pin) the next batches in a background 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Protocol
 
 from hopperlm.config import DataConfig
@@ -24,6 +25,18 @@ from hopperlm.data.prefetch import Prefetcher
 from hopperlm.data.sampling import SampleStream, Source
 from hopperlm.data.train_data import Dataset
 from hopperlm.errors import DataError
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How one rank reads a step: `grad_accum` micro-batches of `micro_batch` sequences each, its block `rank`
+    of `world_size` of every global micro-batch. Made once from the plan (train/run.py), it travels as one to
+    the source that cuts the batches."""
+
+    micro_batch: int  # per rank
+    grad_accum: int = 1
+    rank: int = 0
+    world_size: int = 1
 
 
 class BatchSource(Protocol):
@@ -67,19 +80,16 @@ class WindowBatches(_Prefetched):
         shards: TokenShards,
         *,
         seq_len: int,
-        micro_batch: int,
-        grad_accum: int,
+        layout: BatchLayout,
         seed: int,
         packing: bool,
         pin: bool,
         prefetch: int,
-        rank: int = 0,
-        world_size: int = 1,
     ) -> None:
         self.shards, self.seq_len, self.seed, self.packing = shards, seq_len, seed, packing
-        self.grad_accum, self.pin, self.depth = grad_accum, pin, prefetch
-        self.rank, self.world_size = rank, world_size
-        self.windows = self._windows(micro_batch)
+        self.grad_accum, self.pin, self.depth = layout.grad_accum, pin, prefetch
+        self.rank, self.world_size = layout.rank, layout.world_size
+        self.windows = self._windows(layout.micro_batch)
         self._prefetcher: Prefetcher | None = None
         self._next_key: tuple[int, int] | None = None
 
@@ -124,17 +134,23 @@ class StreamBatches(_Prefetched):
         shards: list[TokenShards],
         *,
         seq_len: int,
-        micro_batch: int,
+        layout: BatchLayout,
         seed: int,
         pin: bool,
         prefetch: int,
-        rank: int = 0,
-        world_size: int = 1,
     ) -> None:
         self.cfg, self.pin, self.depth = cfg, pin, prefetch
         sources = [Source(d.name, s, d.weight) for d, s in zip(datasets, shards, strict=True)]
         self.stream = SampleStream(
-            sources, seq_len, micro_batch, seed, cfg.sampling, cfg.shuffle, cfg.packing, rank, world_size
+            sources,
+            seq_len,
+            layout.micro_batch,
+            seed,
+            cfg.sampling,
+            cfg.shuffle,
+            cfg.packing,
+            layout.rank,
+            layout.world_size,
         )
         self._consumed = self.stream.state_dict()  # the position of the next batch the loop will use
         self._step_start = self._consumed
@@ -180,37 +196,22 @@ def train_batches(
     shards: list[TokenShards],
     *,
     seq_len: int,
-    micro_batch: int,
-    grad_accum: int,
+    layout: BatchLayout,
     seed: int,
     pin: bool,
     prefetch: int,
-    rank: int = 0,
-    world_size: int = 1,
 ) -> BatchSource:
     """The pretraining source the data section asks for: random windows of one dataset, else a stream."""
     if cfg.sampling == "random" and len(datasets) == 1:
         return WindowBatches(
             shards[0],
             seq_len=seq_len,
-            micro_batch=micro_batch,
-            grad_accum=grad_accum,
+            layout=layout,
             seed=seed,
             packing=cfg.packing,
             pin=pin,
             prefetch=prefetch,
-            rank=rank,
-            world_size=world_size,
         )
     return StreamBatches(
-        cfg,
-        datasets,
-        shards,
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        seed=seed,
-        pin=pin,
-        prefetch=prefetch,
-        rank=rank,
-        world_size=world_size,
+        cfg, datasets, shards, seq_len=seq_len, layout=layout, seed=seed, pin=pin, prefetch=prefetch
     )

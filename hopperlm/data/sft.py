@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hopperlm.config import Config
+from hopperlm.data.batches import BatchLayout
 from hopperlm.data.chat import ChatTemplate, chat_encoder, choose_template
 from hopperlm.data.loader import Batch
 from hopperlm.data.tokenizer import HFTokenizer, load_tokenizer
@@ -246,11 +247,14 @@ class SFTBatches:
     and each micro-batch carries its share of the step's learned tokens (Batch.loss_share), so neither does
     the gradient."""
 
-    def __init__(
-        self, rows: Rows, *, micro_batch: int, grad_accum: int, seed: int, rank: int = 0, world_size: int = 1
-    ) -> None:
-        self.rows, self.micro_batch, self.grad_accum, self.seed = rows, micro_batch, grad_accum, seed
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, rows: Rows, *, layout: BatchLayout, seed: int) -> None:
+        self.rows, self.micro_batch, self.grad_accum, self.seed = (
+            rows,
+            layout.micro_batch,
+            layout.grad_accum,
+            seed,
+        )
+        self.rank, self.world_size = layout.rank, layout.world_size
         self._plans: dict[int, list[list[int]]] = {}
         self._ends: list[int] = []  # cumulative row counts of epochs 0, 1, ...
         self._step_tokens: tuple[int, int] = (-1, 0)  # (step, learned tokens of all its rows)
@@ -333,17 +337,8 @@ class SFTData:
     seq_len: int
     tokenizer: HFTokenizer  # what RUN_DIR/tokenizer holds (written by one rank: the others use this)
 
-    def batches(
-        self, *, micro_batch: int, grad_accum: int, seed: int, rank: int = 0, world_size: int = 1
-    ) -> SFTBatches:
-        return SFTBatches(
-            self.train,
-            micro_batch=micro_batch,
-            grad_accum=grad_accum,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-        )
+    def batches(self, layout: BatchLayout, *, seed: int) -> SFTBatches:
+        return SFTBatches(self.train, layout=layout, seed=seed)
 
 
 def _held_out(where_record: tuple[str, dict], fraction: float) -> bool:

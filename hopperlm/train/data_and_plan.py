@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hopperlm.checkpoint.inference import sft_tokenizer_path
 from hopperlm.config import Config, ModelConfig
-from hopperlm.data.batches import BatchSource, train_batches
+from hopperlm.data.batches import BatchLayout, BatchSource, train_batches
 from hopperlm.data.sft import open_sft_data
 from hopperlm.data.tokenizer import Tokenizer, load_tokenizer
 from hopperlm.data.train_data import Dataset, ValSet, open_train_shards, open_val_sets, resolve_datasets
@@ -80,18 +80,9 @@ class RunData:
     def manifest(self) -> dict:
         return self.datasets[0].manifest
 
-    def batches(
-        self, *, micro_batch: int, grad_accum: int, pin: bool, prefetch: int, rank: int, world_size: int
-    ) -> BatchSource:
-        """Each rank's micro-batches; see data/batches.py."""
-        return self._open(
-            micro_batch=micro_batch,
-            grad_accum=grad_accum,
-            pin=pin,
-            prefetch=prefetch,
-            rank=rank,
-            world_size=world_size,
-        )
+    def batches(self, layout: BatchLayout, *, pin: bool, prefetch: int) -> BatchSource:
+        """This rank's micro-batches; see data/batches.py."""
+        return self._open(layout, pin=pin, prefetch=prefetch)
 
 
 def open_run_data(cfg: Config, run_dir: Path, log: Callable[[str], None], *, writer: bool = True) -> RunData:
@@ -101,11 +92,9 @@ def open_run_data(cfg: Config, run_dir: Path, log: Callable[[str], None], *, wri
     if cfg.sft.path:
         sft = open_sft_data(cfg, run_dir, log, sft_tokenizer_path(cfg), save_tokenizer=writer)
 
-        def sft_batches(*, micro_batch, grad_accum, pin, prefetch, rank, world_size) -> BatchSource:
+        def sft_batches(layout: BatchLayout, *, pin: bool, prefetch: int) -> BatchSource:
             # (rows are built in the loop's thread: no pinning or prefetch thread for instruction data)
-            return sft.batches(
-                micro_batch=micro_batch, grad_accum=grad_accum, seed=tc.seed, rank=rank, world_size=world_size
-            )
+            return sft.batches(layout, seed=tc.seed)
 
         data = RunData(cfg, sft.datasets, sft.val_sets, sft_batches, sft.tokenizer)
     else:
@@ -113,8 +102,17 @@ def open_run_data(cfg: Config, run_dir: Path, log: Callable[[str], None], *, wri
         shards = open_train_shards(datasets, tc.seq_len, cfg.data.verify)
         val_sets = open_val_sets(datasets, tc.seq_len, tc.eval_windows, cfg.data.verify)
 
-        def pretraining_batches(**kwargs) -> BatchSource:
-            return train_batches(cfg.data, datasets, shards, seq_len=tc.seq_len, seed=tc.seed, **kwargs)
+        def pretraining_batches(layout: BatchLayout, *, pin: bool, prefetch: int) -> BatchSource:
+            return train_batches(
+                cfg.data,
+                datasets,
+                shards,
+                seq_len=tc.seq_len,
+                layout=layout,
+                seed=tc.seed,
+                pin=pin,
+                prefetch=prefetch,
+            )
 
         data = RunData(cfg, datasets, val_sets, pretraining_batches)
     check_tokenizer(cfg.data.tokenizer, data.manifest, data.data_dir)

@@ -22,7 +22,7 @@ import torch
 from hopperlm.checkpoint import layout as ckpt_io
 from hopperlm.config import Config, ModelConfig, TrainConfig, save_config
 from hopperlm.config.training import BUDGET_KEYS
-from hopperlm.data.batches import BatchSource
+from hopperlm.data.batches import BatchLayout, BatchSource
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import default_prefetch
 from hopperlm.errors import CheckpointError
@@ -134,14 +134,9 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     parts, fp8 = build_step(model, plan, cfg.optim, log=log, rt=rt)
     checkpointer = dist_ckpt.Checkpointer(rt, plan.strategy, cfg.parallel, log)
     guard = Guard(cfg.guard, run_dir / "events.jsonl" if rt.is_main else Path(os.devnull), log)
-    batches = data.batches(
-        micro_batch=plan.micro_batch,
-        grad_accum=plan.grad_accum,
-        pin=plan.pin_memory,
-        prefetch=default_prefetch(cfg.data, plan.device),
-        rank=rt.rank,  # each rank reads its block of every global micro-batch
-        world_size=rt.world_size,
-    )
+    # each rank reads its block of every global micro-batch
+    layout = BatchLayout(plan.micro_batch, plan.grad_accum, rt.rank, rt.world_size)
+    batches = data.batches(layout, pin=plan.pin_memory, prefetch=default_prefetch(cfg.data, plan.device))
     state = TrainState(plan.micro_batch, plan.grad_accum, fp8, guard=guard, batches=batches)
     state.run_record = {"config": cfg.to_dict(), "data_manifest_tokenizer": data.manifest["tokenizer"]}
     elapsed_before = 0.0
