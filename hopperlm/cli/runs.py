@@ -56,9 +56,8 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
     from hopperlm.parallel.supervise import supervise
 
     config = resolve_recipe(args.config)
-    cfg = run_config(
-        args.config, overrides
-    )  # a bad config (model.init_from included) fails here, not per rank
+    # a bad config (model.init_from included) fails here, once, not on every rank
+    cfg = run_config(args.config, overrides)
     command = launch_command(
         str(config),
         args.nproc_per_node,

@@ -248,12 +248,8 @@ class SFTBatches:
     the gradient."""
 
     def __init__(self, rows: Rows, *, layout: BatchLayout, seed: int) -> None:
-        self.rows, self.micro_batch, self.grad_accum, self.seed = (
-            rows,
-            layout.micro_batch,
-            layout.grad_accum,
-            seed,
-        )
+        self.rows, self.seed = rows, seed
+        self.micro_batch, self.grad_accum = layout.micro_batch, layout.grad_accum
         self.rank, self.world_size = layout.rank, layout.world_size
         self._plans: dict[int, list[list[int]]] = {}
         self._ends: list[int] = []  # cumulative row counts of epochs 0, 1, ...
