@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from hopperlm.errors import ConfigError
+from hopperlm.schedule import budget_progress, lr_at
 
 MIN_POINTS = 4
 """Validation points after warm-up a forecast needs: three parameters and one to check them with."""
@@ -77,8 +78,6 @@ def planned_lrs(cfg, *, steps_done: int, tokens_per_step: int, elapsed_s: float)
     """The LR of every optimizer step from 0 to the budget's predicted end, as the training loop will set it:
     steps end at max_steps, tokens at max_tokens / tokens_per_step, hours at max_hours at the mean step time
     so far (elapsed_s / steps_done); the first budget reached wins."""
-    from hopperlm.schedule import budget_progress, lr_at
-
     tc = cfg.train
     step_time = elapsed_s / steps_done if steps_done > 0 else None
     ends = []
@@ -319,8 +318,6 @@ def run_target(run_dir: Path) -> float | None:
 def _budget_fraction(record: dict, tc) -> float:
     """How much of its budget the run had used at this record (by the budget that ends first), counted from
     step 0 (the loop's own progress counts a step budget from the end of warm-up)."""
-    from hopperlm.schedule import budget_progress
-
     return budget_progress(record["step"], record.get("tokens", 0), record.get("elapsed_s", 0.0), tc)
 
 
