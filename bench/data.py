@@ -31,7 +31,7 @@ from shared_data import DATA_DIR  # noqa: E402
 from hopperlm.config import DataConfig  # noqa: E402
 from hopperlm.data.batches import BatchLayout, train_batches  # noqa: E402
 from hopperlm.data.loader import TokenShards  # noqa: E402
-from hopperlm.data.prepare import prepare  # noqa: E402
+from hopperlm.data.prepare import PrepareOptions, prepare  # noqa: E402
 from hopperlm.data.train_data import resolve_datasets  # noqa: E402
 from hopperlm.hardware import cpu_cores  # noqa: E402
 from hopperlm.provenance import provenance  # noqa: E402
@@ -55,7 +55,11 @@ def corpus(folder: Path, megabytes: float) -> Path:
 def bench_ours(folder: Path, tokenizer: Path, out: Path) -> dict:
     start = time.perf_counter()
     manifest = prepare(
-        [folder], out, tokenizer=str(tokenizer), workers=None, progress=False, val_fraction=0.0
+        [folder],
+        out,
+        PrepareOptions(tokenizer=str(tokenizer), val_fraction=0.0),
+        workers=None,
+        progress=False,
     )
     seconds = time.perf_counter() - start
     tokens = manifest["tokens"]["train"] - manifest["documents"]  # without the EOS ids prepare adds

@@ -35,7 +35,7 @@ from hopperlm.errors import ConfigError, DataError
 from hopperlm.hardware import Hardware
 from hopperlm.model.transformer import build_model, flops_per_token
 from hopperlm.plan import make_plan
-from hopperlm.speed.float8 import torchao_available
+from hopperlm.plan.float8_payoff import torchao_available
 from hopperlm.train.step import build_step, train_step
 
 DEFAULT_PRESETS = ("gpt2-124m", "h100-350m", "tinyllama-1.1b")

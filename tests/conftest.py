@@ -16,10 +16,12 @@ def data_dir() -> Path:
 @pytest.fixture(scope="session")
 def shakespeare_bytes(data_dir, tmp_path_factory) -> Path:
     """Tiny Shakespeare, byte tokenizer, last 10% as validation (nanoGPT's split)."""
-    from hopperlm.data.prepare import prepare
+    from hopperlm.data.prepare import PrepareOptions, prepare
 
     out = tmp_path_factory.mktemp("prepared") / "shakespeare-byte"
-    prepare([data_dir / "tinyshakespeare" / "input.txt"], out, tokenizer="byte", progress=False)
+    prepare(
+        [data_dir / "tinyshakespeare" / "input.txt"], out, PrepareOptions(tokenizer="byte"), progress=False
+    )
     return out
 
 

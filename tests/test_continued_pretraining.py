@@ -12,7 +12,7 @@ from hopperlm.checkpoint.layout import checkpoint_dir
 from hopperlm.checkpoint.tensors import iter_model_tensors
 from hopperlm.config import load_config
 from hopperlm.data import tokenizer_train as tt
-from hopperlm.data.prepare import prepare
+from hopperlm.data.prepare import PrepareOptions, prepare
 from hopperlm.errors import ConfigError, DataError
 from hopperlm.train.initial_model import build_train_model
 from hopperlm.train.loop import train
@@ -29,7 +29,12 @@ def tigrinya(data_dir, tmp_path_factory):
     text = (data_dir / "hornmt" / "tir.txt").read_text(encoding="utf-8")
     ext = tt.extend_tokenizer(base, [text[:200_000]], 200)
     tt.save_extension(ext, root / "tok", [])
-    prepare([data_dir / "hornmt" / "tir.txt"], root / "data", tokenizer=str(root / "tok"), progress=False)
+    prepare(
+        [data_dir / "hornmt" / "tir.txt"],
+        root / "data",
+        PrepareOptions(tokenizer=str(root / "tok")),
+        progress=False,
+    )
     return root / "tok", root / "data", ext
 
 

@@ -17,7 +17,7 @@ import hopperlm.data.sources as sources
 from hopperlm.data.chat import choose_template
 from hopperlm.data.loader import RandomWindows, TokenShards
 from hopperlm.data.packing import batch_doc_ids, window_doc_ids
-from hopperlm.data.prepare import prepare
+from hopperlm.data.prepare import PrepareOptions, prepare
 from hopperlm.data.sft import Example, to_example, tokenize
 from hopperlm.data.shards import MANIFEST, DocumentFormat, index_name
 from hopperlm.data.tokenizer import load_tokenizer
@@ -61,7 +61,9 @@ def test_llama_documents_are_what_transformers_tokenizer_gives(tmp_path, monkeyp
     """TinyLlama's pretraining format, `<s> text`: each document equals transformers' tokenizer(text), also
     a long document read in several units and encoded in many pieces (BOS once, before the first)."""
     texts = eng_lines(tmp_path / "eng.jsonl", 300)
-    manifest = prepare([tmp_path / "eng.jsonl"], tmp_path / "eng", tokenizer=str(TINYLLAMA), progress=False)
+    manifest = prepare(
+        [tmp_path / "eng.jsonl"], tmp_path / "eng", PrepareOptions(tokenizer=str(TINYLLAMA)), progress=False
+    )
     docs = documents(tmp_path / "eng")
     assert len(docs) == manifest["documents"] == 300
     assert docs[0] == hf_tinyllama(texts[0])["input_ids"] and docs[0][:2] != [BOS, BOS]
@@ -71,7 +73,9 @@ def test_llama_documents_are_what_transformers_tokenizer_gives(tmp_path, monkeyp
     long = TIR.read_text(encoding="utf-8")[:60_000]  # ~15 pieces of 4,096 characters
     (tmp_path / "long.txt").write_text(long, encoding="utf-8")
     monkeypatch.setattr(sources, "UNIT_BYTES", 40_000)  # and 4 units of the one document
-    prepare([tmp_path / "long.txt"], tmp_path / "long", tokenizer=str(TINYLLAMA), progress=False)
+    prepare(
+        [tmp_path / "long.txt"], tmp_path / "long", PrepareOptions(tokenizer=str(TINYLLAMA)), progress=False
+    )
     (doc,) = documents(tmp_path / "long")
     assert doc == hf_tinyllama(long)["input_ids"] and doc.count(BOS) == 1
 
@@ -82,11 +86,16 @@ def test_the_manifest_records_the_format(tmp_path, shakespeare_bytes):
     def fmt(manifest: dict) -> dict:
         return {k: manifest["document_format"][k] for k in ("name", "prefix_ids", "suffix_ids", "requested")}
 
-    llama = prepare([tmp_path / "eng.jsonl"], tmp_path / "a", tokenizer=str(TINYLLAMA), progress=False)
+    llama = prepare(
+        [tmp_path / "eng.jsonl"], tmp_path / "a", PrepareOptions(tokenizer=str(TINYLLAMA)), progress=False
+    )
     assert fmt(llama) == {"name": "tokenizer", "prefix_ids": [BOS], "suffix_ids": [], "requested": "auto"}
     assert llama["document_format"]["marks_documents"] is True and llama["eos_marks_documents"] is False
     forced = prepare(
-        [tmp_path / "eng.jsonl"], tmp_path / "b", tokenizer=str(TINYLLAMA), doc_format="eos", progress=False
+        [tmp_path / "eng.jsonl"],
+        tmp_path / "b",
+        PrepareOptions(tokenizer=str(TINYLLAMA), doc_format="eos"),
+        progress=False,
     )
     assert fmt(forced) == {"name": "eos", "prefix_ids": [], "suffix_ids": [EOS], "requested": "eos"}
     assert documents(tmp_path / "b")[0][-1] == EOS and forced["eos_marks_documents"] is True
@@ -95,15 +104,14 @@ def test_the_manifest_records_the_format(tmp_path, shakespeare_bytes):
     gpt2 = prepare(
         [tmp_path / "eng.jsonl"],
         tmp_path / "c",
-        tokenizer=str(GPT2),
-        doc_format="tokenizer",
+        PrepareOptions(tokenizer=str(GPT2), doc_format="tokenizer"),
         progress=False,
         log=said.append,
     )
     assert fmt(gpt2) == {"name": "eos", "prefix_ids": [], "suffix_ids": [50256], "requested": "tokenizer"}
     assert any("adds no special tokens" in line for line in said)
     with pytest.raises(DataError, match="--doc-format 'bos' is unknown"):
-        prepare([tmp_path / "eng.jsonl"], tmp_path / "d", doc_format="bos", progress=False)
+        prepare([tmp_path / "eng.jsonl"], tmp_path / "d", PrepareOptions(doc_format="bos"), progress=False)
     # a manifest written before the format was recorded reads as eos
     old = tmp_path / "old"
     shutil.copytree(shakespeare_bytes, old)
@@ -122,8 +130,7 @@ def test_packing_numbers_documents_at_bos_as_the_index_does(tmp_path):
     prepare(
         [tmp_path / "eng.jsonl"],
         tmp_path / "eng",
-        tokenizer=str(TINYLLAMA),
-        shard_tokens=7_000,
+        PrepareOptions(tokenizer=str(TINYLLAMA), shard_tokens=7_000),
         progress=False,
     )
     shards = TokenShards(tmp_path / "eng", "train")
@@ -141,7 +148,10 @@ def test_packing_numbers_documents_at_bos_as_the_index_does(tmp_path):
     # a literal "<s>" in a document is BOS too: then only the index knows where documents start
     eng_lines(tmp_path / "lit.jsonl", 300, extra=("The page printed <s> in the middle of a sentence.",) * 40)
     manifest = prepare(
-        [tmp_path / "lit.jsonl"], tmp_path / "lit", tokenizer=str(TINYLLAMA), val_fraction=0, progress=False
+        [tmp_path / "lit.jsonl"],
+        tmp_path / "lit",
+        PrepareOptions(tokenizer=str(TINYLLAMA), val_fraction=0),
+        progress=False,
     )
     assert manifest["document_format"]["marks_documents"] is False
     literal = TokenShards(tmp_path / "lit", "train")
@@ -167,10 +177,8 @@ def test_resumed_prepare_in_the_tokenizer_format_is_identical(tmp_path, monkeypa
     (tmp_path / "tir.txt").write_text(TIR.read_text(encoding="utf-8")[:120_000], encoding="utf-8")
     inputs = [tmp_path / "eng.jsonl", tmp_path / "tir.txt"]
     monkeypatch.setattr(sources, "UNIT_BYTES", 30_000)
-    kwargs = dict(
-        tokenizer=str(TINYLLAMA), shard_tokens=40_000, split="docs", val_fraction=0.2, progress=False
-    )
-    reference = prepare(inputs, tmp_path / "reference", **kwargs)
+    options = PrepareOptions(tokenizer=str(TINYLLAMA), shard_tokens=40_000, split="docs", val_fraction=0.2)
+    reference = prepare(inputs, tmp_path / "reference", options, progress=False)
     real_save, saves = prep._save_state, []
 
     def crashing_save(*args):
@@ -182,8 +190,8 @@ def test_resumed_prepare_in_the_tokenizer_format_is_identical(tmp_path, monkeypa
     monkeypatch.setattr(prep, "_save_state", crashing_save)
     for _ in range(2):
         with pytest.raises(KeyboardInterrupt):
-            prepare(inputs, tmp_path / "out", **kwargs)
-    resumed = prepare(inputs, tmp_path / "out", **kwargs)
+            prepare(inputs, tmp_path / "out", options, progress=False)
+    resumed = prepare(inputs, tmp_path / "out", options, progress=False)
     same = lambda m: {k: v for k, v in m.items() if k != "created"}  # noqa: E731
     assert same(resumed) == same(reference)
     files = lambda d: {p.name: p.read_bytes() for p in d.iterdir() if p.suffix in (".bin", ".idx")}  # noqa: E731
@@ -196,7 +204,7 @@ def test_byte_and_trained_tokenizers_keep_eos_after_each_document(tmp_path):
     texts = eng_lines(tmp_path / "eng.jsonl", 40)
     for tokenizer, extra in (("byte", {}), ("bpe", {"vocab_size": 400})):
         manifest = prepare(
-            [tmp_path / "eng.jsonl"], tmp_path / tokenizer, tokenizer=tokenizer, progress=False, **extra
+            [tmp_path / "eng.jsonl"], tmp_path / tokenizer, PrepareOptions(tokenizer, **extra), progress=False
         )
         eos = manifest["eos_id"]
         assert manifest["document_format"]["name"] == "eos" and manifest["eos_marks_documents"] is True

@@ -25,8 +25,8 @@ LAYERS = {
     "hopperlm.checkpoint": 3,  # how parts are stored and exchanged
     "hopperlm.plan": 4,  # how this run will use this machine
     "hopperlm.memory": 4,
-    "hopperlm.speed": 4,
     "hopperlm.parallel": 4.1,  # carries out the plan's data parallelism (plan/strategy.py chooses it)
+    "hopperlm.speed": 4.1,  # carries out the plan's speed-ups (plan/float8_payoff.py says which layers pay)
     "hopperlm.observe": 4.5,  # watching a run: what training reports to, so below it
     "hopperlm.train": 5,  # running it, judging it
     "hopperlm.eval": 5,

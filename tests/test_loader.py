@@ -9,7 +9,7 @@ import torch
 from shared_data import DATA_DIR
 
 from hopperlm.data.loader import RandomWindows, TokenShards, eval_windows
-from hopperlm.data.prepare import prepare
+from hopperlm.data.prepare import PrepareOptions, prepare
 from hopperlm.errors import DataError
 
 SHAKESPEARE = DATA_DIR / "tinyshakespeare" / "input.txt"
@@ -19,7 +19,7 @@ SHARD = 300_000
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("loader") / "ts"
-    prepare([SHAKESPEARE], out, shard_tokens=SHARD, progress=False)
+    prepare([SHAKESPEARE], out, PrepareOptions(shard_tokens=SHARD), progress=False)
     return out
 
 

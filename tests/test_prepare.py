@@ -9,7 +9,7 @@ import pytest
 from shared_data import DATA_DIR
 
 import hopperlm.data.sources as sources
-from hopperlm.data.prepare import prepare, read_manifest, shard_dtype
+from hopperlm.data.prepare import PrepareOptions, prepare, read_manifest, shard_dtype
 from hopperlm.data.tokenizer import ByteTokenizer, load_tokenizer
 from hopperlm.errors import DataError
 
@@ -65,7 +65,10 @@ def test_gutenberg_folder_docs_split_many_shards(tmp_path):
     (folder / "README.md").write_text("not a corpus file")  # ignored: only *.txt / *.jsonl are read
 
     manifest = prepare(
-        [folder], tmp_path / "out", split="docs", val_fraction=0.3, shard_tokens=50_000, progress=False
+        [folder],
+        tmp_path / "out",
+        PrepareOptions(split="docs", val_fraction=0.3, shard_tokens=50_000),
+        progress=False,
     )
     expected = {"train": [], "val": []}
     for name in names:
@@ -87,7 +90,7 @@ def test_gutenberg_folder_docs_split_many_shards(tmp_path):
 
 
 def test_tail_split_across_many_shards(tmp_path):
-    manifest = prepare([SHAKESPEARE], tmp_path / "out", shard_tokens=300_000, progress=False)
+    manifest = prepare([SHAKESPEARE], tmp_path / "out", PrepareOptions(shard_tokens=300_000), progress=False)
     assert [s["tokens"] for s in manifest["shards"]["train"]] == [300_000, 300_000, 300_000, 103_855]
     assert [s["tokens"] for s in manifest["shards"]["val"]] == [111_540]
     assert sorted(p.name for p in (tmp_path / "out").glob("*.bin")) == [
@@ -111,7 +114,7 @@ def test_small_chunks_keep_multibyte_text_exact(tmp_path, monkeypatch):
     (tmp_path / "lines.txt").write_bytes(tir)
     (tmp_path / "one_line.txt").write_bytes(one_line)
     inputs = [tmp_path / "lines.txt", tmp_path / "one_line.txt"]
-    prepare(inputs, tmp_path / "out", val_fraction=0.0, progress=False)
+    prepare(inputs, tmp_path / "out", PrepareOptions(val_fraction=0.0), progress=False)
     assert np.array_equal(
         split_tokens(tmp_path / "out", "train"), np.concatenate([byte_doc(tir), byte_doc(one_line)])
     )
@@ -152,8 +155,7 @@ def test_jsonl_with_text_field_and_hf_tokenizer(tmp_path):
     manifest = prepare(
         [tmp_path / "gsm8k.jsonl"],
         tmp_path / "out",
-        tokenizer=str(GPT2),
-        text_field="question",
+        PrepareOptions(tokenizer=str(GPT2), text_field="question"),
         progress=False,
     )
     want = np.concatenate([np.array([*tok.encode(q), tok.eos_id]) for q in questions])
@@ -177,7 +179,10 @@ def test_jsonl_errors_name_the_line_and_leave_nothing(tmp_path):
         f.write('{"question": "fine"}\n{"question": oops}\n')
     with pytest.raises(DataError, match=r"gsm8k.jsonl \(byte \d+\) is not valid JSON"):
         prepare(
-            [SHAKESPEARE, tmp_path / "gsm8k.jsonl"], tmp_path / "out", text_field="question", progress=False
+            [SHAKESPEARE, tmp_path / "gsm8k.jsonl"],
+            tmp_path / "out",
+            PrepareOptions(text_field="question"),
+            progress=False,
         )
     assert not (tmp_path / "out").exists()
     assert leftovers(tmp_path) == []
@@ -188,10 +193,10 @@ def test_existing_output_is_protected(tmp_path):
     prepare([SHAKESPEARE], out, progress=False)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(DataError, match="already holds prepared data; pass --overwrite"):
-        prepare([SHAKESPEARE], out, val_fraction=0.2, progress=False)
+        prepare([SHAKESPEARE], out, PrepareOptions(val_fraction=0.2), progress=False)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
-    manifest = prepare([SHAKESPEARE], out, val_fraction=0.2, progress=False, overwrite=True)
+    manifest = prepare([SHAKESPEARE], out, PrepareOptions(val_fraction=0.2), progress=False, overwrite=True)
     assert read_manifest(out)["tokens"] == manifest["tokens"] == {"train": 892316, "val": 223079}
     assert leftovers(tmp_path) == []
 
@@ -230,7 +235,10 @@ def test_uint32_shards_for_a_large_vocabulary(tmp_path):
     tok = load_tokenizer(tmp_path / "big")
     assert tok.vocab_size == 50257 + 15_300
     manifest = prepare(
-        [tmp_path / "in.txt"], tmp_path / "out", tokenizer=str(tmp_path / "big"), progress=False
+        [tmp_path / "in.txt"],
+        tmp_path / "out",
+        PrepareOptions(tokenizer=str(tmp_path / "big")),
+        progress=False,
     )
     assert manifest["dtype"] == "uint32"
     got = np.concatenate([split_tokens(tmp_path / "out", "train"), split_tokens(tmp_path / "out", "val")])
@@ -241,8 +249,10 @@ def test_uint32_shards_for_a_large_vocabulary(tmp_path):
 def test_bpe_tokenizer_trained_on_the_inputs(tmp_path):
     eng = DATA_DIR / "hornmt" / "eng.txt"
     with pytest.raises(DataError, match="--vocab-size is required with --tokenizer bpe"):
-        prepare([eng], tmp_path / "out", tokenizer="bpe", progress=False)
-    manifest = prepare([eng], tmp_path / "out", tokenizer="bpe", vocab_size=400, progress=False)
+        prepare([eng], tmp_path / "out", PrepareOptions(tokenizer="bpe"), progress=False)
+    manifest = prepare(
+        [eng], tmp_path / "out", PrepareOptions(tokenizer="bpe", vocab_size=400), progress=False
+    )
     tok = load_tokenizer(tmp_path / "out")
     assert manifest["tokenizer"]["sha256"] == tok.identity()["sha256"]
     assert tok.vocab_size == manifest["vocab_size"] <= 400
@@ -256,21 +266,18 @@ def test_bpe_tokenizer_trained_on_the_inputs(tmp_path):
 
 def test_option_and_input_errors(tmp_path):
     out = tmp_path / "out"
-    cases = [
-        (dict(inputs=[SHAKESPEARE], val_fraction=0.6), "--val-fraction 0.6"),
-        (dict(inputs=[SHAKESPEARE], split="random"), "--split 'random'"),
-        (dict(inputs=[SHAKESPEARE], shard_tokens=0), "--shard-tokens"),
-        (dict(inputs=[SHAKESPEARE], vocab_size=300), "--vocab-size only applies"),
-        (dict(inputs=[tmp_path / "nope.txt"]), "nope.txt does not exist"),
-        (dict(inputs=[SHAKESPEARE], split="docs"), "--split docs put all 1 documents on one side"),
-        (
-            dict(inputs=[SHAKESPEARE], tokenizer=str(tmp_path / "nope.json")),
-            "tokenizer .*nope.json not found",
-        ),
+    cases = [  # (inputs, options, the error)
+        ([SHAKESPEARE], dict(val_fraction=0.6), "--val-fraction 0.6"),
+        ([SHAKESPEARE], dict(split="random"), "--split 'random'"),
+        ([SHAKESPEARE], dict(shard_tokens=0), "--shard-tokens"),
+        ([SHAKESPEARE], dict(vocab_size=300), "--vocab-size only applies"),
+        ([tmp_path / "nope.txt"], {}, "nope.txt does not exist"),
+        ([SHAKESPEARE], dict(split="docs"), "--split docs put all 1 documents on one side"),
+        ([SHAKESPEARE], dict(tokenizer=str(tmp_path / "nope.json")), "tokenizer .*nope.json not found"),
     ]
-    for kwargs, message in cases:
+    for inputs, options, message in cases:
         with pytest.raises(DataError, match=message):
-            prepare(out_dir=out, progress=False, **kwargs)
+            prepare(inputs, out, PrepareOptions(**options), progress=False)
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(DataError, match="hold no text"):
         prepare([tmp_path / "empty.txt"], out, progress=False)
@@ -304,7 +311,7 @@ def test_read_manifest_errors(tmp_path):
 
 
 def test_default_workers_follow_the_input_size(tmp_path):
-    from hopperlm.data.prepare import BYTES_PER_WORKER, choose_workers
+    from hopperlm.data.prepare import BYTES_PER_WORKER, PrepareOptions, choose_workers
 
     assert choose_workers(1_100_000, False, 16)[0] == 1  # a 1 MB file: process start-up would dominate
     assert choose_workers(2 * BYTES_PER_WORKER - 1, False, 16)[0] == 1
@@ -313,7 +320,12 @@ def test_default_workers_follow_the_input_size(tmp_path):
     assert choose_workers(10**12, True, 16)[0] == 1  # the byte tokenizer never ships text to processes
     lines = []
     prepare(
-        [SHAKESPEARE], tmp_path / "out", tokenizer=str(GPT2), workers=None, progress=False, log=lines.append
+        [SHAKESPEARE],
+        tmp_path / "out",
+        PrepareOptions(tokenizer=str(GPT2)),
+        workers=None,
+        progress=False,
+        log=lines.append,
     )
     assert lines[0].startswith("prepare: 1 tokenizer process (1.1 MB of input") and "--workers N" in lines[0]
 
@@ -324,9 +336,7 @@ def test_dropped_documents_are_counted_on_the_console(tmp_path, capsys):
     manifest = prepare(
         [tmp_path / "docs.jsonl"],
         tmp_path / "out",
-        val_fraction=0.0,
-        dedup=True,
-        filter="script:latin:0.5",
+        PrepareOptions(val_fraction=0.0, dedup=True, filter="script:latin:0.5"),
         progress=True,
     )
     assert manifest["documents"] == 3

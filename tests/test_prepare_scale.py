@@ -15,7 +15,7 @@ from shared_data import DATA_DIR
 
 import hopperlm.data.prepare as prep
 import hopperlm.data.sources as sources
-from hopperlm.data.prepare import prepare
+from hopperlm.data.prepare import PrepareOptions, prepare
 from hopperlm.data.shards import index_name
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.errors import DataError
@@ -103,7 +103,11 @@ def test_killed_prepare_resumes_to_identical_shards(tmp_path):
 
     reference = tmp_path / "reference"
     manifest = prepare(
-        [folder], reference, tokenizer=str(TINYLLAMA), shard_tokens=150_000, workers=1, progress=False
+        [folder],
+        reference,
+        PrepareOptions(tokenizer=str(TINYLLAMA), shard_tokens=150_000),
+        workers=1,
+        progress=False,
     )
     assert len(manifest["shards"]["train"]) > 5
     resumed = json.loads((out / "manifest.json").read_text())
@@ -119,8 +123,8 @@ def test_crash_after_any_save_resumes_identically(tmp_path, monkeypatch, split):
     (tmp_path / "story.txt").symlink_to(sorted((DATA_DIR / "gutenberg").glob("*.txt"))[0])
     inputs = [data, tmp_path / "story.txt"]
     monkeypatch.setattr(sources, "UNIT_BYTES", 60_000)
-    kwargs = dict(shard_tokens=70_000, split=split, val_fraction=0.2, dedup=True, progress=False)
-    reference = prepare(inputs, tmp_path / "reference", **kwargs)
+    options = PrepareOptions(shard_tokens=70_000, split=split, val_fraction=0.2, dedup=True)
+    reference = prepare(inputs, tmp_path / "reference", options, progress=False)
     real_save, saves = prep._save_state, []
 
     def counting_save(*args):
@@ -134,7 +138,7 @@ def test_crash_after_any_save_resumes_identically(tmp_path, monkeypatch, split):
     while True:
         saves.clear()
         try:
-            manifest = prepare(inputs, out, **kwargs)
+            manifest = prepare(inputs, out, options, progress=False)
             break
         except KeyboardInterrupt:
             assert (tmp_path / "out.partial" / "progress.json").is_file()
@@ -158,8 +162,12 @@ def test_a_second_prepare_on_the_same_output_is_refused(tmp_path):
 def test_worker_processes_give_the_same_shards(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "UNIT_BYTES", 100_000)
     inputs = [TIR, DATA_DIR / "travis-tigrinya-parallel" / "TI_volunteers.txt"]
-    one = prepare(inputs, tmp_path / "one", tokenizer=str(TINYLLAMA), workers=1, progress=False)
-    two = prepare(inputs, tmp_path / "two", tokenizer=str(TINYLLAMA), workers=2, progress=False)
+    one = prepare(
+        inputs, tmp_path / "one", PrepareOptions(tokenizer=str(TINYLLAMA)), workers=1, progress=False
+    )
+    two = prepare(
+        inputs, tmp_path / "two", PrepareOptions(tokenizer=str(TINYLLAMA)), workers=2, progress=False
+    )
     assert comparable(one) == comparable(two)
     assert shard_files(tmp_path / "one") == shard_files(tmp_path / "two")
     tok = load_tokenizer(TINYLLAMA)
@@ -173,7 +181,9 @@ def test_worker_processes_give_the_same_shards(tmp_path, monkeypatch):
 
 def test_document_index_marks_every_document_start(tmp_path):
     texts = lines_jsonl(tmp_path / "docs.jsonl", ENG)
-    manifest = prepare([tmp_path / "docs.jsonl"], tmp_path / "out", shard_tokens=50_000, progress=False)
+    manifest = prepare(
+        [tmp_path / "docs.jsonl"], tmp_path / "out", PrepareOptions(shard_tokens=50_000), progress=False
+    )
     tokens = np.concatenate(
         [np.fromfile(tmp_path / "out" / s["file"], dtype=np.uint16) for s in manifest["shards"]["train"]]
         + [np.fromfile(tmp_path / "out" / s["file"], dtype=np.uint16) for s in manifest["shards"]["val"]]
@@ -206,7 +216,11 @@ def test_bad_utf8_is_reported_and_skipped_or_rejected(tmp_path):
     assert not (tmp_path / "out.partial").exists()
     logged = []
     manifest = prepare(
-        inputs, tmp_path / "out", bad_utf8="skip", val_fraction=0, progress=False, log=logged.append
+        inputs,
+        tmp_path / "out",
+        PrepareOptions(bad_utf8="skip", val_fraction=0),
+        progress=False,
+        log=logged.append,
     )
     record_offset = sum(map(len, records[:2]))
     assert manifest["filters"]["bad_utf8_skipped"] == 2
@@ -225,11 +239,16 @@ def test_bad_utf8_is_reported_and_skipped_or_rejected(tmp_path):
 def test_dedup_and_script_filter(tmp_path):
     texts = lines_jsonl(tmp_path / "both.jsonl", TIR, ENG, repeat=2)
     unique = len(set(texts))
-    manifest = prepare([tmp_path / "both.jsonl"], tmp_path / "dedup", dedup=True, progress=False)
+    manifest = prepare(
+        [tmp_path / "both.jsonl"], tmp_path / "dedup", PrepareOptions(dedup=True), progress=False
+    )
     assert manifest["documents"] == unique
     assert manifest["filters"]["duplicates_removed"] == len(texts) - unique
     tigrinya = prepare(
-        [tmp_path / "both.jsonl"], tmp_path / "tir", dedup=True, filter="script:ethiopic:0.5", progress=False
+        [tmp_path / "both.jsonl"],
+        tmp_path / "tir",
+        PrepareOptions(dedup=True, filter="script:ethiopic:0.5"),
+        progress=False,
     )
     tir_lines = {line for line in TIR.read_text(encoding="utf-8").splitlines() if line.strip()}
     assert tigrinya["documents"] == len(tir_lines)
@@ -238,7 +257,12 @@ def test_dedup_and_script_filter(tmp_path):
         == len(texts) - len(tir_lines) - tigrinya["filters"]["duplicates_removed"]
     )
     with pytest.raises(DataError, match="script:NAME:FRACTION"):
-        prepare([tmp_path / "both.jsonl"], tmp_path / "x", filter="script:klingon:0.5", progress=False)
+        prepare(
+            [tmp_path / "both.jsonl"],
+            tmp_path / "x",
+            PrepareOptions(filter="script:klingon:0.5"),
+            progress=False,
+        )
 
 
 def test_jsonl_gz_parquet_and_datasets_dir_match_plain_jsonl(tmp_path):

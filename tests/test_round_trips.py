@@ -13,7 +13,7 @@ from hf_tiny import finetune_config, save_hf, tiny_hf_model
 from hopperlm.cli import main
 from hopperlm.config import load_config
 from hopperlm.data.chat import chat_encoder
-from hopperlm.data.prepare import prepare
+from hopperlm.data.prepare import PrepareOptions, prepare
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.eval.gsm8k import chat_template
 from hopperlm.train.loop import train
@@ -84,7 +84,9 @@ def kind(request, data_dir, shakespeare_bytes, tinyllama_hf, tmp_path_factory):
         main(["tokenizer", "train", str(english), *train_args])
         corpus, sample = [english], english.read_text()[:400]
     data = tmp / "data"
-    prepare(corpus, data, tokenizer=str(tokenizer / "tokenizer.json"), progress=False, log=QUIET)
+    prepare(
+        corpus, data, PrepareOptions(tokenizer=str(tokenizer / "tokenizer.json")), progress=False, log=QUIET
+    )
     return train_tiny(data, tmp / "run"), data, sample
 
 

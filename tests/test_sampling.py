@@ -13,7 +13,7 @@ from hopperlm.config import DataConfig
 from hopperlm.data.batches import BatchLayout, train_batches
 from hopperlm.data.loader import RandomWindows, TokenShards
 from hopperlm.data.packing import window_doc_ids
-from hopperlm.data.prepare import prepare
+from hopperlm.data.prepare import PrepareOptions, prepare
 from hopperlm.data.sampling import SampleStream, Source
 from hopperlm.data.shards import read_manifest
 from hopperlm.data.train_data import resolve_datasets
@@ -26,7 +26,7 @@ def prepare_lines(src: Path, out: Path) -> Path:
     lines = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()]
     jsonl = out.parent / f"{out.name}.jsonl"
     jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in lines), encoding="utf-8")
-    prepare([jsonl], out, shard_tokens=40_000, progress=False)
+    prepare([jsonl], out, PrepareOptions(shard_tokens=40_000), progress=False)
     return out
 
 
@@ -138,9 +138,7 @@ def test_literal_eos_in_text_falls_back_to_the_index(tmp_path):
     manifest = prepare(
         [tmp_path / "d.jsonl"],
         tmp_path / "out",
-        tokenizer=str(tok),
-        val_fraction=0,
-        doc_format="eos",
+        PrepareOptions(tokenizer=str(tok), val_fraction=0, doc_format="eos"),
         progress=False,
     )
     assert manifest["eos_marks_documents"] is False

@@ -18,10 +18,11 @@ from hopperlm.hardware import detect, simulated
 from hopperlm.model.loss import linear_cross_entropy, standard_cross_entropy
 from hopperlm.model.transformer import build_model
 from hopperlm.plan import make_plan
+from hopperlm.plan.float8_payoff import converted_share, torchao_available
 from hopperlm.speed import apply_speedups
 from hopperlm.speed.checkpointing import MODES, apply_activation_checkpointing
 from hopperlm.speed.compile import apply_compile
-from hopperlm.speed.float8 import Float8NativeLinear, apply_fp8, converted_share, torchao_available
+from hopperlm.speed.float8 import Float8NativeLinear, apply_fp8
 from hopperlm.train.optim import build_optimizer
 
 DEBUG = dataclasses.replace(get_preset("debug"), vocab_size=256)

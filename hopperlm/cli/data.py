@@ -10,23 +10,25 @@ from hopperlm.errors import ConfigError
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
-    from hopperlm.data.prepare import prepare
+    from hopperlm.data.prepare import PrepareOptions, prepare
 
     prepare(
         [p if p.startswith("hf:") else Path(p) for p in args.inputs],
         Path(args.out),
-        tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size,
-        val_fraction=args.val_fraction,
-        split=args.split,
-        text_field=args.text_field,
-        shard_tokens=args.shard_tokens,
+        PrepareOptions(
+            tokenizer=args.tokenizer,
+            vocab_size=args.vocab_size,
+            val_fraction=args.val_fraction,
+            split=args.split,
+            text_field=args.text_field,
+            shard_tokens=args.shard_tokens,
+            dedup=args.dedup,
+            bad_utf8=args.bad_utf8,
+            filter=args.filter,
+            doc_format=args.doc_format,
+        ),
         overwrite=args.overwrite,
         workers=args.workers,
-        dedup=args.dedup,
-        bad_utf8=args.bad_utf8,
-        filter=args.filter,
-        doc_format=args.doc_format,
     )
 
 

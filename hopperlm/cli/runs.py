@@ -140,7 +140,7 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     from hopperlm.checkpoint.inference import load_for_inference
     from hopperlm.checkpoint.layout import list_checkpoints
     from hopperlm.data.demo_text import resolve_demo_text
-    from hopperlm.data.prepare import prepare
+    from hopperlm.data.prepare import PrepareOptions, prepare
     from hopperlm.train.loop import train
 
     start = time.perf_counter()
@@ -150,7 +150,7 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
         raise ConfigError(f"--out {run_dir} already exists and is not empty; choose a new directory")
     created = not run_dir.exists()
     try:
-        prepare([text], run_dir / "data", tokenizer="byte", val_fraction=0.1, split="tail")
+        prepare([text], run_dir / "data", PrepareOptions(tokenizer="byte", val_fraction=0.1, split="tail"))
         cfg = run_config(
             DEMO_RECIPE, ["--data.path", str(run_dir / "data"), "--run.out_dir", str(run_dir), *overrides]
         )

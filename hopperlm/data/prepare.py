@@ -34,7 +34,6 @@ from rich.progress import (
 )
 
 from hopperlm.data.encoding import (
-    DOC_FORMATS,
     Encoded,
     EncodeOptions,
     UnitEncoder,
@@ -43,6 +42,7 @@ from hopperlm.data.encoding import (
     encode_in_pool,
     start_pool,
 )
+from hopperlm.data.prepare_options import PrepareOptions
 from hopperlm.data.shards import (  # noqa: F401 - read_manifest/file_sha256/shard_dtype are imported from here
     FORMAT,
     INDEX_DTYPE,
@@ -54,11 +54,10 @@ from hopperlm.data.shards import (  # noqa: F401 - read_manifest/file_sha256/sha
     read_manifest,
     shard_dtype,
 )
-from hopperlm.data.sources import BAD_UTF8, decode_unit, find_sources, iter_units, source_bytes
+from hopperlm.data.sources import decode_unit, find_sources, iter_units, source_bytes
 from hopperlm.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 from hopperlm.errors import DataError, HopperError
 
-SPLIT_METHODS = ("tail", "docs")
 PROGRESS_FILE = "progress.json"
 SEEN_FILE = "seen.u64"  # 64-bit document hashes for dedup, appended at each save
 COPY_TOKENS = 4 << 20  # tokens per memmap copy when moving the tail of train into val
@@ -82,32 +81,6 @@ def choose_workers(nbytes: int, byte_tokenizer: bool, cores: int) -> tuple[int, 
         return 1, f"{nbytes / 1e6:,.1f} MB of input: starting more processes would cost more than they save"
     capped = f", the {cores} cores" if n == cores else ""
     return n, f"{nbytes / 1e6:,.1f} MB of input: one per {BYTES_PER_WORKER // 1_000_000} MB{capped}"
-
-
-def _check_options(
-    tokenizer, vocab_size, val_fraction, split, shard_tokens, bad_utf8, workers, doc_format
-) -> None:
-    if not 0 <= val_fraction <= 0.5:
-        raise DataError(f"--val-fraction {val_fraction} is outside [0, 0.5]; 0.1 is the usual choice")
-    if split not in SPLIT_METHODS:
-        raise DataError(f"--split {split!r} is unknown; use 'tail' (last fraction of tokens) or 'docs'")
-    if shard_tokens < 1:
-        raise DataError(f"--shard-tokens {shard_tokens} must be a positive token count")
-    if tokenizer == "bpe" and vocab_size is None:
-        raise DataError("--vocab-size is required with --tokenizer bpe")
-    if tokenizer != "bpe" and vocab_size is not None:
-        raise DataError(f"--vocab-size only applies to --tokenizer bpe (this run uses {tokenizer}); drop it")
-    if bad_utf8 not in BAD_UTF8:
-        raise DataError(
-            f"--bad-utf8 {bad_utf8!r} is unknown; use 'reject' (stop) or 'skip' (leave the line out)"
-        )
-    if workers is not None and workers < 1:
-        raise DataError(f"--workers {workers} must be at least 1")
-    if doc_format not in DOC_FORMATS:
-        raise DataError(
-            f"--doc-format {doc_format!r} is unknown; use auto (the tokenizer's own special tokens when it adds "
-            "any, else EOS), tokenizer or eos"
-        )
 
 
 # ---- the output directory ----------------------------------------------------------------------------------
@@ -215,45 +188,27 @@ def _load_state(work: Path, fingerprint: dict, log) -> dict | None:
 def prepare(
     inputs: list,
     out_dir: Path,
-    tokenizer: str = "byte",
-    vocab_size: int | None = None,
-    val_fraction: float = 0.1,
-    split: str = "tail",
-    text_field: str = "text",
-    shard_tokens: int = 100_000_000,
+    options: PrepareOptions | None = None,
+    *,
+    workers: int | None = 1,
     progress: bool = True,
     overwrite: bool = False,
-    workers: int | None = 1,
-    dedup: bool = False,
-    bad_utf8: str = "reject",
-    filter: str | None = None,
-    doc_format: str = "auto",
     log=print,
 ) -> dict:
-    """Tokenize inputs into train/val shards in out_dir and return the manifest written there.
-    workers=None: chosen by input size (choose_workers), named in a log line.
-    doc_format: "auto" / "tokenizer" (each document as the tokenizer's own `tokenizer(text)`: BOS first for
-    Llama tokenizers; EOS after it for tokenizers that add nothing) or "eos" (EOS after every document)."""
-    tokenizer = str(tokenizer)
-    _check_options(tokenizer, vocab_size, val_fraction, split, shard_tokens, bad_utf8, workers, doc_format)
+    """Tokenize inputs into train/val shards in out_dir, as `options` say, and return the manifest written
+    there. workers=None: chosen by input size (choose_workers), named in a log line. `workers`, `progress`
+    and `overwrite` change how the work is done, never the result. No options: PrepareOptions' defaults
+    (bytes, the last 10% of tokens held out)."""
+    options = options or PrepareOptions()
+    if workers is not None and workers < 1:
+        raise DataError(f"--workers {workers} must be at least 1")
+    tokenizer, val_fraction, split = options.tokenizer, options.val_fraction, options.split
     sources = find_sources(inputs)
     out_dir = Path(out_dir)
     _check_out_dir(out_dir, overwrite)
     total_bytes = sum(source_bytes(s) for s in sources)
     tok_identity = "bpe" if tokenizer == "bpe" else load_tokenizer(tokenizer).identity()
-    options = dict(
-        tokenizer=tok_identity,
-        vocab_size=vocab_size,
-        val_fraction=val_fraction,
-        split=split,
-        text_field=text_field,
-        shard_tokens=shard_tokens,
-        dedup=dedup,
-        bad_utf8=bad_utf8,
-        filter=filter,
-        doc_format=doc_format,
-    )
-    fingerprint = _fingerprint(sources, options)
+    fingerprint = _fingerprint(sources, options.fingerprint(tok_identity))
     lock = _lock(out_dir)
     try:
         work = out_dir.parent / f"{out_dir.name}.partial"
@@ -266,11 +221,12 @@ def prepare(
                     work.mkdir(parents=True)
                     if tokenizer == "bpe":
                         task = bar.add_task("training BPE", total=total_bytes)
-                        tok = train_bpe(_all_texts(sources, text_field, bad_utf8, bar, task), vocab_size)
+                        texts = _all_texts(sources, options.text_field, options.bad_utf8, bar, task)
+                        tok = train_bpe(texts, options.vocab_size)
                     else:
                         tok = load_tokenizer(tokenizer)
                     tok.save(work)
-                    fmt = document_format(doc_format, tok, log)
+                    fmt = document_format(options.doc_format, tok, log)
                     state = {
                         "fingerprint": fingerprint,
                         "phase": "encode",
@@ -304,15 +260,17 @@ def prepare(
                         f"prepare: {workers} tokenizer process{'es' if workers > 1 else ''} ({why}; --workers N sets it)"
                     )
                 dtype = np.dtype(state["dtype"])
-                train = ShardWriter(work, "train", dtype, shard_tokens)
-                val = ShardWriter(work, "val", dtype, shard_tokens)
+                train = ShardWriter(work, "train", dtype, options.shard_tokens)
+                val = ShardWriter(work, "val", dtype, options.shard_tokens)
                 if "shards" in state:
                     train.reopen(state["shards"]["train"])
                     val.reopen(state["shards"]["val"])
                 if state["phase"] == "encode":
                     task = bar.add_task("tokenizing", total=total_bytes, completed=state["bytes"])
                     fmt = DocumentFormat.from_json(state["doc_format"])
-                    encode_options = EncodeOptions(str(work), text_field, bad_utf8, filter, doc_format=fmt)
+                    encode_options = EncodeOptions(
+                        str(work), options.text_field, options.bad_utf8, options.filter, doc_format=fmt
+                    )
                     _encode_all(
                         work,
                         sources,

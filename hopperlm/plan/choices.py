@@ -12,8 +12,8 @@ from hopperlm.errors import ConfigError
 from hopperlm.hardware import Hardware
 from hopperlm.model.lora import count_trainable
 from hopperlm.model.qlora import require_bitsandbytes
+from hopperlm.plan.float8_payoff import PAYOFF_SHARE, converted_share, torchao_available
 from hopperlm.plan.record import Precision
-from hopperlm.speed.float8 import PAYOFF_SHARE, converted_share, torchao_available
 
 FUSED_LOSS_SHARE = 0.01  # the chunked loss when one sequence's logits would fill 1% of the memory budget
 LOGIT_BYTES = 10  # per logit on the standard path: 16-bit logits, their fp32 copy, the fp32 log-softmax

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from hopperlm.plan import Plan
+from hopperlm.plan.record import Float8
 from hopperlm.speed.checkpointing import apply_activation_checkpointing
 from hopperlm.speed.compile import apply_compile
 from hopperlm.speed.float8 import Float8NativeLinear, apply_fp8
@@ -22,7 +24,7 @@ from hopperlm.speed.float8 import Float8NativeLinear, apply_fp8
 PROBE_ROWS = 64  # rows of the probe's input: a multiple of 16, as the float8 matmuls need
 
 
-def apply_speedups(model: torch.nn.Module, plan, log: Callable[[str], None]) -> str:
+def apply_speedups(model: torch.nn.Module, plan: Plan, log: Callable[[str], None]) -> Float8:
     """Apply the plan's speed-ups to `model` in place; returns the float8 backend in effect. A backend that
     cannot run here is undone (training continues in bf16): "off" is returned, with one line saying why. The
     plan itself never changes: the run keeps what is in effect in its state."""
@@ -50,7 +52,7 @@ def apply_speedups(model: torch.nn.Module, plan, log: Callable[[str], None]) -> 
     return fp8
 
 
-def _probe(model: torch.nn.Module, plan) -> str | None:
+def _probe(model: torch.nn.Module, plan: Plan) -> str | None:
     """One forward/backward of one float8 layer of each distinct shape, on PROBE_ROWS random rows, so a
     float8 failure shows at start-up, not at step 1. The gradients come back from autograd.grad and are
     dropped: no parameter's .grad is ever set, so the probe holds one layer's weight gradient at most, whatever

@@ -18,6 +18,8 @@ from functools import partial
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from hopperlm.plan.record import Checkpointing
+
 MODES = ("none", "selective-op", "selective-block", "full")
 
 _aten = torch.ops.aten
@@ -42,7 +44,7 @@ def _selective_context():
     return create_selective_checkpoint_contexts(_op_policy)
 
 
-def apply_activation_checkpointing(model: torch.nn.Module, mode: str, every: int = 2) -> int:
+def apply_activation_checkpointing(model: torch.nn.Module, mode: Checkpointing, every: int = 2) -> int:
     """Set the recompute function of each block for `mode`; returns how many blocks recompute."""
     if mode not in MODES:
         raise ValueError(f"unknown activation checkpointing mode {mode!r}; one of {MODES}")

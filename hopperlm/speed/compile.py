@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import torch
 
+from hopperlm.plan.record import CompileMode
+
 SCOPES = ("block", "model")
 
 
-def apply_compile(model: torch.nn.Module, mode: str | None, scope: str) -> None:
+def apply_compile(model: torch.nn.Module, mode: CompileMode | None, scope: str) -> None:
     if scope not in SCOPES:
         raise ValueError(f"unknown compile scope {scope!r}; one of {SCOPES}")
     mode = None if mode in (None, "default") else mode
@@ -28,5 +30,5 @@ def apply_compile(model: torch.nn.Module, mode: str | None, scope: str) -> None:
     model.output_loss = torch.compile(model.output_loss, mode=mode)
 
 
-def uses_cuda_graphs(mode: str | None) -> bool:
+def uses_cuda_graphs(mode: CompileMode | None) -> bool:
     return mode == "reduce-overhead"

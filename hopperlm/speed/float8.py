@@ -14,25 +14,14 @@ it the casts run as separate kernels: torchao#685), and tokens per micro-batch d
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BACKENDS = ("tensorwise", "rowwise", "native")
-PAYOFF_SHARE = 0.5  # fp8 is chosen automatically only when at least this share of linear FLOPs converts
-
-
-def pays_off(out_features: int, in_features: int, recipe: str = "tensorwise") -> bool:
-    """Whether a (out x in) linear layer gains from float8 on Hopper: torchao's published H100 thresholds."""
-    if out_features % 16 or in_features % 16:
-        return False  # the fp8 tensor-core matmul needs every dimension divisible by 16
-    n, k = out_features, in_features
-    if recipe == "rowwise":
-        return n > 2048 and k > 1024 and not (n <= 4096 and k <= 2048)
-    return not (k <= 4096 and n <= 1024)
+from hopperlm.plan.float8_payoff import BACKENDS, pays_off
+from hopperlm.plan.record import Float8
 
 
 def convertible(
@@ -52,19 +41,6 @@ def convertible(
             not only_if_pays and out_features % 16 == 0 and in_features % 16 == 0
         ):
             yield name, module
-
-
-def converted_share(model_cfg, recipe: str = "tensorwise") -> float:
-    """Share of the blocks' linear FLOPs in layers that float8 would convert, from the config alone."""
-    d, kv, h = model_cfg.dim, model_cfg.kv_heads * model_cfg.head_dim, model_cfg.hidden_dim
-    q = model_cfg.n_heads * model_cfg.head_dim
-    shapes = [(q, d), (kv, d), (kv, d), (d, q), (h, d), (h, d), (d, h)]  # (out, in) per block
-    total = sum(n * k for n, k in shapes)
-    return sum(n * k for n, k in shapes if pays_off(n, k, recipe)) / total
-
-
-def torchao_available() -> bool:
-    return importlib.util.find_spec("torchao") is not None
 
 
 # ---- the native backend --------------------------------------------------------------------------------
@@ -121,7 +97,7 @@ class Float8NativeLinear(nn.Linear):
 
 # ---- applying it ---------------------------------------------------------------------------------------
 def apply_fp8(
-    model: nn.Module, backend: str, only_if_pays: bool = True, fsdp_float8_all_gather: bool = False
+    model: nn.Module, backend: Float8, only_if_pays: bool = True, fsdp_float8_all_gather: bool = False
 ) -> int:
     """Convert the block linears that pay off to float8 with `backend`; returns how many were converted.
     `fsdp_float8_all_gather` (torchao tensorwise, before FSDP2 shards the model): FSDP all-gathers these

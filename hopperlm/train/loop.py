@@ -191,7 +191,7 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
     if world > 1:
         record.update(world_size=world, tokens_per_s_per_rank=tok_s / world)
     run.observer.log_step(record)  # GPU readings added, every sink written, the line printed (rank 0)
-    if not run.preflight_checked:  # the first log step: measured beside predicted
+    if not s.preflight_checked:  # this process's first log step: measured beside predicted
         print_preflight_check(
             run.log,
             record,
@@ -201,7 +201,7 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
             tc=run.cfg.train,
             params=count_params(run.model_cfg)["total"],
         )
-        run.preflight_checked = True
+        s.preflight_checked = True
     if (tc.ckpt_every and s.step % tc.ckpt_every == 0) or stopped_by:
         save_checkpoint(run)
     return stopped_by

@@ -90,7 +90,6 @@ class Run:
     state: TrainState  # everything that changes as the run goes: what a checkpoint saves (train/state.py)
     flops_per_token: int
     predicted: tuple[float, float]  # (tokens/s bound, matmul FLOP/s measured here)
-    preflight_checked: bool = False  # the first log step compared measured with predicted
     benchmarks: Benchmarks | None = None  # lm-eval tasks during training (the eval section)
 
     @property

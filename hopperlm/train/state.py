@@ -42,6 +42,8 @@ class TrainState:
     guard: Guard | None = None
     batches: BatchSource | None = None
     run_record: dict[str, Any] = field(default_factory=dict)  # config, data tokenizer: saved, never restored
+    # not saved: each process's first log step compares its measured speed with the prediction, a resumed one too
+    preflight_checked: bool = False
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
         """state.json of a checkpoint of the current step (the checkpointer adds the step and the RNGs)."""
