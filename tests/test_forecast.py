@@ -13,7 +13,9 @@ import pytest
 from hopperlm.config import load_config
 from hopperlm.observe.forecast import (
     DEFAULT_PRIOR,
-    MEMORY_FRACTION,
+    GAMMA,
+    GRID,
+    TAU,
     Forecast,
     forecast_curve,
     lr_areas,
@@ -36,11 +38,11 @@ def cosine_lrs(steps: int, warmup: int = 20, peak: float = 3e-3, floor: float = 
 def test_a_curve_drawn_from_the_law_is_recovered_with_the_truth_inside_the_interval():
     steps = 1000
     lrs = cosine_lrs(steps)
-    s1, s2 = lr_areas(lrs, 1 - 1 / (MEMORY_FRACTION * steps))
-    l0, a, alpha, c = 1.2, 4.0, 0.3, DEFAULT_PRIOR.c_times_steps / steps
+    s1, gain = lr_areas(lrs)
+    l0, a, alpha, b = 1.2, 4.0, 0.3, DEFAULT_PRIOR.gain
 
     def law(s: int) -> float:
-        return l0 + a * s1[s] ** -alpha - c * s2[s]
+        return l0 + a * s1[s] ** -alpha - b * gain[s]
 
     points = [(s, law(s)) for s in range(25, 501, 25)]  # half the budget, evaluated every 25 steps
     f = forecast_curve(points, lrs, at_step=500)
@@ -49,6 +51,32 @@ def test_a_curve_drawn_from_the_law_is_recovered_with_the_truth_inside_the_inter
     assert abs(f.final_val_loss - truth) < 0.005 * truth, (f, truth)
     assert f.low <= truth <= f.high
     assert forecast_curve(points[:3], lrs, at_step=75) is None  # too few points to fit three parameters
+
+
+def exact_gain(lrs: np.ndarray) -> np.ndarray:
+    """The realised annealing gain by its definition: every drop, paid off over the LR area trained since."""
+    eta = lrs / lrs.max()
+    s1 = np.concatenate([[0.0], np.cumsum(eta)])
+    gain = np.zeros(len(eta) + 1)
+    for k in range(1, len(eta)):
+        drop = eta[k - 1] - eta[k]
+        if drop > 0:
+            rate = eta[k] ** -GAMMA / (TAU * len(eta))
+            gain[k + 1 :] += drop * (1 - np.exp(-(s1[k + 1 :] - s1[k]) * rate))
+    return gain
+
+
+def test_the_annealing_gain_is_paid_off_over_lr_area():
+    short = cosine_lrs(500)
+    assert np.allclose(lr_areas(short)[1], exact_gain(short), atol=1e-12)  # one block per step: exact
+    long = cosine_lrs(3 * GRID + 17)  # blocks of 4 steps
+    s1, gain = lr_areas(long)
+    assert np.allclose(s1[-1], (long / long.max()).sum()) and np.abs(gain - exact_gain(long)).max() < 1e-3
+    # a cosine's gain is nearly all paid by its end; a WSD decay in the last tenth, whose LR is low by then,
+    # has paid less of the same total drop
+    wsd = np.concatenate([np.ones(900), np.linspace(1, 0.1, 100)])
+    assert 0.85 < lr_areas(cosine_lrs(1000))[1][-1] <= 0.9 and 0.3 < lr_areas(wsd)[1][-1] < 0.45
+    assert lr_areas(np.ones(1000))[1].max() == 0.0  # a constant LR never anneals
 
 
 def test_the_line_says_likely_possible_or_unlikely():
