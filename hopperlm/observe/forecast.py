@@ -14,7 +14,7 @@ drop (1 - the floor's share), so B is the whole gain in loss units. For a fixed 
 (L0, A, B), so a grid over alpha and a small non-negative least squares per alpha fit it without scipy.
 
 Tissue et al.'s own annealing term (C * S2, S2 the LR drops with a momentum over steps) needed a C that differed
-by schedule (on the CPU benchmark C*N: WSD 2.4-3.4, cosine 3.4-4.7); B as defined here does not (means 0.16-0.17
+by schedule (on the CPU benchmark C*N: WSD 2.4-3.4, cosine 3.4-4.7); B as defined here does not (means 0.17-0.18
 per schedule), so one prior serves every schedule.
 
 A schedule whose decay has not begun (WSD in its stable phase, or a cosine early on) shows little or none of its
