@@ -3,6 +3,7 @@ schedule is the loop's, `hopperlm forecast` works on a real run and fails in one
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,12 @@ from hopperlm.observe.forecast import (
     TAU,
     Forecast,
     forecast_curve,
+    forecast_run,
+    kept_schedule,
     lr_areas,
     planned_lrs,
+    read_records,
+    read_run_config,
 )
 from hopperlm.schedule import budget_progress, lr_at
 from hopperlm.train.loop import train
@@ -113,6 +118,21 @@ def test_planned_lrs_follow_the_loop_for_an_hours_budget_at_the_measured_step_ti
     assert len(planned_lrs(both, steps_done=10, tokens_per_step=1024, elapsed_s=1.0)) == 20
 
 
+def test_planned_lrs_of_a_kept_schedule_stay_at_the_floor_to_the_runs_end():
+    """A resume that kept the original schedule (optim.resume_horizon keep): the run goes on to its new budget,
+    the LR decays by the original one and then stays at its floor, as the loop sets it."""
+    cfg = config("--train.max_steps", "60", "--optim.warmup_steps", "5")
+    original = config("--train.max_steps", "30", "--optim.warmup_steps", "5")
+    kept = planned_lrs(cfg, steps_done=40, tokens_per_step=1024, elapsed_s=1.0, schedule=original.train)
+    alone = planned_lrs(original, steps_done=20, tokens_per_step=1024, elapsed_s=1.0)
+    assert len(kept) == 60 and np.array_equal(kept[:30], alone)
+    floor = cfg.optim.lr * cfg.optim.min_lr_ratio
+    assert kept[30:] == pytest.approx(np.full(30, floor)) and kept[29] > floor
+    for i in range(60):
+        progress = budget_progress(i, i * 1024, 0.0, original.train, 5)
+        assert kept[i] == pytest.approx(lr_at(i, progress, cfg.optim))
+
+
 @pytest.fixture(scope="module")
 def tiny_run(shakespeare_bytes, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("forecast") / "run"
@@ -126,6 +146,28 @@ def tiny_run(shakespeare_bytes, tmp_path_factory) -> Path:
     )
     train(cfg, log=lambda line: None)
     return run_dir
+
+
+def test_a_run_resumed_with_its_schedule_kept_is_forecast_to_its_new_end(tiny_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    cfg = read_run_config(run_dir)
+    assert kept_schedule(run_dir, cfg) is None  # not resumed: the run's own budget
+    resumed = load_config(
+        DEBUG,
+        [
+            *("--data.path", cfg.data.path, "--run.out_dir", str(run_dir)),
+            *("--train.max_steps", "90", "--train.eval_every", "5", "--train.eval_windows", "16"),
+            *("--train.ckpt_every", "0", "--optim.warmup_steps", "3", "--optim.resume_horizon", "keep"),
+        ],
+    )
+    train(resumed, resume=True, log=lambda line: None)
+    cfg = read_run_config(run_dir)
+    assert cfg.train.max_steps == 90 and kept_schedule(run_dir, cfg).max_steps == 60
+    assert forecast_run(run_dir).final_step == 90
+    # the forecasts printed during the resumed part ran to the run's end too
+    steps = [r["forecast_step"] for r in read_records(run_dir) if r["step"] > 60 and "forecast_step" in r]
+    assert steps and set(steps) == {90}
 
 
 def hopperlm(*args: str) -> subprocess.CompletedProcess:

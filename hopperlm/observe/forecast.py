@@ -26,16 +26,23 @@ the run's own annealing overrides it once it shows): a default measured on the C
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hopperlm.checkpoint.layout import latest_checkpoint, read_state
+from hopperlm.config.training import BUDGET_KEYS
 from hopperlm.errors import ConfigError
 from hopperlm.schedule import budget_progress, lr_at
+
+if TYPE_CHECKING:
+    from hopperlm.config import TrainConfig
 
 MIN_POINTS = 4
 """Validation points after warm-up a forecast needs: three parameters and one to check them with."""
@@ -90,11 +97,16 @@ class Forecast:
         return asdict(self)
 
 
-def planned_lrs(cfg, *, steps_done: int, tokens_per_step: int, elapsed_s: float) -> np.ndarray:
+def planned_lrs(
+    cfg, *, steps_done: int, tokens_per_step: int, elapsed_s: float, schedule: TrainConfig | None = None
+) -> np.ndarray:
     """The LR of every optimizer step from 0 to the budget's predicted end, as the training loop will set it:
     steps end at max_steps, tokens at max_tokens / tokens_per_step, hours at max_hours at the mean step time
-    so far (elapsed_s / steps_done); the first budget reached wins."""
+    so far (elapsed_s / steps_done); the first budget reached wins. `schedule`: the budget the LR schedule is
+    laid over when it is not the run's (a resume with optim.resume_horizon keep: the LR stays at its floor
+    from the original budget's end to the run's)."""
     tc = cfg.train
+    schedule = schedule or tc
     step_time = elapsed_s / steps_done if steps_done > 0 else None
     ends = []
     if tc.max_steps is not None:
@@ -112,7 +124,7 @@ def planned_lrs(cfg, *, steps_done: int, tokens_per_step: int, elapsed_s: float)
     warmup = cfg.optim.warmup_steps
     lrs = np.empty(end)
     for i in range(end):  # the loop computes the LR of step i before taking it, at elapsed ~ i * step_time
-        progress = budget_progress(i, i * tokens_per_step, i * (step_time or 0.0), tc, warmup)
+        progress = budget_progress(i, i * tokens_per_step, i * (step_time or 0.0), schedule, warmup)
         lrs[i] = lr_at(i, progress, cfg.optim)
     return lrs
 
@@ -338,12 +350,28 @@ def _budget_fraction(record: dict, tc) -> float:
     return budget_progress(record["step"], record.get("tokens", 0), record.get("elapsed_s", 0.0), tc)
 
 
-def _schedule(cfg, records: list[dict]) -> np.ndarray:
+def _schedule(cfg, records: list[dict], run_dir: Path) -> np.ndarray:
     last = records[-1]
     tokens_per_step = max(1, round(last.get("tokens", 0) / max(1, last["step"])))
     return planned_lrs(
-        cfg, steps_done=last["step"], tokens_per_step=tokens_per_step, elapsed_s=last.get("elapsed_s", 0.0)
+        cfg,
+        steps_done=last["step"],
+        tokens_per_step=tokens_per_step,
+        elapsed_s=last.get("elapsed_s", 0.0),
+        schedule=kept_schedule(run_dir, cfg),
     )
+
+
+def kept_schedule(run_dir: Path, cfg) -> TrainConfig | None:
+    """The budget the LR schedule is laid over when a resume kept the original one (optim.resume_horizon keep
+    and a changed budget): its checkpoints' `schedule_budget`. None: the run's own budget (config.yaml)."""
+    if cfg.optim.resume_horizon != "keep":
+        return None
+    ckpt = latest_checkpoint(run_dir)
+    saved = read_state(ckpt).get("schedule_budget") if ckpt is not None else None
+    if not saved or all(saved.get(k) == getattr(cfg.train, k) for k in BUDGET_KEYS):
+        return None
+    return dataclasses.replace(cfg.train, **{k: saved.get(k) for k in BUDGET_KEYS})
 
 
 def _val_points(records: list[dict]) -> list[tuple[int, float]]:
@@ -364,7 +392,7 @@ def sibling_prior(run_dir: Path) -> AnnealingPrior | None:
             continue
         if not records or cfg.optim.schedule == "constant":
             continue
-        lrs = _schedule(cfg, records)
+        lrs = _schedule(cfg, records, other)
         if records[-1]["step"] < 0.98 * len(lrs):
             continue  # not finished: its annealing is not all there
         b = full_fit_gain(_val_points(records), lrs)
@@ -407,7 +435,7 @@ def forecast_run(run_dir: Path, *, using: float | None = None, siblings: bool = 
         raise ConfigError(
             f"forecast: {run_dir}/metrics.jsonl has no records yet (within --using); wait for a log step"
         )
-    lrs = _schedule(cfg, records)
+    lrs = _schedule(cfg, records, run_dir)
     prior = (sibling_prior(run_dir) if siblings else None) or DEFAULT_PRIOR
     train = [(r["step"], r["loss"]) for r in records]
     at_step = records[-1]["step"]

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from hopperlm.config import Config
+from hopperlm.config import Config, TrainConfig
 from hopperlm.config.training import BUDGET_KEYS
 from hopperlm.observe.forecast import Forecast, forecast_curve, planned_lrs
 
@@ -22,10 +22,11 @@ BUDGET_SCALES = (1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
 
 class Forecaster:
-    """Forecasts for one run. `cfg.train` holds the budget the LR schedule is laid over."""
+    """Forecasts for one run, to the end of `cfg.train`'s budget. `schedule`: the budget the LR schedule is laid
+    over when a resume kept the original one (None: the run's own)."""
 
-    def __init__(self, cfg: Config, log: Callable[[str], None]) -> None:
-        self.cfg, self.log = cfg, log
+    def __init__(self, cfg: Config, log: Callable[[str], None], schedule: TrainConfig | None = None) -> None:
+        self.cfg, self.log, self.schedule = cfg, log, schedule
         self.off = False  # a forecast failed once: said in one line, then no more (training goes on)
         self.needed: str | None = None  # the last budget advice printed, so it is not repeated every eval
         # what the latest evaluation saw, and the LRs of its planned schedule (the past ones included)
@@ -48,7 +49,7 @@ class Forecaster:
         self.elapsed_s = record["elapsed_s"]
         self.val_points, self.train_points = list(val_points), list(train_points)
         try:
-            self.lrs = self._planned(self.cfg)
+            self.lrs = self._planned(self.cfg, self.schedule)
             forecast = self._fit(self.lrs)
         except Exception as e:  # a fit that breaks must never end a training run: one line, then off
             self.off = True
@@ -80,11 +81,15 @@ class Forecaster:
                 f"{forecast.low:.4f}); {advice}"
             )
 
-    def _planned(self, cfg: Config) -> list[float]:
+    def _planned(self, cfg: Config, schedule: TrainConfig | None = None) -> list[float]:
         """The LR of every step to the end of `cfg.train`'s budget, at the speed measured so far."""
         return list(
             planned_lrs(
-                cfg, steps_done=self.step, tokens_per_step=self.tokens_per_step, elapsed_s=self.elapsed_s
+                cfg,
+                steps_done=self.step,
+                tokens_per_step=self.tokens_per_step,
+                elapsed_s=self.elapsed_s,
+                schedule=schedule,
             )
         )
 
@@ -99,7 +104,8 @@ class Forecaster:
                 k: _scaled(k, getattr(tc, k), scale) for k in BUDGET_KEYS if getattr(tc, k) is not None
             }
             longer = dataclasses.replace(self.cfg, train=dataclasses.replace(tc, **changes))
-            # the LRs already used stay what they were; the longer budget shapes the rest
+            # the LRs already used stay what they were; the longer budget shapes the rest (laid over it, as a
+            # run started with that budget, or resumed with resume_horizon extend, would)
             forecast = self._fit(self.lrs[: self.step] + self._planned(longer)[self.step :])
             if forecast is not None and forecast.final_val_loss <= target:
                 setting = ", ".join(f"train.{k} {v:g}" for k, v in changes.items())

@@ -81,8 +81,9 @@ class RunObserver:
         schedule_budget: TrainConfig | None = None,
     ) -> None:
         self.cfg, self.run_dir, self.log = cfg, Path(run_dir), log
-        # the forecast follows the budget the LR schedule is laid over (a resume may keep the original one)
-        self.forecaster = Forecaster(dataclasses.replace(cfg, train=schedule_budget or cfg.train), log)
+        # the forecast runs to the run's budget with the LR of the schedule's (a resume may keep the original)
+        kept = schedule_budget if schedule_budget is not None and schedule_budget != cfg.train else None
+        self.forecaster = Forecaster(cfg, log, schedule=kept)
         (self.run_dir / "plan.json").write_text(
             json.dumps(plan_record(hw, plan, model_cfg, fpt, predicted), indent=2, default=str) + "\n"
         )
