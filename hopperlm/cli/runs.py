@@ -49,11 +49,13 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
     """Print the torchrun command for CONFIG and run it under a supervisor (parallel/supervise.py): a rank that
     stops answering ends the job within its collective limit, a failure is one line with the resume command,
     and --max-restarts restarts the group from the latest checkpoint."""
+    import os
     import shlex
+    import socket
 
     from hopperlm.cli.third_party_logs import Redirect
     from hopperlm.parallel.launch import launch_command
-    from hopperlm.parallel.supervise import supervise
+    from hopperlm.parallel.supervise import node_file, supervise
 
     config = resolve_recipe(args.config)
     # a bad config (model.init_from included) fails here, once, not on every rank
@@ -81,13 +83,17 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
         again += ["--nnodes", str(args.nnodes), "--rdzv-endpoint", str(args.rdzv_endpoint)]
     if args.max_restarts:
         again += ["--max-restarts", str(args.max_restarts)]
+    # one launcher per node, all writing into one run folder (a shared filesystem): each names its own files
+    node = f"{socket.gethostname()}-{os.getpid()}" if args.nnodes > 1 else None
     code = supervise(
         command[3:],  # after `python -m torch.distributed.run`: torchrun's argv
         run_dir,
         resume_command=[*again, "--resume", *overrides],
         fresh_command=[*again, *overrides],
         debug=args.debug,
-        quiet=None if args.debug else Redirect(run_dir / "launch.log"),  # torchrun's agent's log lines
+        # torchrun's agent's log lines
+        quiet=None if args.debug else Redirect(node_file(run_dir, "launch", ".log", node)),
+        node=node,
     )
     if code:
         sys.exit(code)

@@ -5,7 +5,8 @@ command runs, with the same options), and a thread watches the ranks' heartbeats
   lost) is named and killed, so the job ends (or restarts) within that limit instead of waiting on it.
 - When the job fails, one line says what happened, at which step, which rank, the latest complete checkpoint
   and the command that resumes; RUN_DIR/failure.json keeps every rank's error and traceback, RUN_DIR/launch.log
-  the agent's own messages. The ranks stay quiet (the launcher speaks for them); `--debug` shows everything.
+  the agent's own messages (on several nodes each node's launcher writes its own, failure-HOST-PID.json and
+  launch-HOST-PID.log, so launchers sharing a run folder on a shared filesystem do not overwrite each other). The ranks stay quiet (the launcher speaks for them); `--debug` shows everything.
 - `--max-restarts N`: the agent restarts the whole group after a failure, up to N times; a restarted rank
   resumes from the latest checkpoint by itself (TORCHELASTIC_RESTART_COUNT, train/run.py `resolve_resume`).
 - On GPUs the workers get NCCL's flight recorder (dumped into RUN_DIR/flight-recorder on a timeout) and
@@ -22,7 +23,7 @@ import socket
 import sys
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,8 +179,33 @@ def describe_failure(failures: dict, frozen: Frozen | None, beats: list[dict]) -
     return f"{message} ({at(rank)})"
 
 
-def write_failure(run_dir: Path, line: str, failures: dict, beats: list[dict]) -> Path:
-    path = run_dir / "failure.json"
+def node_file(run_dir: Path, stem: str, suffix: str, node: str | None) -> Path:
+    """RUN_DIR/STEM.SUFFIX, or STEM-NODE.SUFFIX for one node of several (each node's launcher writes its own)."""
+    return run_dir / (f"{stem}-{node}{suffix}" if node else f"{stem}{suffix}")
+
+
+@contextmanager
+def native_stderr_to(path: Path):
+    """The process's file descriptor 2 appends to `path` while inside: what torch's C++ code writes there
+    (c10d's TCPStore warnings when another node's launcher, which hosts the rendezvous store, goes away) and
+    the ranks' stderr (they inherit it) go to the agent's log, not the console. Python's sys.stderr writes to
+    the same descriptor, so it is flushed at both ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def write_failure(
+    run_dir: Path, line: str, failures: dict, beats: list[dict], node: str | None = None
+) -> Path:
+    path = node_file(run_dir, "failure", ".json", node)
     ranks = {
         str(rank): {
             "exitcode": f.exitcode,
@@ -211,9 +237,11 @@ def supervise(
     fresh_command: list[str],
     debug: bool = False,
     quiet=None,
+    node: str | None = None,
 ) -> int:
     """Run the job; the exit code for `hopperlm launch` (0: every rank finished). `quiet`: a context manager
-    that keeps the agent's log lines off the console while it runs (the CLI's, writing RUN_DIR/launch.log)."""
+    that keeps the agent's log lines off the console while it runs (the CLI's, writing RUN_DIR/launch.log).
+    `node`: this launcher's name when the job spans several nodes (its failure file is failure-NODE.json)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -232,8 +260,10 @@ def supervise(
     started = time.time()
     say = lambda line: print(line, flush=True)  # noqa: E731
     watcher = HeartbeatWatcher(run_dir, started, args.max_restarts, say)
+    # the agent's C++ messages and the ranks' stderr go to its log (the launcher speaks for the ranks)
+    native = nullcontext() if debug else native_stderr_to(node_file(run_dir, "launch", ".log", node))
     try:
-        with watcher, quiet or nullcontext():
+        with watcher, quiet or nullcontext(), native:
             run(args)
         return 0
     except ChildFailedError as e:
@@ -243,7 +273,7 @@ def supervise(
         after = f"the job stopped {time.time() - started:.0f} s after launch"
         where = latest_checkpoint_clause(run_dir, resume_command, fresh_command)
         line = f"{what}; {after}; {where}"
-        details = write_failure(run_dir, line, e.failures, beats)
+        details = write_failure(run_dir, line, e.failures, beats, node)
         print(f"error: {line} (details: {details})", file=sys.stderr, flush=True)
         return 1
     except SignalException as e:

@@ -170,3 +170,41 @@ def test_the_watcher_kills_a_frozen_rank_once_and_says_it_once(tmp_path):
     assert frozen.wait(timeout=5) == -signal.SIGKILL
     assert watcher.check(now + 1) is first and len(said) == 1  # named once (a restart follows: said now)
     assert "rank 1 stopped answering at step 58" in said[0]
+
+
+@pytest.mark.slow
+def test_two_node_launchers_sharing_a_run_folder_each_keep_their_failure(shakespeare_bytes, tmp_path):
+    """Two `hopperlm launch --nnodes 2` on this machine (one rank each, a c10d rendezvous on localhost), as two
+    nodes writing into one shared run folder: when a rank is killed, both launchers fail in one line and each
+    keeps its own failure file and agent log; neither overwrites the other's."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "two-nodes"
+    command = launch(
+        run_dir, shakespeare_bytes, 2000, "--nnodes", "2", "--rdzv-endpoint", f"localhost:{port}"
+    )
+    command[command.index("--nproc-per-node") + 1] = "1"
+    nodes = [
+        subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    deadline, sent = time.time() + 120, False
+    while not sent and time.time() < deadline and all(n.poll() is None for n in nodes):
+        beat = heartbeat(run_dir, 1)
+        if beat is not None and beat["step"] >= 25 and beat["phase"] == "train":
+            os.kill(beat["pid"], signal.SIGKILL)
+            sent = True
+        time.sleep(0.05)
+    outputs = [n.communicate(timeout=60) for n in nodes]
+    assert sent, outputs
+    failures = sorted(run_dir.glob("failure-*.json"))
+    assert [n.returncode for n in nodes] == [1, 1] and len(failures) == 2, outputs
+    assert not (run_dir / "failure.json").exists() and len(list(run_dir.glob("launch-*.log"))) == 2
+    for (_, err), node in zip(outputs, nodes, strict=True):
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and f"-{node.pid}.json)" in lines[0], err
+    summaries = {json.loads(f.read_text())["summary"] for f in failures}
+    assert any("rank 1 was killed by SIGKILL" in s for s in summaries), summaries
