@@ -1,11 +1,12 @@
 """How well does `hopperlm forecast` predict a run's final validation loss from its first 30%?
 
-Trains small CPU runs on real text (Tiny Shakespeare, two Gutenberg books, WikiText-2; byte tokenizer) that
-differ in learning rate, width, schedule (cosine, WSD, linear) and budget kind, into a cache folder that is
-reused (so the forecast can be iterated on without retraining), then forecasts each run from the records of its
-first `--using` of the budget and compares with the final validation loss it actually reached. Two sets:
-`tuned` (12 runs the method's constants were chosen on) and `held-out` (8 runs trained after they were frozen,
-with larger steps and denser evaluations); the summary is given per set and over both.
+Trains small CPU runs on real text (byte tokenizer) that differ in data, learning rate, width, schedule
+(cosine, WSD, linear) and budget kind, into a cache folder that is reused (so the forecast can be iterated on
+without retraining), then forecasts each run from the records of its first `--using` of the budget and compares
+with the final validation loss it actually reached. Three sets, each trained after the one before had been
+used to choose the method: `tuned` (12 runs: Tiny Shakespeare, two Gutenberg books, WikiText-2), `held-out`
+(8 runs: other novels, Tigrinya, WikiText-2; larger steps, denser evaluations) and `fresh` (8 runs: Austen and
+Eliot, Dickens, Amharic, short English sentences). The summary is given per set and over all.
 
     python3 bench/forecast_accuracy.py --runs /tmp/forecast-runs --save bench/results/DATE-forecast-cpu.json
     python3 bench/forecast_accuracy.py --smoke --runs /tmp/fc-smoke      # 2 tiny runs, seconds (tests run it)
