@@ -6,7 +6,8 @@ command runs, with the same options), and a thread watches the ranks' heartbeats
 - When the job fails, one line says what happened, at which step, which rank, the latest complete checkpoint
   and the command that resumes; RUN_DIR/failure.json keeps every rank's error and traceback, RUN_DIR/launch.log
   the agent's own messages (on several nodes each node's launcher writes its own, failure-HOST-PID.json and
-  launch-HOST-PID.log, so launchers sharing a run folder on a shared filesystem do not overwrite each other). The ranks stay quiet (the launcher speaks for them); `--debug` shows everything.
+  launch-HOST-PID.log, so launchers sharing a run folder on a shared filesystem do not overwrite each other).
+  The ranks stay quiet (the launcher speaks for them); `--debug` shows everything.
 - `--max-restarts N`: the agent restarts the whole group after a failure, up to N times; a restarted rank
   resumes from the latest checkpoint by itself (TORCHELASTIC_RESTART_COUNT, train/run.py `resolve_resume`).
 - On GPUs the workers get NCCL's flight recorder (dumped into RUN_DIR/flight-recorder on a timeout) and
