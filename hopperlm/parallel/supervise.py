@@ -24,6 +24,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,8 +204,27 @@ def native_stderr_to(path: Path):
         os.close(saved)
 
 
+def describe_agent_error(e: Exception, beats: list[dict]) -> str:
+    """The agent itself failed (no rank did first): on several nodes, mostly the rendezvous lost because the
+    launcher hosting its store ended (its own ranks failed) or cannot be reached."""
+    from torch.distributed import DistError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    at = f" at step {max(b['step'] for b in beats) + 1}" if beats else " during start-up"
+    text = str(e).strip().splitlines()[0] if str(e).strip() else "no message"
+    why = ""
+    if isinstance(e, RendezvousError | DistError):
+        why = " (the rendezvous was lost: another node's launcher ended, or its endpoint cannot be reached)"
+    return f"the launcher's agent stopped{at}: {type(e).__name__}: {text}{why}"
+
+
 def write_failure(
-    run_dir: Path, line: str, failures: dict, beats: list[dict], node: str | None = None
+    run_dir: Path,
+    line: str,
+    failures: dict,
+    beats: list[dict],
+    node: str | None = None,
+    agent_error: str | None = None,
 ) -> Path:
     path = node_file(run_dir, "failure", ".json", node)
     ranks = {
@@ -217,7 +237,10 @@ def write_failure(
         for rank, f in failures.items()
     }
     run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"summary": line, "ranks": ranks, "heartbeats": beats}, indent=2, default=str))
+    record = {"summary": line, "ranks": ranks, "heartbeats": beats}
+    if agent_error:
+        record["agent_error"] = agent_error  # the launcher's own traceback
+    path.write_text(json.dumps(record, indent=2, default=str))
     return path
 
 
@@ -261,6 +284,15 @@ def supervise(
     started = time.time()
     say = lambda line: print(line, flush=True)  # noqa: E731
     watcher = HeartbeatWatcher(run_dir, started, args.max_restarts, say)
+
+    def _failed(what: str, failures: dict, beats: list[dict], agent_error: str | None) -> int:
+        after = f"the job stopped {time.time() - started:.0f} s after launch"
+        where = latest_checkpoint_clause(run_dir, resume_command, fresh_command)
+        line = f"{what}; {after}; {where}"
+        details = write_failure(run_dir, line, failures, beats, node, agent_error)
+        print(f"error: {line} (details: {details})", file=sys.stderr, flush=True)
+        return 1
+
     # the agent's C++ messages and the ranks' stderr go to its log (the launcher speaks for the ranks)
     native = nullcontext() if debug else native_stderr_to(node_file(run_dir, "launch", ".log", node))
     try:
@@ -271,12 +303,7 @@ def supervise(
         frozen = watcher.frozen or watcher.check()  # (the final check also kills what is frozen)
         beats = watcher.current()
         what = describe_failure(e.failures, frozen, beats)
-        after = f"the job stopped {time.time() - started:.0f} s after launch"
-        where = latest_checkpoint_clause(run_dir, resume_command, fresh_command)
-        line = f"{what}; {after}; {where}"
-        details = write_failure(run_dir, line, e.failures, beats, node)
-        print(f"error: {line} (details: {details})", file=sys.stderr, flush=True)
-        return 1
+        return _failed(what, e.failures, beats, None)
     except SignalException as e:
         print(
             f"launch: stopped by {e.sigval.name} (each rank checkpointed at its next log step, then exited); "
@@ -285,3 +312,10 @@ def supervise(
             flush=True,
         )
         return 128 + int(e.sigval)
+    except Exception as e:  # noqa: BLE001 (the agent itself failed: one line, like a rank's failure)
+        if debug:
+            raise
+        beats = watcher.current()
+        return _failed(describe_agent_error(e, beats), {}, beats, traceback.format_exc())
+    finally:
+        os.environ.pop(SUPERVISED_ENV, None)  # the ranks' setting: this process is the launcher, not a rank

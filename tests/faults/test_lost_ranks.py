@@ -16,7 +16,7 @@ import pytest
 
 from hopperlm.checkpoint.layout import latest_checkpoint, verify_checkpoint
 from hopperlm.observe.metrics import read_metrics
-from hopperlm.parallel.supervise import Frozen, describe_failure
+from hopperlm.parallel.supervise import Frozen, describe_agent_error, describe_failure
 from hopperlm.parallel.watchdog import HEARTBEAT_DIR, step_limit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,6 +150,17 @@ def test_the_step_limit_and_the_failure_line():
     assert describe_failure({}, frozen, []).startswith(
         "rank 3 stopped answering at step 57: no heartbeat for 31 s"
     )
+    # the agent itself failed: on one node of several, the other node's launcher (the store's host) ended
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+
+    lost = describe_agent_error(RendezvousConnectionError("The connection to the C10d store has failed."), [])
+    assert lost == (
+        "the launcher's agent stopped during start-up: RendezvousConnectionError: The connection to the C10d "
+        "store has failed. (the rendezvous was lost: another node's launcher ended, or its endpoint cannot be "
+        "reached)"
+    )
+    other = describe_agent_error(ValueError("bad\nsecond line"), [{"step": 4}, {"step": 6}])
+    assert other == "the launcher's agent stopped at step 7: ValueError: bad"
 
 
 def test_the_watcher_kills_a_frozen_rank_once_and_says_it_once(tmp_path):
@@ -176,7 +187,9 @@ def test_the_watcher_kills_a_frozen_rank_once_and_says_it_once(tmp_path):
 def test_two_node_launchers_sharing_a_run_folder_each_keep_their_failure(shakespeare_bytes, tmp_path):
     """Two `hopperlm launch --nnodes 2` on this machine (one rank each, a c10d rendezvous on localhost), as two
     nodes writing into one shared run folder: when a rank is killed, both launchers fail in one line and each
-    keeps its own failure file and agent log; neither overwrites the other's."""
+    keeps its own failure file and agent log; neither overwrites the other's. The other node's line is its own
+    rank's lost connection, or, when the killed rank's launcher (the rendezvous store's host) ends first, its
+    agent's lost rendezvous: either way one line and a failure file."""
     import socket
 
     with socket.socket() as s:
