@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from hopperlm.errors import ConfigError
 
@@ -217,3 +218,13 @@ class GuardConfig:
             raise ConfigError("guard.bad_steps must be >= 1, guard.window >= 2, guard.max_rollbacks >= 0")
         if self.spike_k < 0 or not 0 < self.lr_factor <= 1:
             raise ConfigError("guard.spike_k must be >= 0 and guard.lr_factor in (0, 1]")
+
+
+def checkpoint_budget(saved: dict[str, Any] | None, tc: TrainConfig) -> TrainConfig | None:
+    """The budget a checkpoint's LR schedule was laid over (its state.json's `schedule_budget`, or the budget of
+    the config it saved), as `tc` with those keys; None when there is none or it is `tc`'s own."""
+    saved = saved or {}
+    before = saved.get("schedule_budget") or saved.get("config", {}).get("train", {})
+    if not before or all(before.get(k) == getattr(tc, k) for k in BUDGET_KEYS):
+        return None
+    return dataclasses.replace(tc, **{k: before.get(k) for k in BUDGET_KEYS})

@@ -26,7 +26,6 @@ the run's own annealing overrides it once it shows): a default measured on the C
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hopperlm.checkpoint.layout import latest_checkpoint, read_state
-from hopperlm.config.training import BUDGET_KEYS
+from hopperlm.config.training import checkpoint_budget
 from hopperlm.errors import ConfigError
 from hopperlm.schedule import budget_progress, lr_at
 
@@ -369,10 +368,7 @@ def kept_schedule(run_dir: Path, cfg) -> TrainConfig | None:
     if cfg.optim.resume_horizon != "keep":
         return None
     ckpt = latest_checkpoint(run_dir)
-    saved = read_state(ckpt).get("schedule_budget") if ckpt is not None else None
-    if not saved or all(saved.get(k) == getattr(cfg.train, k) for k in BUDGET_KEYS):
-        return None
-    return dataclasses.replace(cfg.train, **{k: saved.get(k) for k in BUDGET_KEYS})
+    return checkpoint_budget(read_state(ckpt), cfg.train) if ckpt is not None else None
 
 
 def _val_points(records: list[dict]) -> list[tuple[int, float]]:

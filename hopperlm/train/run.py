@@ -21,7 +21,7 @@ import torch
 
 from hopperlm.checkpoint import layout as ckpt_io
 from hopperlm.config import Config, ModelConfig, TrainConfig, save_config
-from hopperlm.config.training import BUDGET_KEYS
+from hopperlm.config.training import BUDGET_KEYS, checkpoint_budget
 from hopperlm.data.batches import BatchLayout, BatchSource
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import default_prefetch
@@ -257,12 +257,10 @@ def schedule_budget(
     """The budget the LR schedule is laid over: the run's own, or, when a resumed run changed it and
     optim.resume_horizon is keep, the checkpoint's. Says in one line how the LR changes at the resume step."""
     tc, oc = cfg.train, cfg.optim
-    saved = saved or {}
     # the budget the checkpoint's schedule was laid over (a run resumed with keep remembers its original)
-    before = saved.get("schedule_budget") or saved.get("config", {}).get("train", {})
-    if not before or all(before.get(k) == getattr(tc, k) for k in BUDGET_KEYS):
+    original = checkpoint_budget(saved, tc)
+    if original is None:
         return tc
-    original = dataclasses.replace(tc, **{k: before.get(k) for k in BUDGET_KEYS})
     chosen = original if oc.resume_horizon == "keep" else tc
 
     def lr(budget: TrainConfig) -> float:
@@ -271,7 +269,9 @@ def schedule_budget(
         )
 
     changed = ", ".join(
-        f"{k} {before.get(k)} -> {getattr(tc, k)}" for k in BUDGET_KEYS if before.get(k) != getattr(tc, k)
+        f"{k} {getattr(original, k)} -> {getattr(tc, k)}"
+        for k in BUDGET_KEYS
+        if getattr(original, k) != getattr(tc, k)
     )
     if oc.resume_horizon == "keep":
         how, other = "the original schedule kept (its decay ends at the original budget)", "extend"
