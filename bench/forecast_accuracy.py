@@ -3,10 +3,11 @@
 Trains small CPU runs on real text (byte tokenizer) that differ in data, learning rate, width, schedule
 (cosine, WSD, linear) and budget kind, into a cache folder that is reused (so the forecast can be iterated on
 without retraining), then forecasts each run from the records of its first `--using` of the budget and compares
-with the final validation loss it actually reached. Three sets, each trained after the one before had been
-used to choose the method: `tuned` (12 runs: Tiny Shakespeare, two Gutenberg books, WikiText-2), `held-out`
-(8 runs: other novels, Tigrinya, WikiText-2; larger steps, denser evaluations) and `fresh` (8 runs: Austen and
-Eliot, Dickens, Amharic, short English sentences). The summary is given per set and over all.
+with the final validation loss it actually reached. Four sets, each trained after the one before had been
+used: `tuned` (12 runs: Tiny Shakespeare, two Gutenberg books, WikiText-2), `held-out` (8 runs: other novels,
+Tigrinya, WikiText-2; larger steps, denser evaluations), `fresh` (8 runs: Austen and Eliot, Dickens, Amharic,
+short English sentences) and `long` (8 runs at 4-17 tokens per parameter on other books; about 23 minutes to
+train). The summary is given per set and over all.
 
     python3 bench/forecast_accuracy.py --runs /tmp/forecast-runs --save bench/results/DATE-forecast-cpu.json
     python3 bench/forecast_accuracy.py --smoke --runs /tmp/fc-smoke      # 2 tiny runs, seconds (tests run it)
