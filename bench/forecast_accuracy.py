@@ -6,7 +6,7 @@ without retraining), then forecasts each run from the records of its first `--us
 with the final validation loss it actually reached. Four sets, each trained after the one before had been
 used: `tuned` (12 runs: Tiny Shakespeare, two Gutenberg books, WikiText-2), `held-out` (8 runs: other novels,
 Tigrinya, WikiText-2; larger steps, denser evaluations), `fresh` (8 runs: Austen and Eliot, Dickens, Amharic,
-short English sentences) and `long` (8 runs at 4-17 tokens per parameter on other books; about 23 minutes to
+short English sentences) and `long` (8 runs at 4-17 tokens per parameter on other books; 12 minutes to
 train). The summary is given per set and over all.
 
     python3 bench/forecast_accuracy.py --runs /tmp/forecast-runs --save bench/results/DATE-forecast-cpu.json
