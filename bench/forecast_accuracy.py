@@ -238,7 +238,7 @@ FRESH = {
 }
 # A fourth set, planned (bench/NOTES.md, "the long set") before it was trained and forecast with the constants
 # frozen: 4-17 tokens per parameter, as the 1.5-hour 350M job has about 3 (1B tokens at 200K tokens/s) and a
-# compute-optimal run 20, where the sets above stop at 1-17 with half their runs under 3. Corpora no other run
+# compute-optimal run 20; the runs of the sets above span 1-17, half of them under 3. Corpora no other run
 # used, each at least as large as its run's tokens.
 LONG = {
     "tol-cos-w128": ("tolstoy", model(128, 4), {"lr": 2e-3, "schedule": "cosine"}, {"max_tokens": 4_000_000}),
@@ -447,7 +447,9 @@ def main(argv: list[str] | None = None) -> dict:
     sets = ["smoke"] if args.smoke else args.sets.split(",")
     unknown = [name for name in sets if name not in SETS]
     if unknown:
-        p.error(f"--sets {','.join(unknown)}: unknown; choose from tuned, held-out, fresh, long")
+        p.error(
+            f"--sets {','.join(unknown)}: unknown; choose from {', '.join(n for n in SETS if n != 'smoke')}"
+        )
     cache = Path(args.runs).resolve()
     cache.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
