@@ -178,7 +178,9 @@ def cases_for(
     *,
     variants: list[str] = (),
     hf_compile: bool = True,
+    only: list[str] | None = None,
 ) -> list[Case]:
+    """The rows of one preset; `only`: keep just these configs (a name before ' (' counts: 'hopperlm fp8')."""
     cuda = hw.device.type == "cuda"
     cases = [
         hopperlm_case("eager", model_cfg, hw, micro, seq, log, compile=False, fp8="off", fused_loss=False),
@@ -196,7 +198,12 @@ def cases_for(
         cases.append(hf_case("hf", model_cfg, hw, micro, compiled=False))
         if cuda and hf_compile:  # inductor on a CPU spends minutes compiling a baseline nobody runs there
             cases.append(hf_case("hf+compile", model_cfg, hw, micro, compiled=True))
+    if only is not None:
+        cases = [c for c in cases if c.config in only or c.config.split(" (")[0] in only]
     return cases
+
+
+ROW_NAMES = ("eager", "hopperlm", "hopperlm fp8", "hf", "hf+compile")  # what --rows may name (and variants)
 
 
 # ---- measuring -------------------------------------------------------------------------------------------
@@ -262,8 +269,10 @@ def measure(
 
 
 def add_ratios(rows: list[Row]) -> None:
-    """Each row's tokens/s over each baseline's (eager, hf, hf+compile) of the same preset."""
+    """Each row's tokens/s over each baseline's (eager, hf, hf+compile) of the same preset; safe to call again
+    as rows are added (a row's ratios are recomputed from scratch)."""
     for row in rows:
+        row.ratios = {}
         for other in rows:
             if (
                 other.preset == row.preset
@@ -343,8 +352,12 @@ def run_bench(
     loss_steps: int = 0,
     data_dir=None,
     variants: list[str] = (),
+    only: list[str] | None = None,
+    on_row: Callable[[list[Row]], None] | None = None,
     log: Callable[[str], None] = print,
 ) -> list[Row]:
+    """Measure every row; `on_row(rows so far, ratios filled)` after each one, so a caller can save the table
+    as it grows: a time-out or a kill half-way loses only the row in flight."""
     rows: list[Row] = []
     for preset in presets:
         model_cfg = bench_model_config(preset, quick)
@@ -353,14 +366,19 @@ def run_bench(
             model_cfg = dataclasses.replace(model_cfg, max_seq_len=seq)
         fpt = flops_per_token(model_cfg, seq)
         batches = batch_source(model_cfg.vocab_size, seq, hw.device, data_dir)
-        for case in cases_for(model_cfg, hw, micro, seq, hf, log, variants=variants, hf_compile=hf_compile):
+        cases = cases_for(
+            model_cfg, hw, micro, seq, hf, log, variants=variants, hf_compile=hf_compile, only=only
+        )
+        for case in cases:
             row = Row(preset, case.config, case.micro_batch, seq, fpt)
             log(f"{preset}: {case.config} ...")
             on_hopperlm = case.config.startswith("hopperlm")
             measure(case, row, hw, batches, warmup, windows, steps, loss_steps if on_hopperlm else 0)
             log(f"{preset}: {case.config}: {describe(row)}")
             rows.append(row)
-    add_ratios(rows)
+            add_ratios(rows)
+            if on_row is not None:
+                on_row(rows)
     return rows
 
 

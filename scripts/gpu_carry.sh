@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# Prepare, on this CPU machine, what the GPU machine's image lacks for bench/gpu/campaign.sh, into the
-# git-ignored gpu-carry/ (one folder per device call, each named in that call's `carry`):
-#   gpu-carry/call1  whl/ torchao 0.18.0 (the release built for torch 2.11: float8, 8-bit AdamW);
-#                    data/ (Tiny Shakespeare, TinyLlama's tokenizer, the Alpaca demo: what the GPU tests read);
-#                    gutenberg-32k/ (Gutenberg books prepared with `hopperlm prepare` and TinyLlama's tokenizer.json,
-#                    the Llama-2 vocabulary of 32,000 pieces: owt-350m and the profile train on it); COMMIT
-#   gpu-carry/call2  whl/ torchao 0.18.0 and bitsandbytes (QLoRA); data/ as above; COMMIT
-# accelerate, peft and transformers are on the GPU image already (/work/.library/device/KINDS.md). Each call's
-# working tree (this repository's files + its carry) must stay under the device tool's 64 MiB: checked here.
+# Prepare, on this CPU machine, what the GPU machine's image lacks for bench/gpu/campaign.sh, into the one
+# git-ignored folder gpu-carry/ that both device calls (A, then B) name in `carry`; then check, with no device
+# time, that the campaign runs under the GPU image's versions. Prints each part's size and the total.
+#   gpu-carry/whl/    torchao 0.18.0 (float8, 8-bit AdamW) and bitsandbytes 0.50.2 rebuilt with only its CUDA 13
+#                     and CPU libraries (41 MiB -> ~3.5 MiB: the image has CUDA 13; the others never load there)
+#   gpu-carry/data/   Tiny Shakespeare, TinyLlama's tokenizer, the Alpaca demo: what the GPU tests read
+#   gpu-carry/gutenberg-32k/  Gutenberg books prepared with TinyLlama's tokenizer.json (the Llama-2 vocabulary,
+#                     32,000 pieces): owt-350m and the profile train on it
+#   gpu-carry/COMMIT  the commit, and whether the tree had uncommitted changes
+# Then (unless --no-drift-check) a throwaway venv with the GPU image's torch 2.11 and transformers 5.17 runs
+# `campaign.sh --smoke --call A` and `--call B`, and this script stops on any failure: what broke on 2.11 breaks
+# here, for free. (PyPI's torch 2.11 is the CUDA build; without a GPU it runs on the CPU, the same Python code.)
 #
-#   bash scripts/gpu_carry.sh [--call 1|2] [--books-mb MB]
+#   bash scripts/gpu_carry.sh [--books-mb MB] [--no-drift-check]
 #
-# Needs the network (pip download) and the shared data ($HOPPERLM_DATA_DIR, else ../shared/data).
+# Needs the package index (pip download/install) and the shared data ($HOPPERLM_DATA_DIR, else ../shared/data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CALLS="1 2" BOOKS_MB=48 LIMIT_MIB=64
+BOOKS_MB=40 LIMIT_MIB=64 DRIFT=1
 while [ $# -gt 0 ]; do
   case $1 in
-    --call) CALLS=$2; shift ;;
     --books-mb) BOOKS_MB=$2; shift ;;
+    --no-drift-check) DRIFT=0 ;;
     -h|--help) sed -n '/^#   bash/p' "$0" | sed 's/^#  //'; exit 0 ;;
     *) echo "gpu_carry: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -26,7 +29,12 @@ while [ $# -gt 0 ]; do
 done
 DATA=${HOPPERLM_DATA_DIR:-$(cd .. && pwd)/shared/data}
 PY=${PYTHON:-python3}
+# torchao: 0.18.0, by evidence. Its float8 training ran on the GPU image's torch 2.11 on 2026-11-22 (H200,
+# bench/results/2026-11-22-h200: tinyllama-1.1b 1.18x bf16), and it is what CI and the dev machines run on
+# torch 2.13, so the smoke checks the same code the GPU runs. 0.17 (listed as built for 2.11) also converts and
+# steps float8 layers and 8-bit AdamW on 2.11 on the CPU, but has never run on the GPU here.
 TORCHAO=torchao==0.18.0 BNB=bitsandbytes==0.50.2  # bitsandbytes 0.50.2 ships libbitsandbytes_cuda130.so
+GPU_IMAGE="torch==2.11.0 transformers==5.17.0 accelerate==1.15.0"  # /work/.library/device/KINDS.md
 grep -qx '/gpu-carry/' .gitignore || { echo "gpu_carry: /gpu-carry/ must be in .gitignore" >&2; exit 1; }
 
 wheels() {  # DEST NAME==VERSION...: Python 3.12 wheels for the GPU machine (the device README's command)
@@ -36,6 +44,28 @@ wheels() {  # DEST NAME==VERSION...: Python 3.12 wheels for the GPU machine (the
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
     -d "$dest" "$@"
+}
+
+trim_bitsandbytes() {  # WHEEL: keep only the CUDA 13.0 and CPU libraries, RECORD rewritten to match
+  "$PY" - "$1" <<'EOF'
+import sys, zipfile
+from pathlib import Path
+
+wheel = Path(sys.argv[1])
+keep = ("libbitsandbytes_cuda130.so", "libbitsandbytes_cpu.so")
+trimmed = wheel.with_suffix(".trimmed")
+with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(trimmed, "w", zipfile.ZIP_DEFLATED) as dst:
+    names = [n for n in src.namelist() if not (n.endswith(".so") and Path(n).name not in keep)]
+    for name in names:
+        data = src.read(name)
+        if name.endswith(".dist-info/RECORD"):  # pip reads RECORD to uninstall: list only what is there
+            lines = data.decode().splitlines()
+            data = ("\n".join(l for l in lines if l.split(",")[0] in names) + "\n").encode()
+        dst.writestr(src.getinfo(name), data)
+    if not all(any(n.endswith(k) for n in names) for k in keep):
+        sys.exit(f"gpu_carry: {wheel.name} lacks one of {keep}: pin a bitsandbytes that ships CUDA 13.0")
+trimmed.replace(wheel)
+EOF
 }
 
 test_data() {  # DEST: what the GPU tests read from $HOPPERLM_DATA_DIR
@@ -62,24 +92,48 @@ names = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], c
 print(sum(os.path.getsize(n) for n in names.split(b"\0") if n and os.path.isfile(n)))'
 }
 
-for call in $CALLS; do
-  dest=gpu-carry/call$call
-  rm -rf "$dest"; mkdir -p "$dest"
-  if [ "$call" = 1 ]; then
-    wheels "$dest/whl" "$TORCHAO"
-    gutenberg "$dest/gutenberg-32k"
-  else
-    wheels "$dest/whl" "$TORCHAO" "$BNB"
-  fi
-  test_data "$dest/data"
-  commit=$(git rev-parse --short HEAD)
-  if [ -n "$(git status --porcelain --untracked-files=no)" ]; then commit="$commit + uncommitted changes"; fi
-  echo "$commit" > "$dest/COMMIT"
-  carry=$(du -sb "$dest" | cut -f1) tree=$(tree_bytes)
-  total=$((carry + tree))
-  printf 'gpu_carry: %s %.1f MiB + the working tree %.1f MiB = %.1f MiB of %d MiB\n' "$dest" \
-    "$(echo "$carry / 1048576" | bc -l)" "$(echo "$tree / 1048576" | bc -l)" "$(echo "$total / 1048576" | bc -l)" "$LIMIT_MIB"
-  if [ "$total" -ge $((LIMIT_MIB * 1048576)) ]; then
-    echo "gpu_carry: call $call is over the device tool's $LIMIT_MIB MiB; lower --books-mb" >&2; exit 1
-  fi
+mib() { echo "$1" | awk '{printf "%.1f MiB", $1 / 1048576}'; }
+
+dest=gpu-carry
+rm -rf "$dest"; mkdir -p "$dest"
+wheels "$dest/whl" "$TORCHAO" "$BNB"
+trim_bitsandbytes "$(ls "$dest"/whl/bitsandbytes-*.whl)"
+test_data "$dest/data"
+gutenberg "$dest/gutenberg-32k"
+commit=$(git rev-parse --short HEAD)
+if [ -n "$(git status --porcelain --untracked-files=no)" ]; then commit="$commit + uncommitted changes"; fi
+echo "$commit" > "$dest/COMMIT"
+
+total=$(tree_bytes)
+echo "gpu_carry: what travels with each device call"
+printf '  %-40s %10s\n' "the working tree (git ls-files)" "$(mib "$total")"
+for part in "$dest"/whl/*.whl "$dest/data" "$dest/gutenberg-32k" "$dest/COMMIT"; do
+  size=$(du -sb "$part" | cut -f1)
+  total=$((total + size))
+  printf '  %-40s %10s\n' "$(basename "${part}" | cut -c1-40)" "$(mib "$size")"
 done
+printf '  %-40s %10s of %d MiB\n' "total" "$(mib "$total")" "$LIMIT_MIB"
+if [ "$total" -ge $((LIMIT_MIB * 1048576)) ]; then
+  echo "gpu_carry: over the device tool's $LIMIT_MIB MiB; lower --books-mb" >&2; exit 1
+fi
+
+[ "$DRIFT" = 1 ] || { echo "gpu_carry: version-drift check skipped (--no-drift-check)"; exit 0; }
+# The GPU image's versions, on the CPU: a throwaway venv (pip's cache makes a second run quick)
+VENV=$(mktemp -d)
+trap 'rm -rf "$VENV"' EXIT
+echo "gpu_carry: drift check: a venv with $GPU_IMAGE (about a minute to install) ..."
+"$PY" -m venv "$VENV/venv"
+VPY=$VENV/venv/bin/python
+"$VPY" -m pip install -q -e ".[dev]" $GPU_IMAGE 2>&1 | grep -v "Running pip as the 'root' user" || true
+"$VPY" -c "import torch, transformers; print(f'gpu_carry: drift check with torch {torch.__version__}, transformers {transformers.__version__}')"
+for call in A B; do
+  out=$VENV/smoke-$call
+  if ! PYTHON=$VPY HOPPERLM_DATA_DIR=$DATA bash bench/gpu/campaign.sh --smoke --call $call "$out" > "$VENV/smoke-$call.log" 2>&1; then
+    tail -n 30 "$VENV/smoke-$call.log"
+    cp "$VENV/smoke-$call.log" "$dest/drift-check-call-$call.log"
+    echo "gpu_carry: call $call's smoke run FAILED under $GPU_IMAGE (log: $dest/drift-check-call-$call.log); fix it before spending device time" >&2
+    exit 1
+  fi
+  grep -E "stages ok" "$VENV/smoke-$call.log" | sed "s/^/gpu_carry: call $call smoke under torch 2.11: /"
+done
+echo "gpu_carry: ready: carry [\"gpu-carry\"] with both device calls (bench/gpu/README.md)"

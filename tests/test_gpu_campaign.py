@@ -15,22 +15,18 @@ from shared_data import DATA_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 CAMPAIGN = REPO / "bench" / "gpu" / "campaign.sh"
-CALL1 = [
-    "gpu-tests",
-    "bench-h100-350m",
-    "cudagraphs-accum",
-    "flash-ac-finder",
-    "owt-350m",
-    "profile-h100-350m",
-]
-CALL2 = ["qlora", "gpu-tests-qlora", "fsdp-overhead", "bench-tinyllama-1.1b"]
+CALLS = {
+    "A": ["bench-h100-350m", "qlora", "owt-350m", "gpu-tests"],
+    "B": ["lora", "gpu-tests-qlora", "flash-ac-finder", "cudagraphs-accum"],
+    "C": ["bench-hf-compile", "profile-h100-350m", "bench-tinyllama-1.1b", "fsdp-overhead"],
+}
 
 
 def campaign(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k != "CAMPAIGN_BREAK"}
     env = {**base, "HOPPERLM_DATA_DIR": str(DATA_DIR), "PYTHON": sys.executable, **(env or {})}
     return subprocess.run(
-        ["bash", str(CAMPAIGN), *args], capture_output=True, text=True, env=env, timeout=600, cwd=REPO
+        ["bash", str(CAMPAIGN), *args], capture_output=True, text=True, env=env, timeout=900, cwd=REPO
     )
 
 
@@ -42,55 +38,72 @@ def stage(out: Path, name: str) -> dict:
     return record
 
 
-@pytest.mark.slow
-def test_smoke_campaign_runs_every_stage_of_both_calls(tmp_path):
-    out = tmp_path / "smoke"
-    done = campaign("--smoke", str(out))
-    failed = [n for n in CALL1 + CALL2 if not json.loads((out / f"{n}.json").read_text()).get("ok")]
-    assert done.returncode == 0 and not failed, (failed, done.stdout[-4000:], done.stderr[-2000:])
-    for name in CALL1 + CALL2:
-        record = stage(out, name)
-        assert record["ok"] is True and record["smoke"] is True and record["seconds"] > 0, record
+def test_the_plan_shows_each_call_fits_its_share_of_the_lease(tmp_path):
+    sums = {}
+    for call, limit in (("A", 420), ("B", 220), ("C", 450)):
+        done = campaign("--plan", "--call", call)
+        assert done.returncode == 0, done.stderr
+        listed = [line.split()[0] for line in done.stdout.splitlines()[1:-1]]
+        assert listed == CALLS[call], done.stdout
+        sums[call] = int(done.stdout.splitlines()[-1].split()[1])
+        assert sums[call] <= limit, done.stdout
+    assert "device call timeout_s 450" in campaign("--plan", "--call", "A").stdout
+    bad = campaign("--plan", "--call", "1")
+    assert bad.returncode == 2 and "--call takes A, B or C" in bad.stderr
 
-    # the summary table comes last, labelled as a smoke run
-    tail = done.stdout[done.stdout.index("== GPU campaign") :]
-    assert "SMOKE: CPU, tiny sizes" in tail and "stage" in tail and "key numbers" in tail
-    assert all(name in tail for name in CALL1 + CALL2) and "10 of 10 stages ok" in tail
-    assert (out / "summary.txt").read_text().strip() == tail.strip()
+
+@pytest.mark.slow
+def test_smoke_campaign_runs_every_stage_of_every_call(tmp_path):
+    out = tmp_path / "smoke"  # the three calls share OUT/work/ (prepared data, the tiny base checkpoint)
+    for call, names in CALLS.items():
+        done = campaign("--smoke", "--call", call, str(out))
+        failed = [n for n in names if not json.loads((out / f"{n}.json").read_text()).get("ok")]
+        assert done.returncode == 0 and not failed, (call, failed, done.stdout[-4000:], done.stderr[-2000:])
+        for name in names:
+            record = stage(out, name)
+            assert record["ok"] is True and record["smoke"] is True and record["seconds"] > 0, record
+        # the summary table comes last, labelled as a smoke run
+        tail = done.stdout[done.stdout.index("== GPU campaign") :]
+        assert f"call {call}" in tail and "SMOKE: CPU, tiny sizes" in tail and "key numbers" in tail
+        assert all(name in tail for name in names) and f"{len(names)} of {len(names)} stages ok" in tail
+        assert (out / "summary.txt").read_text().strip() == tail.strip()
     assert json.loads((out / "machine.json").read_text())["smoke"] is True
 
     for name in ("bench-h100-350m", "bench-tinyllama-1.1b"):  # the hopperlm rows and the baselines
         rows = {r["config"]: r for r in stage(out, name)["rows"]}
-        assert {"eager", "hopperlm", "hf"} <= set(rows), rows.keys()
+        assert set(rows) == {"eager", "hopperlm", "hf"}, rows.keys()  # float8 is CUDA-only
         assert all(r["tokens_per_s"] > 0 and r["error"] is None for r in rows.values())
         assert json.loads((out / "raw" / name / "bench.json").read_text())["quick"] is True
+    assert [r["config"] for r in stage(out, "bench-hf-compile")["rows"]] == [
+        "hopperlm"
+    ]  # + HF compile on CUDA
 
-    qlora = stage(out, "qlora")  # the four rows; QLoRA's on the CPU labelled as stand-ins
-    rows = {r["case"]: r for r in qlora["rows"]}
-    assert list(rows) == ["hopperlm-qlora", "hf-qlora", "hopperlm-lora", "hf-lora"]
-    assert all("error" not in r and r["tokens_per_s"] > 0 for r in rows.values()), rows
-    assert rows["hopperlm-qlora"]["stand_in"].startswith("CPU stand-in")
-    assert rows["hf-qlora"]["stand_in"].startswith("CPU stand-in") and "stand_in" not in rows["hopperlm-lora"]
+    qlora = {r["case"]: r for r in stage(out, "qlora")["rows"]}  # QLoRA's rows on the CPU: stand-ins
+    assert list(qlora) == ["hopperlm-qlora", "hf-qlora"]
+    assert all("error" not in r and r["tokens_per_s"] > 0 for r in qlora.values()), qlora
+    assert all(r["stand_in"].startswith("CPU stand-in") for r in qlora.values())
+    lora = {r["case"]: r for r in stage(out, "lora")["rows"]}
+    assert list(lora) == ["hopperlm-lora", "hf-lora"] and not any("stand_in" in r for r in lora.values())
 
     fsdp = {r["config"] for r in stage(out, "fsdp-overhead")["rows"]}
     assert fsdp == {"none", "ddp", "fsdp"}
 
-    accum = stage(out, "cudagraphs-accum")  # (b): accumulation > 1, finite losses
+    accum = stage(out, "cudagraphs-accum")  # accumulation > 1, finite losses
     assert accum["outcome"] == "trained" and accum["plan"]["grad_accum"] == 4 and accum["losses"]
-    flash = stage(out, "flash-ac-finder")  # (d): a forced kernel (math on a CPU), full AC, micro-batch unset
+    flash = stage(out, "flash-ac-finder")  # a forced kernel (math on a CPU), full AC, micro-batch unset
     assert flash["plan"]["attention"].startswith("SDPA math") and not flash["checkpoint_error"]
     assert flash["plan"]["activation_checkpointing"].startswith("full")
-    owt = stage(out, "owt-350m")
+    owt = stage(out, "owt-350m")  # steps, one evaluation, one checkpoint, the report
     assert owt["steps"] == 4 and owt["val_loss"] is not None and owt["result"]["stopped_by"] == "max_steps"
+    assert owt["checkpoints"] == ["step_000004"] and owt["report"] is True
 
-    profile = stage(out, "profile-h100-350m")  # the trace, the table, and one line on --memory-snapshot
-    folder = out / "raw" / "profile-h100-350m" / "profile"
-    assert (folder / "trace.pt.trace.json").is_file() and (folder / "kernels.txt").is_file()
+    folder = out / "raw" / "profile-h100-350m" / "profile"  # the table and the trace, which stays here
+    assert (folder / "kernels.txt").is_file() and (folder / "trace.pt.trace.json").is_file()
     assert json.loads((folder / "profile.json").read_text())["device"] == "cpu"
-    assert profile["memory_snapshot"].startswith("memory snapshot: skipped (CPU run")
 
-    tests = stage(out, "gpu-tests")["tests"]
-    assert tests["failed"] == 0 and tests["skipped"] >= 1  # on the CPU every GPU test skips, with its reason
+    for name in ("gpu-tests", "gpu-tests-qlora"):  # on the CPU every GPU test skips, with its reason
+        tests = stage(out, name)["tests"]
+        assert tests["failed"] == 0 and tests["skipped"] >= 1
 
 
 @pytest.mark.slow
@@ -98,30 +111,52 @@ def test_a_failing_stage_is_recorded_and_the_campaign_goes_on(tmp_path):
     out, bring = tmp_path / "broken", tmp_path / "bring"
     done = campaign(
         "--smoke",
+        "--call",
+        "B",
         "--only",
-        "gpu-tests,bench-h100-350m,cudagraphs-accum",
+        "gpu-tests-qlora,flash-ac-finder,cudagraphs-accum",
         "--bring",
         str(bring),
         str(out),
-        env={"CAMPAIGN_BREAK": "gpu-tests=fail,bench-h100-350m=hang"},
+        env={"CAMPAIGN_BREAK": "gpu-tests-qlora=fail,flash-ac-finder=hang"},
     )
     assert done.returncode == 1, done.stdout[-3000:]
-    failed = stage(out, "gpu-tests")
+    failed = stage(out, "gpu-tests-qlora")
     assert failed["ok"] is False and failed["error"].startswith("exit code 3: error: broken on purpose")
-    hung = stage(out, "bench-h100-350m")  # a time-out loses only the stage in flight
+    hung = stage(out, "flash-ac-finder")  # a time-out loses only the stage in flight
     assert hung["ok"] is False and hung["error"] == "timed out after 3 s" and hung["seconds"] < 20
     assert stage(out, "cudagraphs-accum")["ok"] is True  # the next stage still ran
-    assert "1 of 3 stages ok; failed: gpu-tests, bench-h100-350m" in done.stdout
+    assert "1 of 3 stages ok; failed: gpu-tests-qlora, flash-ac-finder" in done.stdout
 
     # what the device tool brings back from $OUT: two files, the tar holding every stage's record
     assert sorted(p.name for p in bring.iterdir()) == [
-        "campaign-callall-smoke.tar.gz",
-        "summary-callall-smoke.txt",
+        "campaign-callB-smoke.tar.gz",
+        "summary-callB-smoke.txt",
     ]
-    with tarfile.open(bring / "campaign-callall-smoke.tar.gz") as tar:
+    with tarfile.open(bring / "campaign-callB-smoke.tar.gz") as tar:
         names = set(tar.getnames())
-    assert {"gpu-tests.json", "bench-h100-350m.json", "cudagraphs-accum.json", "summary.txt"} <= names
+    assert {"gpu-tests-qlora.json", "flash-ac-finder.json", "cudagraphs-accum.json", "summary.txt"} <= names
     assert not any(n.startswith("work/") for n in names)
+
+
+def test_the_qlora_collector_accepts_exactly_the_cases_asked_for(tmp_path):
+    sys.path.insert(0, str(REPO / "bench" / "gpu"))
+    from campaign import collect_qlora
+
+    def row(case):
+        return {"case": case, "tokens_per_s": 100.0, "peak_mem_gb": 5.0}
+
+    def collect(asked, rows):
+        (tmp_path / "qlora.json").write_text(json.dumps({"cases": asked, "rows": rows}))
+        return collect_qlora("qlora", tmp_path, "", 0, False)
+
+    asked = ["hopperlm-qlora", "hf-qlora"]
+    ok, key, _ = collect(asked, [row(c) for c in asked])
+    assert ok and "QLoRA 1.00x hf" in key
+    assert not collect(asked, [row("hopperlm-qlora")])[0]  # one missing
+    assert not collect(asked, [row(c) for c in [*asked, "hf-lora"]])[0]  # one not asked for
+    assert not collect(asked, [row("hopperlm-qlora"), {"case": "hf-qlora", "error": "timed out"}])[0]
+    assert not collect([], [])[0]
 
 
 def test_smoke_numbers_never_land_in_bench_results():

@@ -16,6 +16,7 @@ LAYERS = {
     "hopperlm": 0,
     "hopperlm.errors": 0,
     "hopperlm.provenance": 0,
+    "hopperlm.files": 0,
     "hopperlm.config": 1,  # typed sections and presets: what a run is
     "hopperlm.schedule": 1,  # the LR of a step of that config
     "hopperlm.hardware": 2.0,  # the parts: what the device can do, the network, tokens

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -308,3 +309,66 @@ def test_bench_quick_prints_the_table_and_writes_json(tmp_path):
         cwd=REPO,
     )
     assert bad.returncode == 2 and "unknown preset" in bad.stderr
+
+
+# the hf row never ends: the process is killed there, as a device call's time limit would kill it
+HANG_AT_HF = """
+import sys, time
+import hopperlm.bench as bench
+real = bench.measure
+def measure(case, row, *args, **kwargs):
+    if case.config == "hf":
+        time.sleep(3600)
+    return real(case, row, *args, **kwargs)
+bench.measure = measure
+from hopperlm.cli import main
+sys.argv = ["hopperlm", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.slow
+def test_a_bench_killed_mid_table_keeps_the_rows_it_finished(tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["bench", "--quick", "--presets", "gpt2-124m", "--steps", "1", "--windows", "1", "--warmup", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HANG_AT_HF, *args, "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:  # wait on the event (two rows saved), not on the clock: only a hang reaches this deadline
+        deadline = time.monotonic() + 900
+        rows = []
+        while len(rows) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            rows = json.loads(out.read_text())["rows"] if out.is_file() else []
+        assert len(rows) == 2, (proc.poll(), rows)
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.communicate()
+    record = json.loads(out.read_text())  # whole, never torn: each save is a rename
+    assert [r["config"] for r in record["rows"]] == ["eager", "hopperlm"]
+    assert all(r["tokens_per_s"] > 0 and r["error"] is None for r in record["rows"])
+    assert record["rows"][1]["ratios"]["vs eager"] > 0 and record["table"][0].startswith("preset")
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "bench.json"]  # no temporary file left
+
+
+def test_bench_rows_selects_rows_and_refuses_unknown_ones(tmp_path):
+    from hopperlm.bench import bench_model_config, cases_for
+    from hopperlm.hardware import detect_for
+
+    hw = detect_for("cpu")
+    cfg = bench_model_config("gpt2-124m", quick=True)
+    picked = cases_for(cfg, hw, 2, 32, True, print, only=["hopperlm", "hf"])
+    assert [c.config for c in picked] == ["hopperlm", "hf"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "hopperlm", "bench", "--quick", "--rows", "hopperlm,hf-compile"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert bad.returncode == 2 and "unknown row(s) hf-compile in --rows" in bad.stderr, bad.stderr

@@ -124,7 +124,9 @@ def collect_bench(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tupl
         return False, "no bench.json", {}
     rows = record["rows"]
     configs = [r["config"] for r in rows]
-    want = ["eager", "hopperlm", "hf"] + ([] if smoke else ["hopperlm fp8"])
+    want = record.get("rows_asked") or ["eager", "hopperlm", "hopperlm fp8", "hf"]
+    if smoke:  # float8 and HF + compile are CUDA-only rows: a CPU smoke run cannot have them
+        want = [w for w in want if w not in ("hopperlm fp8", "hf+compile")]
     missing = [w for w in want if not any(c == w or c.startswith(w + " (") for c in configs)]
     ours = [r for r in rows if r["config"].startswith("hopperlm")]
     broken = [f"{r['config']}: {r['error']}" for r in rows if r.get("error")]
@@ -152,8 +154,9 @@ def collect_qlora(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tupl
         return False, "no qlora.json", {}
     rows = record["rows"]
     by = {r["case"]: r for r in rows}
-    want = ("hopperlm-qlora", "hf-qlora", "hopperlm-lora", "hf-lora")
-    ok = rc == 0 and all(c in by and "error" not in by[c] for c in want)
+    want = record.get("cases") or []  # exactly the cases asked for: each there once, none missing or extra
+    ok = rc == 0 and bool(want) and sorted(by) == sorted(want) and len(rows) == len(want)
+    ok = ok and all("error" not in by[c] for c in want)
     key = []
     for case in want:
         r = by.get(case)
@@ -162,9 +165,15 @@ def collect_qlora(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tupl
             continue
         peak = f", peak {r['peak_mem_gb']:.2f} GB" if r.get("peak_mem_gb") is not None else ""
         key.append(f"{case} {r['tokens_per_s']:,.0f} tok/s{peak}")
-    lora, hf_lora = by.get("hopperlm-lora", {}), by.get("hf-lora", {})
-    if lora.get("tokens_per_s") and hf_lora.get("tokens_per_s"):
-        key.append(f"LoRA {lora['tokens_per_s'] / hf_lora['tokens_per_s']:.2f}x hf")
+    for kind in ("qlora", "lora"):
+        ours, theirs = by.get(f"hopperlm-{kind}", {}), by.get(f"hf-{kind}", {})
+        if ours.get("tokens_per_s") and theirs.get("tokens_per_s"):
+            key.append(
+                f"{kind.replace('q', 'Q').replace('lora', 'LoRA')} {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x hf"
+            )
+    extra = sorted(set(by) - set(want))
+    if extra:
+        key.append(f"not asked for: {', '.join(extra)}")
     stand_ins = sorted({r["stand_in"] for r in rows if r.get("stand_in")})
     return ok, "; ".join(key), {"rows": rows, "stand_ins": stand_ins, "device": record.get("device")}
 
@@ -224,10 +233,16 @@ def collect_train(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tupl
     """A short run of a recipe end to end: it stops at max_steps with finite losses and a validation loss."""
     run = training_run(raw / "run", log)
     result = run["result"] or {}
+    checkpoints = sorted(p.name for p in (raw / "run" / "checkpoints").glob("step_*") if p.is_dir())
+    report = (raw / "run" / "report.md").is_file()
     ok = rc == 0 and result.get("stopped_by") == "max_steps" and finite(run["losses"])
-    ok = ok and run["val_loss"] is not None
+    ok = ok and run["val_loss"] is not None and bool(checkpoints) and report
     losses = run["losses"]
     key = [f"{run['steps']} steps"]
+    if not checkpoints:
+        key.append("no checkpoint")
+    if not report:
+        key.append("no report.md")
     if losses:
         key.append(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     if run["val_loss"] is not None:
@@ -237,35 +252,20 @@ def collect_train(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tupl
     if run["mfu"]:
         key.append(f"MFU {100 * run['mfu']:.1f}%")
     key.append(f"micro_batch: {short(run['plan']['micro_batch'])}")
-    return ok, "; ".join(key), run
+    return ok, "; ".join(key), {**run, "checkpoints": checkpoints, "report": report}
 
 
 def collect_profile(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tuple[bool, str, dict]:
+    """`hopperlm profile`: the top-kernels table and profile.json come back; the trace stays on the machine."""
     folder = raw / "profile"
     record = read_json(folder / "profile.json")
     trace = folder / "trace.pt.trace.json"
-    snapshot = folder / "memory_snapshot.pickle"
-    said = [line.strip() for line in log.splitlines() if line.strip().startswith("memory snapshot:")]
-    if smoke:  # --memory-snapshot is GPU-only: on the CPU it must say so, in one line
-        snapshot_ok = len(said) == 1 and "need a GPU" in said[0]
-    else:
-        snapshot_ok = snapshot.is_file() and snapshot.stat().st_size > 0
-    ok = (
-        rc == 0
-        and record is not None
-        and trace.is_file()
-        and (folder / "kernels.txt").is_file()
-        and snapshot_ok
-    )
+    ok = rc == 0 and record is not None and trace.is_file() and (folder / "kernels.txt").is_file()
     key = (record or {}).get("summary") or "no profile.json"
-    if not snapshot_ok:
-        key += "; memory snapshot missing" if not smoke else "; no one-line memory-snapshot notice"
     fields = {
         "device": (record or {}).get("device"),
         "shares": (record or {}).get("shares"),
         "trace_bytes": trace.stat().st_size if trace.is_file() else None,
-        "memory_snapshot": said[0] if said else None,
-        "memory_snapshot_bytes": snapshot.stat().st_size if snapshot.is_file() else None,
     }
     return ok, key, fields
 
@@ -279,6 +279,7 @@ def collector(stage: str):
         ("gpu-tests", collect_pytest),
         ("bench-", collect_bench),
         ("qlora", collect_qlora),
+        ("lora", collect_qlora),
         ("fsdp-", collect_fsdp),
         ("cudagraphs-", collect_cudagraphs),
         ("flash-", collect_flash_ac),
@@ -399,7 +400,8 @@ def summary_lines(out: Path, stages: list[dict], machine: dict) -> list[str]:
 
 
 def pack(out: Path, tar_path: Path) -> list[str]:
-    """Everything under OUT but work/ (prepared data) and checkpoints/, big files listed instead of packed."""
+    """Everything under OUT but work/ (prepared data), checkpoints/ and profiler traces (hundreds of MB: the
+    top-kernels table is what comes back), big files listed instead of packed."""
     left_out = []
     files = sorted(
         p
@@ -407,6 +409,7 @@ def pack(out: Path, tar_path: Path) -> list[str]:
         if p.is_file()
         and p.relative_to(out).parts[0] != "work"
         and "checkpoints" not in p.relative_to(out).parts
+        and not p.name.endswith(".trace.json")
     )
     keep = []
     for p in files:

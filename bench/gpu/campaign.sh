@@ -1,32 +1,41 @@
 #!/usr/bin/env bash
-# One call, all the GPU evidence, in order of value: each stage under its own time limit (`timeout`), each
-# writing OUT/<stage>.json ({"stage", "ok", "seconds", "key", ...}) the moment it ends (a time-out loses only
-# the stage in flight), then one summary table (stage, ok, seconds, key numbers). Exits 1 if any stage failed.
+# The GPU evidence in one 15-minute lease: two device calls, A (<= 7 minutes) then B (<= 4 minutes, sent within
+# the 30 s the machine stays warm after A), each a list of stages in order of value, each stage under its own
+# time limit (`timeout`) and writing OUT/<stage>.json ({"stage", "ok", "seconds", "key", ...}) the moment it
+# ends, so a time-out loses only the stage in flight; then one summary table. Exits 1 if any stage failed.
 #
-#   bash bench/gpu/campaign.sh [--smoke] [--call 1|2] [--only STAGE,...] [--bring DIR] OUT
+#   bash bench/gpu/campaign.sh [--smoke] [--call A|B|C] [--only STAGE,...] [--bring DIR] OUT
+#   bash bench/gpu/campaign.sh --plan [--call A|B|C]
 #
-#   call 1  gpu-tests            pytest -m gpu (the GPU-only tests)
-#           bench-h100-350m      hopperlm bench: eager, hopperlm bf16 and float8 (the real training step), HF
-#           cudagraphs-accum     (b) CUDA graphs + gradient accumulation: finite losses, or a clean refusal
-#           flash-ac-finder      (d) forced flash attention + full activation checkpointing + micro-batch finder
-#           owt-350m             40 steps of configs/owt-350m-h100.yaml on Gutenberg (32K tokens) end to end
-#           profile-h100-350m    hopperlm profile of h100-350m steps, with --memory-snapshot
-#   call 2  qlora                bench/gpu/qlora.py: QLoRA/LoRA on a Llama-2-7B shape vs transformers + peft
+#   call A  bench-h100-350m      hopperlm bench: eager, hopperlm bf16 and float8 (the real training step), HF
+#           qlora                bench/gpu/qlora.py: hopperlm QLoRA vs transformers + peft + bitsandbytes, 7B shape
+#           owt-350m             20 steps of configs/owt-350m-h100.yaml: finder, one evaluation, one checkpoint
+#           gpu-tests            pytest -m gpu (the GPU-only tests), 30 s per test at most
+#   call B  lora                 bench/gpu/qlora.py: hopperlm LoRA vs transformers + peft on the same base
 #           gpu-tests-qlora      pytest -m gpu tests/test_qlora.py (needs the carried bitsandbytes)
-#           fsdp-overhead        bench/gpu/fsdp_overhead.py: DDP and FSDP2 wrapping on one GPU
-#           bench-tinyllama-1.1b hopperlm bench: eager, hopperlm bf16 and float8, HF
-# Without --call: both calls' stages. --smoke: every stage on the CPU at tiny sizes, CPU stand-ins where a
-# kernel needs CUDA (labelled so); no carry, no network; CI runs it (tests/test_gpu_campaign.py). Smoke
-# numbers are never measurements: OUT may not be under bench/results/.
-# On the GPU machine the carry comes from gpu-carry/callN (scripts/gpu_carry.sh), and each call must end by
-# ~560 s (the device tool's 600 s): a stage starts only with CAMPAIGN_BUDGET_S (550 per call) left for it.
-# --bring DIR: after every stage, DIR gets campaign-callN.tar.gz (all of OUT but work/) and summary-callN.txt,
-# two files for the device tool's $OUT (which brings back 8 at most). The exact device calls:
-# bench/gpu/README.md. Test hook: CAMPAIGN_BREAK="STAGE=fail,STAGE=hang" breaks those stages on purpose.
+#           flash-ac-finder      forced flash attention + full activation checkpointing + micro-batch finder
+#           cudagraphs-accum     CUDA graphs + gradient accumulation: finite losses, or a clean refusal
+#   call C  (a later lease)      bench-hf-compile, profile-h100-350m (top-kernels table only),
+#                                bench-tinyllama-1.1b, fsdp-overhead
+# --plan prints a call's stages, their limits and the sum against the call's budget, and runs nothing.
+# Without --call: every call's stages. --smoke: every stage on the CPU at tiny sizes, CPU stand-ins where a
+# kernel needs CUDA (labelled so); no carry, no network; CI runs it (tests/test_gpu_campaign.py), and
+# scripts/gpu_carry.sh runs it again under the GPU image's torch 2.11 and transformers 5.17. Smoke numbers are
+# never measurements: OUT may not be under bench/results/.
+# On the GPU machine the carry comes from gpu-carry/ (scripts/gpu_carry.sh). A stage starts only with 30 s of
+# the call's budget left (CAMPAIGN_BUDGET_S overrides it) and is cut to what is left. --bring DIR: after every
+# stage, DIR gets campaign-callX.tar.gz (all of OUT but work/, checkpoints and traces) and summary-callX.txt,
+# two files for the device tool's $OUT. The exact device calls: bench/gpu/README.md.
+# Test hook: CAMPAIGN_BREAK="STAGE=fail,STAGE=hang" breaks those stages on purpose.
 set -uo pipefail
 
-CALL1="gpu-tests:90 bench-h100-350m:150 cudagraphs-accum:75 flash-ac-finder:90 owt-350m:170 profile-h100-350m:60"
-CALL2="qlora:360 gpu-tests-qlora:50 fsdp-overhead:110 bench-tinyllama-1.1b:110"
+# stage:limit in seconds, in order of value; each call's limits sum to at most its device call's share of the
+# lease (A 420 s of timeout_s 450, B 220 s of timeout_s 240: `--plan` shows the sums)
+CALL_A="bench-h100-350m:90 qlora:170 owt-350m:100 gpu-tests:60"
+CALL_B="lora:95 gpu-tests-qlora:35 flash-ac-finder:40 cudagraphs-accum:50"
+CALL_C="bench-hf-compile:120 profile-h100-350m:70 bench-tinyllama-1.1b:110 fsdp-overhead:110"
+BUDGET_A=400 BUDGET_B=210 BUDGET_C=420 # seconds of stages per call; the rest is start-up and packing
+TIMEOUT_A=450 TIMEOUT_B=240 TIMEOUT_C=480 # the device call's timeout_s (README.md)
 SMOKE_LIMIT=150  # seconds per stage in --smoke (a busy 2-core CI machine)
 
 # ---- the stages: each runs as `bash campaign.sh --stage-body NAME` under `timeout`, writing into $W ----------
@@ -47,22 +56,28 @@ gutenberg() {  # English books with the Llama-2 vocabulary (TinyLlama's tokenize
   echo "$out"
 }
 gpu_test_files() { grep -l "mark.gpu" tests/test_*.py; }
+test_timeout() { [ "$SMOKE" = 1 ] && echo 120 || echo 30; }  # per test (pytest-timeout): one hang costs 30 s
 
 stage_gpu_tests() {
-  $PY -m pytest -q -m gpu -p no:cacheprovider $(gpu_test_files) -k "not qlora_trains_on_cuda"
+  $PY -m pytest -q -m gpu -p no:cacheprovider --timeout "$(test_timeout)" $(gpu_test_files) \
+    -k "not qlora_trains_on_cuda"
 }
-stage_gpu_tests_qlora() { $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_qlora.py; }
+stage_gpu_tests_qlora() {
+  $PY -m pytest -q -m gpu -p no:cacheprovider --timeout "$(test_timeout)" tests/test_qlora.py
+}
 
-bench() {  # PRESET ARGS...
+bench() {  # PRESET ARGS...: one JSON rewritten after every row (a time-out keeps the finished rows)
   local preset=$1; shift
-  if [ "$SMOKE" = 1 ]; then set -- --quick --device cpu --steps 1 --windows 1 --warmup 1; fi
+  if [ "$SMOKE" = 1 ]; then set -- "$@" --quick --device cpu --steps 1 --windows 1 --warmup 1; fi
   $PY -m hopperlm bench --presets "$preset" --out "$W/bench.json" "$@"
 }
-stage_bench_h100_350m() { bench h100-350m --windows 3; }
-stage_bench_tinyllama_1_1b() { bench tinyllama-1.1b --windows 3 --no-hf-compile; }
+# A: the training step as `train` runs it beside eager, float8 and HF (HF + compile's minutes go to call C)
+stage_bench_h100_350m() { bench h100-350m --windows 3 --rows "eager,hopperlm,hopperlm fp8,hf"; }
+stage_bench_hf_compile() { bench h100-350m --windows 3 --rows "hopperlm,hf+compile"; }
+stage_bench_tinyllama_1_1b() { bench tinyllama-1.1b --windows 3 --rows "eager,hopperlm,hopperlm fp8,hf"; }
 
 stage_cudagraphs_accum() {  # micro-batch 16 x 4 accumulation steps under CUDA graphs (reduce-overhead)
-  local data size=(--train.micro_batch 16 --train.batch_tokens $((16 * 256 * 4)) --train.max_steps 30)
+  local data size=(--train.micro_batch 16 --train.batch_tokens $((16 * 256 * 4)) --train.max_steps 20)
   data=$(shakespeare) || return 1
   [ "$SMOKE" = 1 ] && size=($(tiny_train) --train.micro_batch 2 --train.batch_tokens 512 --train.max_steps 4)
   $PY -m hopperlm train shakespeare-char-gpu --data.path "$data" --train.compile_mode reduce-overhead \
@@ -70,7 +85,7 @@ stage_cudagraphs_accum() {  # micro-batch 16 x 4 accumulation steps under CUDA g
     --train.ckpt_every 0 --log.report false --log.tensorboard false --run.out_dir "$W/run"
 }
 stage_flash_ac_finder() {  # train.micro_batch unset: the finder's trial steps run with the forced kernel and AC
-  local data attention=flash size=(--train.max_steps 20)
+  local data attention=flash size=(--train.max_steps 10)
   data=$(shakespeare) || return 1
   # on a CPU only math can be forced (flash and cudnn are CUDA kernels): the stand-in of the same code path
   [ "$SMOKE" = 1 ] && attention=math size=($(tiny_train) --train.max_steps 4)
@@ -80,29 +95,33 @@ stage_flash_ac_finder() {  # train.micro_batch unset: the finder's trial steps r
     --log.report false --log.tensorboard false --run.out_dir "$W/run"
 }
 stage_owt_350m() {  # the recipe as shipped (batch 262,144 tokens, micro-batch by the finder) but for the
-  # budget: 40 steps, a short eval, LR warm-up 10 steps instead of 500 so that the loss moves
-  local data size=(--train.max_steps 40 --train.eval_every 20 --train.eval_windows 20 --train.log_every 5)
+  # budget: 20 steps, one short evaluation and one checkpoint at the end, the report; LR warm-up 5 steps
+  # instead of 500 so that the loss moves
+  local data size=(--train.max_steps 20 --train.eval_every 20 --train.eval_windows 8 --train.log_every 5)
   data=$(gutenberg) || return 1
   [ "$SMOKE" = 1 ] && size=(--model.preset debug --model.max_seq_len 64 --train.seq_len 64
-    --train.batch_tokens 256 --train.max_steps 4 --train.eval_every 2 --train.eval_windows 2 --train.log_every 2)
+    --train.batch_tokens 256 --train.max_steps 4 --train.eval_every 4 --train.eval_windows 2 --train.log_every 2)
   $PY -m hopperlm train configs/owt-350m-h100.yaml --data.path "$data" --train.target_loss null \
-    --optim.warmup_steps 10 --train.ckpt_every 0 "${size[@]}" --run.out_dir "$W/run"
+    --optim.warmup_steps 5 --train.ckpt_every 0 --train.keep_last 1 --log.tensorboard false "${size[@]}" \
+    --run.out_dir "$W/run"
 }
-stage_profile_h100_350m() {
+stage_profile_h100_350m() {  # the trace stays on the machine (too large to come back): the table is the result
   local data size=(--model.max_seq_len 1024 --train.seq_len 1024 --train.micro_batch 16 --train.batch_tokens 16384)
   data=$(gutenberg) || return 1
   [ "$SMOKE" = 1 ] && size=(--model.preset debug --model.max_seq_len 64 --train.seq_len 64 --train.micro_batch 2
     --train.batch_tokens 128)
   $PY -m hopperlm profile configs/owt-350m-h100.yaml --data.path "$data" "${size[@]}" --steps 3 --wait 1 \
-    --warmup 1 --memory-snapshot --out "$W/profile" --run.out_dir "$W/run"
+    --warmup 1 --out "$W/profile" --run.out_dir "$W/run"
 }
-stage_qlora() {
+peft_rows() {  # CASES ROW_TIMEOUT: bench/gpu/qlora.py's rows on one random Llama-2-7B-shaped base
   if [ "$SMOKE" = 1 ]; then
-    $PY bench/gpu/qlora.py --smoke --base "$OUT/work/llama2-random" --out "$W/qlora.json"
-  else  # the random 7B checkpoint (13.5 GB bf16) is written once to /tmp
-    $PY bench/gpu/qlora.py --warmup 2 --steps 5 --row-timeout 85 --out "$W/qlora.json"
+    $PY bench/gpu/qlora.py --smoke --cases "$1" --base "$OUT/work/llama2-random" --out "$W/qlora.json"
+  else  # the random 7B checkpoint (13.5 GB bf16) is written to /tmp once per machine: B reuses A's
+    $PY bench/gpu/qlora.py --cases "$1" --warmup 1 --steps 3 --row-timeout "$2" --out "$W/qlora.json"
   fi
 }
+stage_qlora() { peft_rows hopperlm-qlora,hf-qlora 70; }
+stage_lora() { peft_rows hopperlm-lora,hf-lora 40; }
 stage_fsdp_overhead() {
   if [ "$SMOKE" = 1 ]; then
     $PY bench/gpu/fsdp_overhead.py --quick --micro-batch 2 --seq-len 64 --steps 1 --windows 1 --warmup 1 \
@@ -124,11 +143,12 @@ fi
 
 # ---- the campaign -------------------------------------------------------------------------------------------
 usage() { sed -n '/^#   bash/p' "$0" | sed 's/^#  //'; }
-SMOKE=0 CALL=all ONLY="" BRING="" OUT=""
+SMOKE=0 CALL=all ONLY="" BRING="" OUT="" PLAN=0
 COMMAND="bash bench/gpu/campaign.sh $*"
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) SMOKE=1 ;;
+    --plan) PLAN=1 ;;
     --call) CALL=${2:-}; shift ;;
     --only) ONLY=${2:-}; shift ;;
     --bring) BRING=${2:-}; shift ;;
@@ -138,8 +158,22 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case $CALL in 1) STAGES=$CALL1 ;; 2) STAGES=$CALL2 ;; all) STAGES="$CALL1 $CALL2" ;;
-  *) echo "campaign: --call takes 1 or 2" >&2; exit 2 ;; esac
+CALL=${CALL^^}
+case $CALL in
+  A|B|C) eval "STAGES=\$CALL_$CALL BUDGET=\$BUDGET_$CALL TIMEOUT=\$TIMEOUT_$CALL" ;;
+  ALL) CALL=all STAGES="$CALL_A $CALL_B $CALL_C" BUDGET=$((BUDGET_A + BUDGET_B + BUDGET_C)) TIMEOUT="" ;;
+  *) echo "campaign: --call takes A, B or C (got '$CALL'); bench/gpu/README.md says what each holds" >&2; exit 2 ;;
+esac
+if [ "$PLAN" = 1 ]; then  # what the call runs and that it fits, without running anything
+  total=0
+  echo "call $CALL: stage limits (seconds), in the order they run"
+  for entry in $STAGES; do
+    printf '  %-22s %4d\n' "${entry%%:*}" "${entry##*:}"; total=$((total + ${entry##*:}))
+  done
+  printf '  %-22s %4d  (stages start only while the budget of %d s leaves them 30 s%s)\n' "sum" "$total" \
+    "$BUDGET" "${TIMEOUT:+; device call timeout_s $TIMEOUT}"
+  exit 0
+fi
 [ -n "$OUT" ] || { usage >&2; exit 2; }
 if [ -n "$ONLY" ]; then
   kept=""
@@ -165,18 +199,15 @@ if [ "$SMOKE" = 1 ]; then
   export CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1 CARRY="" BUDGET=${CAMPAIGN_BUDGET_S:-100000}
   export DATA=${HOPPERLM_DATA_DIR:-$(cd "$ROOT/.." && pwd)/shared/data}
 else
-  CARRY=$ROOT/gpu-carry/call$CALL
-  [ "$CALL" = all ] && CARRY=$ROOT/gpu-carry/call1
-  [ -d "$CARRY" ] || echo "campaign: no $CARRY (bash scripts/gpu_carry.sh --call N, then carry it)" >&2
-  wheels=$(ls "$ROOT"/gpu-carry/call*/whl/*.whl 2>/dev/null | awk -F/ '!seen[$NF]++')
-  [ "$CALL" != all ] && wheels=$(ls "$CARRY"/whl/*.whl 2>/dev/null)
+  CARRY=$ROOT/gpu-carry
+  [ -d "$CARRY" ] || echo "campaign: no $CARRY (run bash scripts/gpu_carry.sh here, then carry it)" >&2
+  wheels=$(ls "$CARRY"/whl/*.whl 2>/dev/null)
   if [ -n "$wheels" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       $wheels || echo "campaign: could not install the carried wheels" >&2
     export PYTHONPATH=/tmp/site:$PYTHONPATH
   fi
-  export CARRY DATA=$CARRY/data HOPPERLM_DATA_DIR=$CARRY/data BUDGET=${CAMPAIGN_BUDGET_S:-550}
-  [ "$CALL" = all ] && BUDGET=${CAMPAIGN_BUDGET_S:-1100}
+  export CARRY DATA=$CARRY/data HOPPERLM_DATA_DIR=$CARRY/data BUDGET=${CAMPAIGN_BUDGET_S:-$BUDGET}
 fi
 export HOPPERLM_DATA_DIR=${HOPPERLM_DATA_DIR:-$DATA}
 campaign() { "$PY" "$ROOT/bench/gpu/campaign.py" "$@"; }

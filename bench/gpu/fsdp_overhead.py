@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hopperlm.bench import Case, Row, batch_source, bench_model_config, measure  # noqa: E402
 from hopperlm.config import config_from_dict  # noqa: E402
 from hopperlm.data.loader import Batch  # noqa: E402
+from hopperlm.files import write_atomic  # noqa: E402
 from hopperlm.hardware import detect, detect_for  # noqa: E402
 from hopperlm.model.transformer import build_model, flops_per_token  # noqa: E402
 from hopperlm.parallel.runtime import Runtime, read_env  # noqa: E402
@@ -62,6 +63,27 @@ def case(strategy: str, model_cfg, hw, rt: Runtime, micro: int, seq: int, log) -
         return step, [plan.strategy, f"compile {plan.compile_mode}" if plan.compile else "no compile"]
 
     return Case(strategy, micro, build)
+
+
+def table(rows: list[Row], world_size: int) -> list[str]:
+    """One line per row: tokens/s per GPU and for the run, MFU, memory, and the ratio to the unwrapped row."""
+    lines = [
+        f"{'preset':<16}{'strategy':<10}{'GPUs':>5}{'batch/GPU':>11}{'tok/s/GPU':>11}{'tok/s all':>12}{'MFU':>7}"
+        f"{'mem GB':>8}{'ms/step':>9}{'vs none':>9}"
+    ]
+    for r in rows:
+        if r.error:
+            lines.append(f"{r.preset:<16}{r.config:<10}{world_size:>5}  {r.error}")
+            continue
+        base = next((b for b in rows if b.preset == r.preset and b.config == "none" and b.tokens_per_s), None)
+        ratio = f"{r.tokens_per_s / base.tokens_per_s:.3f}" if base else ""
+        mfu = "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%"
+        lines.append(
+            f"{r.preset:<16}{r.config:<10}{world_size:>5}{f'{r.micro_batch}x{r.seq_len}':>11}"
+            f"{r.tokens_per_s:>11,.0f}{r.tokens_per_s * world_size:>12,.0f}{mfu:>7}"
+            f"{r.peak_mem_gb or 0:>8.1f}{r.step_ms:>9.1f}{ratio:>9}"
+        )
+    return lines
 
 
 def main() -> None:
@@ -106,30 +128,14 @@ def main() -> None:
                 row.mfu = row.tokens_per_s * fpt / hw.peak_16bit if hw.peak_16bit else None
             log(f"{preset}: {strategy}: {row.error or f'{row.tokens_per_s:,.0f} tokens/s per GPU'}")
             rows.append(row)
-    lines = [
-        f"{'preset':<16}{'strategy':<10}{'GPUs':>5}{'batch/GPU':>11}{'tok/s/GPU':>11}{'tok/s all':>12}{'MFU':>7}"
-        f"{'mem GB':>8}{'ms/step':>9}{'vs none':>9}"
-    ]
-    for r in rows:
-        if r.error:
-            lines.append(f"{r.preset:<16}{r.config:<10}{rt.world_size:>5}  {r.error}")
-            continue
-        base = next((b for b in rows if b.preset == r.preset and b.config == "none" and b.tokens_per_s), None)
-        ratio = f"{r.tokens_per_s / base.tokens_per_s:.3f}" if base else ""
-        mfu = "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%"
-        lines.append(
-            f"{r.preset:<16}{r.config:<10}{rt.world_size:>5}{f'{r.micro_batch}x{r.seq_len}':>11}"
-            f"{r.tokens_per_s:>11,.0f}{r.tokens_per_s * rt.world_size:>12,.0f}{mfu:>7}"
-            f"{r.peak_mem_gb or 0:>8.1f}{r.step_ms:>9.1f}{ratio:>9}"
-        )
+            if rt.is_main and args.out:  # after every row: a time-out loses only the row in flight
+                record = {**provenance(" ".join(sys.argv)), "device": hw.name, "smoke": args.quick,
+                          "world_size": rt.world_size, "rows": [dataclasses.asdict(r) for r in rows],
+                          "table": table(rows, rt.world_size)}  # fmt: skip
+                write_atomic(args.out, json.dumps(record, indent=1))
     if rt.is_main:
-        if args.out:
-            record = {**provenance(" ".join(sys.argv)), "device": hw.name, "smoke": args.quick,
-                      "world_size": rt.world_size, "rows": [dataclasses.asdict(r) for r in rows],
-                      "table": lines}  # fmt: skip
-            Path(args.out).write_text(json.dumps(record, indent=1))
         smoke = ["SMOKE (--quick: 2-block models on the CPU): not a measurement"] if args.quick else []
-        print("\n".join(["", *smoke, *lines]))
+        print("\n".join(["", *smoke, *table(rows, rt.world_size)]))
     rt.close()
 
 

@@ -28,12 +28,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from hopperlm.files import write_atomic  # noqa: E402
 
 # the llama2-7b preset (meta-llama/Llama-2-7b-hf's shape); --tiny: 2 narrow blocks of it (widths multiples of
 # 64: bitsandbytes' CPU layout) and a small vocabulary
@@ -57,7 +62,7 @@ def make_base(folder: Path, tiny: bool, device: str) -> None:
     from hopperlm.config.presets import get_preset
 
     if (folder / "config.json").is_file():
-        return
+        return  # written whole by an earlier call on this machine (the rename below makes it all or nothing)
     shape = dataclasses.replace(get_preset("llama2-7b"), **(TINY if tiny else {}))
     config = transformers.LlamaConfig(
         **hf_config_dict(shape, "bfloat16", {"bos_token_id": 1, "eos_token_id": 2})
@@ -65,8 +70,11 @@ def make_base(folder: Path, tiny: bool, device: str) -> None:
     torch.manual_seed(0)
     with torch.device(device):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(folder)
+    partial = folder.with_name(folder.name + ".partial")  # a call cut off while saving leaves no base behind
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
     del model
+    partial.rename(folder)
 
 
 def hopperlm_step(base: Path, quantize: str, seq: int, device: str, log):
@@ -291,15 +299,19 @@ def main() -> None:
         "tiny": args.tiny,
         "smoke": args.smoke,
         "device": args.device,
+        "cases": args.cases.split(","),  # what was asked for: the campaign's collector checks exactly these
         "rows": [],
     }
-    cases = args.cases.split(",")
+    cases = record["cases"]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise SystemExit(f"qlora.py: unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     for group in [cases] if args.smoke else [[case] for case in cases]:
         for row in run_rows(group, args):
             record["rows"].append(row)
             print(json.dumps(row), flush=True)
         if args.out:
-            Path(args.out).write_text(json.dumps(record, indent=1))
+            write_atomic(args.out, json.dumps(record, indent=1))
     print("\n" + ("SMOKE (CPU, tiny model): not a measurement\n" if args.device == "cpu" else ""))
     print("\n".join(table(record["rows"])))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hopperlm.errors import CheckpointError
+from hopperlm.files import current_umask
 
 if TYPE_CHECKING:
     import torch
@@ -36,20 +37,6 @@ def fsync_tree(path: Path) -> None:
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
     fsync_path(path)
-
-
-def current_umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (/proc/self/status, kernel 4.7+);
-    elsewhere set and restored at once, as the os module offers no other way."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def usual_permissions(path: Path) -> None:

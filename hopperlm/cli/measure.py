@@ -118,8 +118,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
     import dataclasses
     import json
 
-    from hopperlm.bench import DEFAULT_PRESETS, format_table, run_bench
+    from hopperlm.bench import DEFAULT_PRESETS, ROW_NAMES, format_table, run_bench
     from hopperlm.config.presets import PRESETS
+    from hopperlm.files import write_atomic
     from hopperlm.hardware import detect_for
     from hopperlm.provenance import provenance
 
@@ -131,9 +132,31 @@ def cmd_bench(args: argparse.Namespace) -> None:
         )
     if args.loss_steps and not args.data:
         raise ConfigError("--loss-steps needs --data DIR (a `hopperlm prepare` output) to train on real text")
+    only = args.rows.split(",") if args.rows else None
+    variant_rows = [f"hopperlm {v.partition(':')[0]}" for v in args.variant or []]
+    unknown = [r for r in only or [] if r not in ROW_NAMES and r not in variant_rows]
+    if unknown:
+        raise ConfigError(
+            f"unknown row(s) {', '.join(unknown)} in --rows; choose from {', '.join(ROW_NAMES + tuple(variant_rows))}"
+        )
     hw = detect_for(args.device)
     for line in hw.summary():
         log(line)
+    out = Path(args.out) if args.out else None
+    command = "hopperlm " + " ".join(sys.argv[1:])
+
+    def save(rows) -> None:  # after every row: a time-out or a kill loses only the row in flight
+        record = {
+            **provenance(command),
+            "device": hw.name,
+            "quick": args.quick,  # a smoke run at toy sizes: never a measurement
+            "rows_asked": only,  # --rows (None: every row the device supports)
+            "peak_16bit_tflops": hw.peak_16bit / 1e12 if hw.peak_16bit else None,
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "table": format_table(rows, hw),
+        }
+        write_atomic(out, json.dumps(record, indent=1))
+
     rows = run_bench(
         presets,
         hw,
@@ -148,24 +171,15 @@ def cmd_bench(args: argparse.Namespace) -> None:
         loss_steps=args.loss_steps,
         data_dir=Path(args.data) if args.data else None,
         variants=args.variant or [],
+        only=only,
+        on_row=save if out else None,
         log=log,
     )
-    table = format_table(rows, hw)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        record = {
-            **provenance("hopperlm " + " ".join(sys.argv[1:])),
-            "device": hw.name,
-            "quick": args.quick,  # a smoke run at toy sizes: never a measurement
-            "peak_16bit_tflops": hw.peak_16bit / 1e12 if hw.peak_16bit else None,
-            "rows": [dataclasses.asdict(r) for r in rows],
-            "table": table,
-        }
-        out.write_text(json.dumps(record, indent=1))
-        log(f"results: {out}")
+    if out:
+        save(rows)  # also when no row ran (an empty --rows selection for a preset)
+        log(f"results: {out} (rewritten after every row)")
     log("")
-    for line in table:
+    for line in format_table(rows, hw):
         log(line)
 
 
@@ -250,8 +264,15 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         metavar="NAME:KEY=VALUE,...",
         help="an extra hopperlm row with train.* overrides, e.g. mb32:micro_batch=32 (repeatable)",
     )
+    p.add_argument(
+        "--rows",
+        help="comma-separated rows to run, of eager, hopperlm, 'hopperlm fp8', hf, hf+compile and the "
+        "--variant names as 'hopperlm NAME' (default: all that the device supports)",
+    )
     p.add_argument("--device", default="auto")
-    p.add_argument("--out", help="write the results as JSON here (e.g. bench/results/DATE-GPU.json)")
+    p.add_argument(
+        "--out", help="write the results as JSON here, after every row (e.g. bench/results/DATE-GPU.json)"
+    )
 
     p = add_verb(
         verbs,

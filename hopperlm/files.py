@@ -1,0 +1,43 @@
+"""Files that are whole or absent: the one atomic-write helper, on the lowest floor so every package can use it.
+
+A result file rewritten after every row of a benchmark, a cache shared by the ranks of a node, a manifest: each
+is written to a temporary name in the same folder and renamed over the target, so a reader (or a kill half-way)
+never sees a half-written file, and what was there before stays until the new one is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: str | Path, data: bytes | str) -> Path:
+    """Write `data` (text is UTF-8) to `path` through a temporary file beside it and a rename; the folder is
+    made if missing. On any failure the temporary file is removed and the previous `path`, if any, is kept."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; the file gets open()'s usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def current_umask() -> int:
+    """The process's umask, read from /proc where Linux shows it (no set-and-restore race between threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
