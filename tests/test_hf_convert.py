@@ -12,6 +12,7 @@ from hopperlm.checkpoint.inference import load_for_inference
 from hopperlm.checkpoint.init_from import resolve_init_from
 from hopperlm.checkpoint.tensors import iter_model_tensors, load_weights
 from hopperlm.config import ModelConfig, load_config
+from hopperlm.diskspace import DiskError
 from hopperlm.errors import CheckpointError, ConfigError
 from hopperlm.model.transformer import build_empty, count_params
 
@@ -69,8 +70,10 @@ def test_a_failed_export_leaves_the_old_folder_and_no_partial_one(tmp_path, monk
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(hf_convert, "write_shards", disk_full)
-    with pytest.raises(OSError, match="No space"):
-        export_hf(tmp_path / "imported", out, overwrite=True, log=QUIET)
+    with pytest.raises(
+        DiskError, match=r"could not write the exported model in .* \(no space left on device"
+    ):
+        export_hf(tmp_path / "imported", out, overwrite=True, log=QUIET)  # one line (issue 37)
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "imported", "out"]
 

@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hopperlm"
 LAYERS = {
     "hopperlm": 0,
     "hopperlm.errors": 0,
+    "hopperlm.diskspace": 0,  # room on disk and one line when a write fails: every writer asks here
     "hopperlm.provenance": 0,
     "hopperlm.files": 0,
     "hopperlm.config": 1,  # typed sections and presets: what a run is

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hopperlm.diskspace import check_room, disk_error
 from hopperlm.errors import CheckpointError
 from hopperlm.files import current_umask
 
@@ -68,20 +69,35 @@ def swap_in(tmp: Path, final: Path) -> Path:
 
 
 @contextmanager
-def staged_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
+def staged_dir(out_dir: Path, overwrite: bool, *, what: str = "", needed: int = 0) -> Iterator[Path]:
     """Build an output folder beside OUT_DIR and move it into place only when the block completes: a failure
-    or Ctrl-C half-way leaves no partial folder and whatever OUT_DIR held before untouched."""
+    or Ctrl-C half-way leaves no partial folder and whatever OUT_DIR held before untouched. `needed`: about
+    how many bytes the block writes (the tensors), checked against the free space first; a full disk (or a
+    quota, a read-only folder) half-way is one DiskError naming `what` (default: OUT_DIR's name)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise CheckpointError(
             f"{out_dir} exists and is not empty; pass --overwrite or choose another directory"
         )
+    what = what or out_dir.name
+    fix = "free space there or choose another output folder; nothing was changed"
+    check_room(what=what, where=out_dir.parent, needed=needed, fix=fix)
     tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
+        tmp.mkdir(parents=True)
         yield tmp
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    swap_in(tmp, out_dir)
+        full = disk_error(e, what=what, where=out_dir.parent, needed=needed, fix=fix)
+        if full is None:
+            raise
+        raise full from e
+    try:
+        swap_in(tmp, out_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        full = disk_error(e, what=what, where=out_dir.parent, needed=needed, fix=fix)
+        if full is None:
+            raise
+        raise full from e

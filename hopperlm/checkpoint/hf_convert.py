@@ -38,6 +38,7 @@ from hopperlm.config import ModelConfig
 from hopperlm.data.tokenizer import BYTE_MARKER
 from hopperlm.errors import CheckpointError, ConfigError
 from hopperlm.model.generate import sampling_generation_config
+from hopperlm.model.transformer import count_params
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -128,7 +129,8 @@ def import_hf(hf_dir: Path, out_dir: Path, overwrite: bool = False, log=print) -
     values = model_values_from_hf(raw, str(hf_dir / "config.json"), log)
     cfg = ModelConfig(**values)
     files = weight_files(hf_dir)
-    with staged_dir(out_dir, overwrite) as tmp:
+    needed = sum(f.stat().st_size for f in files)  # the tensors keep their dtype
+    with staged_dir(out_dir, overwrite, what="the imported model", needed=needed) as tmp:
         shard_bytes = max(f.stat().st_size for f in files)
         write_shards(iter_model_tensors(hf_dir), tmp, shard_bytes)
         origin = {"source": str(hf_dir.resolve()), "model_type": raw["model_type"], "config": raw}
@@ -196,7 +198,8 @@ def export_hf(
             "pad_token_id": config.get("pad_token_id", ids["eos_token_id"]),
             **sampling_generation_config(),
         }
-    with staged_dir(out_dir, overwrite) as tmp:
+    needed = count_params(cfg)["total"] * torch_dtype.itemsize
+    with staged_dir(out_dir, overwrite, what="the exported model", needed=needed) as tmp:
         tensors = (
             (to_hf_name(name), t)
             for name, t in iter_model_tensors(model_dir)
@@ -247,7 +250,8 @@ def save_merged(
     torch_dtype = output_dtype(dtype, model_dir)
     trained = trained_with(model_dir)
     extra = {"merged_from": str(model_dir), **({TRAINED_WITH: trained.to_dict()} if trained else {})}
-    with staged_dir(out_dir, overwrite) as tmp:
+    needed = count_params(cfg)["total"] * torch_dtype.itemsize
+    with staged_dir(out_dir, overwrite, what="the merged model", needed=needed) as tmp:
         write_shards(iter_model_tensors(model_dir), tmp, parse_size(max_shard_size), torch_dtype)
         write_model_config(tmp, cfg, extra=extra)  # init_from: provenance
         if (model_dir / TOKENIZER_DIR).is_dir():

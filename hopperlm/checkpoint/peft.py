@@ -69,7 +69,8 @@ def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
     for name, t in read_adapters(model_dir).items():
         module, _, kind = name.partition(".lora_")  # layers.0.attn.q_proj / A.weight
         tensors[PEFT_PREFIX + to_hf_name(module + ".weight").removesuffix(".weight") + ".lora_" + kind] = t
-    with staged_dir(out_dir, overwrite) as tmp:
+    needed = sum(t.numel() * t.element_size() for t in tensors.values())
+    with staged_dir(out_dir, overwrite, what="the PEFT adapters", needed=needed) as tmp:
         save_safetensors(tensors, tmp / PEFT_WEIGHTS, metadata={"format": "pt"})
         (tmp / PEFT_CONFIG).write_text(
             json.dumps(peft_config(lora_cfg, model_cfg.init_from), indent=2) + "\n"

@@ -21,7 +21,14 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from hopperlm.checkpoint.atomic import fsync_path, fsync_tree, save_safetensors, swap_in, usual_permissions
+from hopperlm.checkpoint.atomic import (
+    fsync_path,
+    fsync_tree,
+    save_safetensors,
+    staged_dir,
+    swap_in,
+    usual_permissions,
+)
 from hopperlm.checkpoint.layout import (
     ADAPTER_FILE,
     CHECKSUM_FILE,
@@ -31,6 +38,7 @@ from hopperlm.checkpoint.layout import (
     OPTIM_FILE,
     PREFIX,
     RNG_FILE,
+    SHARDED_DIR,
     STATE_FILE,
     TOKENIZER_DIR,
     checkpoint_dir,
@@ -49,12 +57,34 @@ from hopperlm.checkpoint.sharded import load_sharded_model, materialize_model
 from hopperlm.checkpoint.tensors import base_fingerprint, check_base, load_weights, read_adapters
 from hopperlm.config import ModelConfig
 from hopperlm.data.shards import file_sha256
+from hopperlm.diskspace import DiskError, room, tree_bytes, write_failure
 from hopperlm.errors import CheckpointError
 from hopperlm.model.lora import adapter_state, has_lora, load_adapter_state
 
 
-class CheckpointSaveError(CheckpointError):
-    """A checkpoint could not be written (disk full, permissions); the previous ones are untouched."""
+class CheckpointSaveError(CheckpointError, DiskError):
+    """A checkpoint could not be written (disk full, quota, permissions); the previous ones are untouched.
+    `latest`: the newest complete checkpoint (None: there is none); `needed`: about how many bytes one takes."""
+
+    def __init__(self, message: str, *, latest: Path | None = None, needed: int | None = None) -> None:
+        super().__init__(message)
+        self.latest, self.needed = latest, needed
+
+
+def save_failed(final: Path, run_dir: Path, why: str) -> CheckpointSaveError:
+    """The one line for a checkpoint that could not be written (its partial copy already removed): where,
+    why, the room there, and the checkpoint that stands instead. Single and sharded saves say it alike."""
+    previous = latest_checkpoint(run_dir)
+    needed = tree_bytes(previous) if previous is not None else None
+    kept = (
+        f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint exists"
+    )
+    return CheckpointSaveError(
+        f"could not write checkpoint {final.name} in {final.parent} ({why}: {room(final.parent, needed)}); "
+        f"{kept}",
+        latest=previous,
+        needed=needed,
+    )
 
 
 def rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -135,14 +165,18 @@ def save_checkpoint(
         checksums = {str(p.relative_to(tmp)): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / CHECKSUM_FILE).write_text(json.dumps(checksums, indent=1))
         fsync_tree(tmp)
-    except OSError as e:  # disk full, quota, permissions: drop the partial copy, keep every earlier one
+    except BaseException as e:  # never a partial copy left; every earlier checkpoint kept
         shutil.rmtree(tmp, ignore_errors=True)
-        previous = latest_checkpoint(run_dir)
-        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
-        raise CheckpointSaveError(
-            f"could not write checkpoint {final.name} ({e.strerror or e}); {kept}"
-        ) from e
-    publish_checkpoint(tmp, final, run_dir, keep_last, keep_every)
+        # disk full, quota, permissions (torch.save reports them as RuntimeErrors), a vanished folder
+        why = write_failure(e) or (e.strerror if isinstance(e, OSError) else None)
+        if why is None:
+            raise
+        raise save_failed(final, run_dir, why) from e
+    try:
+        publish_checkpoint(tmp, final, run_dir, keep_last, keep_every)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise save_failed(final, run_dir, write_failure(e) or e.strerror or str(e)) from e
     return final
 
 
@@ -216,32 +250,28 @@ def export_model(path: str | Path, out_dir: Path, overwrite: bool = False) -> Pa
     context and validation windows."""
     from hopperlm.checkpoint.inference import TRAINED_WITH, trained_with
 
-    model_dir = resolve_model_dir(path)
-    out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise CheckpointError(
-            f"{out_dir} exists and is not empty; pass --overwrite or choose another directory"
-        )
-    tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
-    tmp.mkdir(parents=True)
-    if is_sharded(model_dir) and read_lora_config(model_dir) is not None:  # an FSDP LoRA run's adapters
-        save_safetensors(read_adapters(model_dir), tmp / ADAPTER_FILE)
-        shutil.copy2(model_dir / CONFIG_FILE, tmp / CONFIG_FILE)
-    elif is_sharded(model_dir):  # gather the shards into one model.safetensors
-        write_model(tmp, materialize_model(model_dir), read_model_config(model_dir), None)
-    else:
-        for name in (CONFIG_FILE, *_weight_file_names(model_dir)):
-            shutil.copy2(model_dir / name, tmp / name)
-    trained = trained_with(model_dir)
-    if trained is not None:
-        config = json.loads((tmp / CONFIG_FILE).read_text())
-        (tmp / CONFIG_FILE).write_text(json.dumps({**config, TRAINED_WITH: trained.to_dict()}, indent=2))
-    if (model_dir / TOKENIZER_DIR).is_dir():
-        shutil.copytree(model_dir / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
-    fsync_tree(tmp)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    model_dir, out_dir = resolve_model_dir(path), Path(out_dir)
+    needed = sum(tree_bytes(model_dir / name) for name in _weight_file_names(model_dir)) + tree_bytes(
+        model_dir / TOKENIZER_DIR
+    )  # (a sharded checkpoint: its shards hold the optimizer state too, so this is generous)
+    if is_sharded(model_dir):
+        needed = tree_bytes(model_dir / SHARDED_DIR)
+    with staged_dir(out_dir, overwrite, what="the exported model", needed=needed) as tmp:
+        if is_sharded(model_dir) and read_lora_config(model_dir) is not None:  # an FSDP LoRA run's adapters
+            save_safetensors(read_adapters(model_dir), tmp / ADAPTER_FILE)
+            shutil.copy2(model_dir / CONFIG_FILE, tmp / CONFIG_FILE)
+        elif is_sharded(model_dir):  # gather the shards into one model.safetensors
+            write_model(tmp, materialize_model(model_dir), read_model_config(model_dir), None)
+        else:
+            for name in (CONFIG_FILE, *_weight_file_names(model_dir)):
+                shutil.copy2(model_dir / name, tmp / name)
+        trained = trained_with(model_dir)
+        if trained is not None:
+            config = json.loads((tmp / CONFIG_FILE).read_text())
+            (tmp / CONFIG_FILE).write_text(json.dumps({**config, TRAINED_WITH: trained.to_dict()}, indent=2))
+        if (model_dir / TOKENIZER_DIR).is_dir():
+            shutil.copytree(model_dir / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
+        fsync_tree(tmp)
     return out_dir
 
 

@@ -12,6 +12,7 @@ import sys
 
 from hopperlm import __version__
 from hopperlm.cli import data, measure, models, runs, third_party_logs
+from hopperlm.diskspace import unwritten
 from hopperlm.errors import ConfigError, HopperError
 from hopperlm.parallel.watchdog import supervised
 
@@ -64,6 +65,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"error: {e}", file=sys.stderr, flush=True)
         quiet_rank_exit(e, 2)
     except Exception as e:
+        # a full disk, a quota, a read-only folder under a writer that said nothing itself: one line too
+        full = None if args.debug else unwritten(e)
+        if full is not None:
+            if not supervised():
+                print(f"error: {full}", file=sys.stderr, flush=True)
+            quiet_rank_exit(full, 2)
         if args.debug or not supervised():
             raise
         quiet_rank_exit(e, 1)  # the traceback goes to the launcher's failure.json

@@ -56,6 +56,7 @@ from hopperlm.data.shards import (  # noqa: F401 - read_manifest/file_sha256/sha
 )
 from hopperlm.data.sources import decode_unit, find_sources, iter_units, source_bytes
 from hopperlm.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
+from hopperlm.diskspace import check_room, disk_error, tree_bytes
 from hopperlm.errors import DataError, HopperError
 
 PROGRESS_FILE = "progress.json"
@@ -63,6 +64,9 @@ SEEN_FILE = "seen.u64"  # 64-bit document hashes for dedup, appended at each sav
 COPY_TOKENS = 4 << 20  # tokens per memmap copy when moving the tail of train into val
 SAVE_SECONDS = 2.0
 MAX_REPORTS = 100  # bad-UTF-8 reports kept in the manifest (all are counted)
+# input bytes per token, to size the shards before the work: the byte tokenizer's is 1; subword tokenizers
+# average about 4 on English (GPT-2, Llama), less on other scripts, so 2 leaves room for those
+BYTES_PER_TOKEN = {"byte": 1.0, "other": 2.0}
 
 
 BYTES_PER_WORKER = (
@@ -209,9 +213,17 @@ def prepare(
     total_bytes = sum(source_bytes(s) for s in sources)
     tok_identity = "bpe" if tokenizer == "bpe" else load_tokenizer(tokenizer).identity()
     fingerprint = _fingerprint(sources, options.fingerprint(tok_identity))
+    work = out_dir.parent / f"{out_dir.name}.partial"
+    needed = shard_bytes_estimate(total_bytes, tokenizer, options) - tree_bytes(work)  # a resume: the rest
+    check_room(
+        what=f"the shards of {total_bytes / 1e6:,.1f} MB of input",
+        where=out_dir.parent,
+        needed=needed,
+        fix="free space there or choose another --out",
+        warn=log,
+    )
     lock = _lock(out_dir)
     try:
-        work = out_dir.parent / f"{out_dir.name}.partial"
         state = _load_state(work, fingerprint, log)
         bytes_before = 0 if state is None else state["bytes"]
         t0 = time.perf_counter()  # the first byte read (BPE training or tokenizing) to the published folder
@@ -296,6 +308,17 @@ def prepare(
     except KeyboardInterrupt:
         log(f"prepare: interrupted; run the same command again to continue from {work}")
         raise
+    except Exception as e:  # a full disk, a quota: the work so far is kept, the same command continues it
+        full = disk_error(
+            e,
+            what="prepared shards",
+            where=work,
+            fix=f"the work so far is kept in {work}; free space (or move {out_dir.parent} to a larger disk) "
+            "and run the same command again to continue",
+        )
+        if full is None:
+            raise
+        raise full from e
     finally:
         Path(lock.name).unlink(missing_ok=True)  # while still held: no other prepare can be between the two
         lock.close()
@@ -314,6 +337,14 @@ def prepare(
     if dropped:
         log(f"prepare: {dropped}")
     return manifest
+
+
+def shard_bytes_estimate(total_bytes: int, tokenizer: str, options: PrepareOptions) -> int:
+    """About how many bytes the shards of `total_bytes` of input take (uint16 ids; a vocabulary above 65,536
+    would double it), with their document index and room for the tail moved into val."""
+    per_token = BYTES_PER_TOKEN["byte" if tokenizer == "byte" else "other"]
+    tokens = total_bytes / per_token
+    return int(tokens * 2 * (1 + options.val_fraction) + (1 << 20))
 
 
 def _dropped(filters: dict) -> str:

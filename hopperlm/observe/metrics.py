@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from hopperlm.diskspace import append_line
+
 # every field metrics.jsonl may hold, in the order above (the columns of metrics.csv)
 FIELDS = (
     "step",
@@ -96,8 +98,7 @@ class MetricsFile:
         self.path = Path(path)
 
     def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(record))  # whole records only, even on a full disk
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

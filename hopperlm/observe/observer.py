@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from hopperlm.config import Config, ModelConfig, TrainConfig
+from hopperlm.diskspace import unwritten
 from hopperlm.hardware import Hardware
 from hopperlm.model.transformer import count_params
 from hopperlm.observe import cuda_memory
@@ -137,8 +138,8 @@ class RunObserver:
             self.val_points.append((record["step"], val))
             self.best_val = val if self.best_val is None else min(self.best_val, val)
             forecast = self.forecaster.at(record, self.val_points, self.train_points)  # adds its fields
-        for sink in self.sinks:
-            sink.write(record)
+        for sink in list(self.sinks):
+            self._write(sink, record)
         self.rates.mark(record["step"], record["tokens"], record["elapsed_s"])
         tc = self.cfg.train
         rules = rule_progress(
@@ -154,6 +155,18 @@ class RunObserver:
                 Snapshot(record, rules, ending, self.best_val, last_val, taken_at=time.perf_counter())
             )
         return record
+
+    def _write(self, sink, record: dict[str, Any]) -> None:
+        """A sink that cannot write (a full disk, a quota) is dropped with one warning: its file stops growing
+        where it was whole, and training, whose checkpoints train.on_disk_full looks after, goes on."""
+        try:
+            sink.write(record)
+        except Exception as e:
+            full = unwritten(e)
+            if full is None:
+                raise
+            self.sinks.remove(sink)
+            self.log(f"warning: {full}; {sink.name} stops at step {record['step'] - 1} (the run goes on)")
 
     def restart_at(self, step: int, tokens: int, elapsed_s: float) -> None:
         """The run went back to the checkpoint of `step` (the guard's rollback)."""
@@ -175,16 +188,25 @@ class RunObserver:
             "best_val_loss": result.best_val_loss,
             "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
-        (self.run_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if not self.cfg.log.report:
-            return
-        if result.stopped_by.startswith("signal"):
-            self.log(f"report: skipped (preempted); `hopperlm report {self.run_dir}` writes it")
-            return
-        from hopperlm.observe.report import write_report
+        try:
+            (self.run_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
+            if not self.cfg.log.report:
+                return
+            if result.stopped_by.startswith("signal"):
+                self.log(f"report: skipped (preempted); `hopperlm report {self.run_dir}` writes it")
+                return
+            from hopperlm.observe.report import write_report
 
-        md, html = write_report(self.run_dir)
-        self.log(f"report: {md} and {html}")
+            md, html = write_report(self.run_dir)
+            self.log(f"report: {md} and {html}")
+        except Exception as e:  # a full disk at the very end: the checkpoints decide the run, not these
+            full = unwritten(e)
+            if full is None:
+                raise
+            (self.run_dir / "result.json").unlink(missing_ok=True)  # never a torn one
+            self.log(
+                f"warning: {full}; `hopperlm report {self.run_dir}` writes the report once there is room"
+            )
 
 
 def _finite(value: Any) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 from hopperlm.checkpoint.layout import list_checkpoints, read_state
 from hopperlm.errors import CheckpointError, DataError
+from hopperlm.files import write_atomic
 from hopperlm.observe.metrics import human_count, read_metrics
 from hopperlm.observe.plot import plot_runs
 from hopperlm.observe.progress import format_duration
@@ -139,8 +140,9 @@ def write_report(run_dir: Path, plots: bool = True) -> tuple[Path, Path]:
     if plots and info["has_metrics"]:
         pngs = plot_runs([run_dir], run_dir / "plots")
     md, page = run_dir / "report.md", run_dir / "report.html"
-    md.write_text(render_markdown(info, [p.relative_to(run_dir) for p in pngs]))
-    page.write_text(render_html(info, pngs))
+    # whole or as before: a full disk never leaves a torn report in place of the last one
+    write_atomic(md, render_markdown(info, [p.relative_to(run_dir) for p in pngs]))
+    write_atomic(page, render_html(info, pngs))
     return md, page
 
 

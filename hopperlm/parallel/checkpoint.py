@@ -41,7 +41,6 @@ from hopperlm.checkpoint.layout import (
     STATE_FILE,
     checkpoint_dir,
     is_sharded,
-    latest_checkpoint,
     latest_valid_checkpoint,
     list_checkpoints,
     read_state,
@@ -57,11 +56,13 @@ from hopperlm.checkpoint.single import (
     publish_checkpoint,
     rng_state,
     save_checkpoint,
+    save_failed,
     set_rng_state,
 )
 from hopperlm.checkpoint.tensors import check_base, read_adapters
 from hopperlm.config import ModelConfig, ParallelConfig
 from hopperlm.data.shards import file_sha256
+from hopperlm.diskspace import write_failure
 from hopperlm.errors import CheckpointError
 from hopperlm.model.lora import has_lora
 from hopperlm.parallel.runtime import Runtime
@@ -159,10 +160,11 @@ class Checkpointer:
                         rank_rng=rank_rng,
                     )
                 except CheckpointSaveError as e:
-                    error = str(e)
+                    error = (str(e), e.latest, e.needed)
             error = rt.broadcast_object(error)  # the others wait here while rank 0 writes
             if error:
-                raise CheckpointSaveError(error)
+                message, latest, needed = error
+                raise CheckpointSaveError(message, latest=latest, needed=needed)
             return checkpoint_dir(run_dir, step)
         return self._save_sharded(
             run_dir,
@@ -218,8 +220,10 @@ class Checkpointer:
                     "format": "sharded",
                 }
                 (tmp / STATE_FILE).write_text(json.dumps(record, indent=1))
-            except OSError as e:
-                error = e.strerror or str(e)
+            except (OSError, RuntimeError) as e:  # (torch.save reports a full disk as a RuntimeError)
+                error = write_failure(e) or first_line(e)
+                if not isinstance(e, OSError) and write_failure(e) is None:
+                    raise
         self._raise_if_any(rt.broadcast_object(error), tmp, run_dir, final)
         model_sd, optim_sd = get_state_dict(
             model, optimizers_of(optimizer), options=state_dict_options(model)
@@ -236,8 +240,10 @@ class Checkpointer:
                 return final
             with single_process_ok():
                 dcp.save(content, checkpoint_id=tmp / SHARDED_DIR, **alone)
-        except Exception as e:  # DCP raises on every rank when any rank's write failed
-            self._raise_if_any(first_line(e), tmp, run_dir, final)
+        except BaseException as e:  # DCP raises on every rank when any rank's write failed
+            if isinstance(e, KeyboardInterrupt | SystemExit):  # (its CheckpointException is a BaseException)
+                raise
+            self._raise_if_any(write_failure(e) or first_line(e), tmp, run_dir, final)
         return self._complete(tmp, final, run_dir, keep_last, keep_every)
 
     def _complete(self, tmp: Path, final: Path, run_dir: Path, keep_last: int, keep_every: int) -> Path:
@@ -253,7 +259,7 @@ class Checkpointer:
                 digests[name] = file_sha256(tmp / name)
                 fsync_path(tmp / name)
         except OSError as e:  # e.g. a node that does not see the run dir
-            error = f"rank {rt.rank}: {e.strerror or e} ({e.filename})"
+            error = f"rank {rt.rank}: {write_failure(e) or e.strerror or e} ({e.filename})"
         gathered = rt.all_gather_object((digests, error))
         error = next((e for _, e in gathered if e), None)
         if rt.is_main and error is None:
@@ -265,7 +271,7 @@ class Checkpointer:
                     fsync_path(directory)
                 publish_checkpoint(tmp, final, run_dir, keep_last, keep_every)
             except OSError as e:
-                error = e.strerror or str(e)
+                error = write_failure(e) or e.strerror or str(e)
         self._raise_if_any(rt.broadcast_object(error), tmp, run_dir, final)
         return final
 
@@ -274,9 +280,7 @@ class Checkpointer:
             return
         if self.rt.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        previous = latest_checkpoint(run_dir)
-        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
-        raise CheckpointSaveError(f"could not write checkpoint {final.name} ({error}); {kept}")
+        raise save_failed(final, run_dir, error)
 
     def finish(self) -> None:
         """Complete a background save (waits for its files); every rank calls it at the same point."""
@@ -286,16 +290,13 @@ class Checkpointer:
         self._pending = None
         try:
             future.result()
-        except Exception as e:
-            self._raise_if_any(first_line(e), tmp, run_dir, final)
+        except BaseException as e:  # the background write failed (a full disk): reported at this save point
+            # (DCP's CheckpointException is a BaseException: only an interrupt or an exit passes through)
+            if isinstance(e, KeyboardInterrupt | SystemExit):
+                raise
+            self._raise_if_any(write_failure(e) or first_line(e), tmp, run_dir, final)
         self._complete(tmp, final, run_dir, keep_last, keep_every)
         self.log(f"checkpoint: {final} complete (written in the background)")
-
-    def close(self) -> None:
-        try:
-            self.finish()
-        except CheckpointSaveError as e:
-            self.log(f"warning: {e}")
 
     # ---- loading ---------------------------------------------------------------------------------------------
     def latest_valid(self, run_dir: Path, log: Callable[[str], None]) -> Path | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hopperlm.config import GuardConfig
+from hopperlm.diskspace import append_line, unwritten
 from hopperlm.errors import HopperError
 
 
@@ -57,8 +58,13 @@ class Guard:
 
     def event(self, step: int, cause: str, action: str) -> None:
         self.log(f"guard: step {step}: {cause}; {action}")
-        with open(self.events_path, "a") as f:
-            f.write(json.dumps({"step": step, "cause": cause, "action": action}) + "\n")
+        try:
+            append_line(self.events_path, json.dumps({"step": step, "cause": cause, "action": action}))
+        except OSError as e:  # a full disk: the log line above keeps the event; the run goes on
+            full = unwritten(e)
+            if full is None:
+                raise
+            self.log(f"warning: {full}; events.jsonl stops here (the log keeps them)")
 
     def spike_threshold(self) -> float | None:
         if self.cfg.spike_k <= 0 or len(self._recent) < max(10, self.cfg.window // 4):

@@ -281,32 +281,49 @@ def rollback(run: Run, bad_step: int) -> None:
 
 
 def save_checkpoint(run: Run) -> None:
-    """A checkpoint of the run's state; a failed save (e.g. a full disk) is logged and training goes on."""
-    s, rt = run.state, run.rt
+    """A checkpoint of the run's state. A save that cannot be written (a full disk, a quota) leaves every
+    earlier checkpoint as it was; train.on_disk_full decides what happens next (train/disk_full.py)."""
     try:
-        with run.rt.long_phase("checkpoint"):
-            path = run.checkpointer.save(
-                run.run_dir,
-                s.step,
-                model=run.model,
-                model_cfg=run.model_cfg,
-                optimizer=run.parts.optimizer,
-                scaler=run.parts.scaler,
-                state=s.state_dict(rt.world_size),
-                tokenizer_dir=run.run_dir / "tokenizer",
-                keep_last=run.cfg.train.keep_last,
-                keep_every=run.cfg.train.keep_every,
-            )
-        run.log(f"checkpoint: {path}")
-    except CheckpointSaveError as e:  # the previous checkpoint stands
-        run.log(f"warning: {e}; training goes on")
+        path = write_checkpoint(run)
+    except CheckpointSaveError as e:
+        path = run.disk_full.failed(e, run.state.step, retry=partial(write_checkpoint, run))
+        if path is None:  # continue: the run trains on without it
+            return
+    run.disk_full.saved()
+    run.log(f"checkpoint: {path}")
+
+
+def write_checkpoint(run: Run, *, complete: bool = False) -> Path:
+    """`complete`: wait for a background save to finish (the run's end)."""
+    s, rt = run.state, run.rt
+    with run.rt.long_phase("checkpoint"):
+        path = run.checkpointer.save(
+            run.run_dir,
+            s.step,
+            model=run.model,
+            model_cfg=run.model_cfg,
+            optimizer=run.parts.optimizer,
+            scaler=run.parts.scaler,
+            state=s.state_dict(rt.world_size),
+            tokenizer_dir=run.run_dir / "tokenizer",
+            keep_last=run.cfg.train.keep_last,
+            keep_every=run.cfg.train.keep_every,
+        )
+        if complete:
+            run.checkpointer.finish()
+    return path
 
 
 def finish(run: Run, stopped_by: str, preemption: Preemption | None = None) -> TrainResult:
     s = run.state
     run.batches.close()
-    with run.rt.long_phase("finishing"):
-        run.checkpointer.close()  # a background checkpoint completes before the run ends
+    try:
+        with run.rt.long_phase("finishing"):
+            run.checkpointer.finish()  # a background checkpoint completes before the run ends
+    except CheckpointSaveError as e:  # it failed in the background: as any failed save
+        path = run.disk_full.failed(e, s.step, retry=partial(write_checkpoint, run, complete=True))
+        if path is not None:
+            run.disk_full.saved()
     total = run.elapsed()
     run.log(
         f"done: {stopped_by} after {s.step:,} steps, {human_count(s.tokens)} tokens, {total:.1f} s"
@@ -316,4 +333,5 @@ def finish(run: Run, stopped_by: str, preemption: Preemption | None = None) -> T
     run.observer.finish(result)  # result.json, the report
     if preemption is not None and preemption.requested:  # how much of a scheduler's warning the exit took
         run.log(f"exit {preemption.seconds_since():.1f} s after {preemption.requested}")
+    run.disk_full.check_end(s.step)  # continue: a run whose last state is unsaved does not end quietly
     return result

@@ -25,8 +25,10 @@ from hopperlm.config.training import BUDGET_KEYS, checkpoint_budget
 from hopperlm.data.batches import BatchLayout, BatchSource
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import default_prefetch
+from hopperlm.diskspace import tree_bytes
 from hopperlm.errors import CheckpointError
 from hopperlm.hardware import Hardware, detect_for
+from hopperlm.memory import checkpoint_bytes
 from hopperlm.model.lora import training_flops_per_token
 from hopperlm.observe.observer import NullObserver, RunObserver
 from hopperlm.parallel import checkpoint as dist_ckpt
@@ -37,6 +39,7 @@ from hopperlm.schedule import budget_progress, lr_at
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner
 from hopperlm.train.benchmarks import Benchmarks
 from hopperlm.train.data_and_plan import RunData, open_run_data, plan_run, resolve_model_config
+from hopperlm.train.disk_full import DiskFull
 from hopperlm.train.guard import Guard
 from hopperlm.train.initial_model import EmbedWarmup, build_train_model
 from hopperlm.train.state import TrainState
@@ -88,6 +91,7 @@ class Run:
     observer: RunObserver | NullObserver
     embed_warmup: EmbedWarmup | None
     state: TrainState  # everything that changes as the run goes: what a checkpoint saves (train/state.py)
+    disk_full: DiskFull  # room checked before the first step; what a checkpoint that cannot be written does
     flops_per_token: int
     predicted: tuple[float, float]  # (tokens/s bound, matmul FLOP/s measured here)
     benchmarks: Benchmarks | None = None  # lm-eval tasks during training (the eval section)
@@ -147,6 +151,13 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     fpt = training_flops_per_token(model_cfg, cfg.train.seq_len, cfg.lora)  # LoRA: no frozen weight grads
     predicted = predicted_tokens_per_s(plan, fpt)
     prepare_run_dir(cfg, rt, data.data_dir)
+    disk_full = DiskFull(
+        cfg.train, cfg.parallel, rt, run_dir=run_dir, verb="finetune" if cfg.sft.path else "train"
+    )
+    # before any step: keep_last + 1 checkpoints (weights, optimizer state, the tokenizer copied) must fit
+    room_line = disk_full.preflight(
+        checkpoint_bytes(model_cfg, plan.optimizer, cfg.lora) + tree_bytes(run_dir / "tokenizer")
+    )
     print_banner(
         log,
         run_dir=run_dir,
@@ -160,6 +171,7 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         fpt=fpt,
         predicted=predicted,
     )
+    log(room_line)
     state.schedule_budget = schedule_budget(cfg, saved, state, elapsed_before, log)
     state.clock = rt.start_clock(elapsed_before)  # several ranks: rank 0's clock, agreed on log steps
     observer = open_observer(
@@ -188,6 +200,7 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         observer=observer,
         embed_warmup=embed_warmup,
         state=state,
+        disk_full=disk_full,
         flops_per_token=fpt,
         predicted=predicted,
         benchmarks=Benchmarks(cfg, run_dir, rt, plan.strategy, log) if cfg.eval.tasks else None,
