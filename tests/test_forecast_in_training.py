@@ -67,7 +67,7 @@ def test_diagnose_prints_the_budget_of_a_wall_clock_recipe():
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=120,
+        timeout=900,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("budget: 1.5 h at "))

@@ -70,7 +70,7 @@ def test_background_thread_samples_and_stops():
     monitor.start()
     import time
 
-    deadline = time.time() + 5
+    deadline = time.time() + 120  # the loop ends at the first sample; only a dead thread waits this long
     while not monitor.samples and time.time() < deadline:
         time.sleep(0.01)
     monitor.stop()

@@ -90,13 +90,13 @@ def test_killed_prepare_resumes_to_identical_shards(tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=900,
         )
         assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
         assert not (out / "manifest.json").exists()
         progress.append(json.loads((partial / "progress.json").read_text())["bytes"])
     assert 0 < progress[0] < progress[1]  # the second run resumed from the first's last save, and went on
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "resuming the interrupted run" in done.stdout
     assert not partial.exists()
