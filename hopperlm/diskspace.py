@@ -114,15 +114,16 @@ def disk_errors_as_one_line(
         raise error from e
 
 
-def unwritten(exc: BaseException) -> DiskError | None:
+def unwritten(exc: BaseException, fix: str = "") -> DiskError | None:
     """For a write no caller described (a log, a plot, a --json file): the one line for the file the OSError
-    names, or None when `exc` is no disk failure."""
+    names, or None when `exc` is no disk failure. `fix`: what to do (default: free space, run it again)."""
     if write_failure(exc) is None:
         return None
     filename = next((e.filename for e in _chain(exc) if isinstance(e, OSError) and e.filename), None)
     if filename is None:
-        return disk_error(exc, what="a file", where=Path.cwd())
-    return disk_error(exc, what=Path(filename).name, where=Path(filename).parent)
+        return disk_error(exc, what="a file", where=Path.cwd(), fix=fix)
+    path = Path(os.fsdecode(filename))  # (TensorBoard names its files in bytes)
+    return disk_error(exc, what=path.name, where=path.parent, fix=fix)
 
 
 def _chain(exc: BaseException | None) -> Iterator[BaseException]:
@@ -151,8 +152,10 @@ def append_line(path: str | Path, line: str) -> None:
         try:
             f.write(line.encode() + b"\n")
             f.flush()
-        except BaseException:
+        except BaseException as e:
             f.truncate(size)  # (cutting frees space: it succeeds where the write did not)
+            if isinstance(e, OSError) and e.filename is None:  # a failed write names no file: name the log
+                e.filename = str(path)
             raise
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 def write_atomic(path: str | Path, data: bytes | str) -> Path:
     """Write `data` (text is UTF-8) to `path` through a temporary file beside it and a rename; the folder is
-    made if missing. On any failure the temporary file is removed and the previous `path`, if any, is kept."""
+    made if missing. On any failure the temporary file is removed and the previous `path`, if any, is kept
+    (an OSError that named no file names `path`: a full disk reads as where it happened)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
@@ -24,8 +25,10 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
             f.write(payload)
         os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; the file gets open()'s usual mode
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a failed write names no file: name the target
+            e.filename = str(path)
         raise
     return path
 

@@ -7,7 +7,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
-TINYLLAMA_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TINYLLAMA_TOKENIZER = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "factor": 8.0,

@@ -1,5 +1,6 @@
 """Continued pretraining: init_from + an extended tokenizer -> new rows from their base pieces, old-token
-outputs unchanged, an embedding warm-up that moves only the new rows, and a clear error for a wrong tokenizer."""
+outputs unchanged, an embedding warm-up that moves only the new rows, and a clear error for a wrong tokenizer;
+the tokenizer travels whole (tokenizer.model too) from an import or an extension to the export."""
 
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from safetensors.torch import load_file
 from hopperlm.checkpoint.init_from import resolve_init_from
 from hopperlm.checkpoint.layout import checkpoint_dir
 from hopperlm.checkpoint.tensors import iter_model_tensors
+from hopperlm.cli import main
 from hopperlm.config import load_config
 from hopperlm.data import tokenizer_train as tt
 from hopperlm.data.prepare import PrepareOptions, prepare
@@ -122,6 +124,31 @@ def test_embed_warmup_moves_only_new_rows_then_everything(tinyllama_hf, tigrinya
     assert all(torch.equal(after_warmup[n], base[n]) for n in blocks)  # frozen during the warm-up
     assert any(not torch.equal(after_all[n], base[n]) for n in blocks)  # then everything trains
     assert not torch.equal(after_all["embed.weight"][:32000], base["embed.weight"])
+    # the extended tokenizer.model travels with the data, the run and its checkpoints
+    tok = tigrinya[0]
+    for folder in (data, run / "tokenizer", checkpoint_dir(run, 3) / "tokenizer"):
+        assert (folder / "tokenizer.model").read_bytes() == (tok / "tokenizer.model").read_bytes()
+
+
+def same_files(folder: Path, source: Path, names: tuple[str, ...]) -> bool:
+    return all((folder / n).read_bytes() == (source / n).read_bytes() for n in names)
+
+
+@pytest.mark.slow  # trains
+def test_the_tokenizer_travels_whole_from_import_to_export(tinyllama_hf, data_dir, tmp_path, capsys):
+    """The seed path: import a Hub folder, prepare with its tokenizer.json, continue pretraining, export: every
+    file of TinyLlama's tokenizer (tokenizer.model: what llama.cpp's converter reads) reaches the export."""
+    imported, data, run, exported = (tmp_path / n for n in ("imported", "data", "run", "hf"))
+    main(["import", str(tinyllama_hf), str(imported)])
+    options = PrepareOptions(tokenizer=str(imported / "tokenizer" / "tokenizer.json"))
+    prepare([data_dir / "hornmt" / "eng.txt"], data, options, progress=False, log=QUIET)
+    train(cpt_config(imported, data, run, "--train.max_steps", "1", "--train.ckpt_every", "1"), log=QUIET)
+    main(["export", str(run), str(exported)])
+    whole = ("tokenizer.json", "tokenizer.model", "special_tokens_map.json")
+    for folder in (imported / "tokenizer", data, run / "tokenizer", checkpoint_dir(run, 1) / "tokenizer"):
+        assert same_files(folder, tinyllama_hf, (*whole, "tokenizer_config.json"))
+    assert same_files(exported, tinyllama_hf, whole)  # tokenizer_config.json: rewritten, see hf_tokenizer.py
+    assert "tokenizer.model" in capsys.readouterr().out  # the export's message names it
 
 
 def test_wrong_tokenizer_and_lora_on_new_tokens_are_refused(

@@ -7,6 +7,7 @@ zip writer, no errno) or as Python's writes do (OSError errno 28)."""
 
 import errno
 import json
+import os
 import shutil
 import subprocess
 import uuid
@@ -250,9 +251,85 @@ def test_preflight_refuses_a_run_whose_checkpoints_cannot_fit_before_any_step(
         main(["train", str(DEBUG), "--data.path", str(shakespeare_bytes), "--run.out_dir", str(run)])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: not enough room for train.keep_last 3 + 1 checkpoints") and "\n" not in err
+    assert err.startswith("error: not enough room for 4 checkpoints of about") and "\n" not in err
+    assert "(train.keep_last 3 + the one being written)" in err
     assert "train.keep_last" in err and "--run.out_dir" in err
     assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
+
+
+@pytest.mark.slow  # trains
+def test_a_preemption_signal_ends_a_wait_for_room_promptly(shakespeare_bytes, tmp_path, monkeypatch):
+    """SIGTERM while train.on_disk_full wait sleeps (a 60 s look, a 600 s limit): the stop line within a
+    second, not at the next look."""
+    import os
+    import signal
+    import threading
+    import time
+
+    fill_at(monkeypatch, 2)  # never room
+    wait = [
+        "--train.on_disk_full",
+        "wait",
+        "--train.disk_full_retry_s",
+        "60",
+        "--train.disk_full_wait_s",
+        "600",
+    ]
+    sent = []
+
+    def log(line: str) -> None:
+        if "training paused" in line:  # the wait began: the scheduler's warning comes 0.2 s later
+            sent.append(time.monotonic())
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    with pytest.raises(DiskError) as e:
+        train(debug_config(shakespeare_bytes, tmp_path / "run", *wait), log=log)
+    assert sent and time.monotonic() - sent[0] < 3
+    line = str(e.value)
+    assert "SIGTERM received after" in line and "train.on_disk_full wait" in line and "\n" not in line
+    assert "could not write checkpoint step_000002" in line and "start again with: hopperlm train" in line
+    assert steps_of(tmp_path / "run") == []
+    no_partial_left(tmp_path / "run")
+
+
+def test_the_preflight_counts_the_keep_every_milestones_a_run_keeps():
+    from hopperlm.config import TrainConfig
+    from hopperlm.train.disk_full import checkpoints_at_once
+
+    def at_once(**kw):
+        return checkpoints_at_once(TrainConfig(**kw), tokens_per_step=1000)
+
+    assert at_once(max_steps=100, ckpt_every=10)[:2] == (4, "train.keep_last 3 + the one being written")
+    # saves at 10..100; the last 4 (70-100) are the kept ones; 20, 40, 60 are milestones kept besides
+    assert at_once(max_steps=100, ckpt_every=10, keep_every=20)[:2] == (
+        7,
+        "train.keep_last 3 + the one being written + 3 train.keep_every 20 milestones",
+    )
+    assert at_once(max_tokens=100_000, ckpt_every=10, keep_every=20)[0] == 7  # 100 steps of 1000 tokens
+    assert (
+        checkpoints_at_once(TrainConfig(max_steps=100, ckpt_every=10, keep_every=20), step=50)[0] == 5
+    )  # 60
+    count, _, note = at_once(max_hours=1.0, ckpt_every=10, keep_every=20)
+    assert count == 4 and "a max_hours run's last step is not known ahead" in note
+
+
+def test_diagnose_shows_the_checkpoint_size_and_how_many_fit(shakespeare_bytes, small_disk, capsys):
+    from hopperlm.memory import checkpoint_bytes
+
+    disk = small_disk("8m")
+    args = ["diagnose", "debug", "--no-selftest", "--data.path", str(shakespeare_bytes), "--run.out_dir"]
+    main([*args, str(disk / "run"), "--train.keep_every", "20", "--train.ckpt_every", "10"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("checkpoints: "))
+    assert "up to 7 at once (train.keep_last 3 + the one being written + 3 train.keep_every 20" in line
+    assert "8.4 MB free there: 4 fit" in line
+    main([*args, str(disk / "run"), "--json"])
+    room = json.loads(capsys.readouterr().out)["checkpoints"]
+    from hopperlm.train.data_and_plan import resolve_model_config
+
+    model_cfg = resolve_model_config(load_config(DEBUG, []).model, 257)  # as `train` builds it (bytes + EOS)
+    size = checkpoint_bytes(model_cfg, "adamw")
+    assert room["checkpoint_bytes"] == size and room["at_once"] == 4
+    assert room["free_bytes"] == 8 << 20 and room["fit"] == (8 << 20) // size
 
 
 # ---- prepare and export --------------------------------------------------------------------------------------
@@ -316,3 +393,230 @@ def test_export_filling_mid_file_leaves_no_half_folder(shakespeare_bytes, tmp_pa
     assert {p.name for p in disk.iterdir()} == {"filler", "model"}  # no model.tmp-PID left
     assert (disk / "model" / "old.txt").read_text() == "kept"  # what was there before is untouched
     shutil.rmtree(run)
+
+
+# ---- every other writer: metric sinks, the report and plots, --json files, tokenizers, merge, import ----------
+
+
+class FullFiles:
+    """ENOSPC at the file layer for the files whose names `match`, once `on`: a write writes half of what it
+    was given (as a real full disk does mid-record) and raises OSError(ENOSPC) without a file name. Catches
+    Python's open() and pathlib's (io.open), as metrics.jsonl, metrics.csv and TensorBoard's event file use."""
+
+    def __init__(self, monkeypatch, match) -> None:
+        import builtins
+        import io
+
+        self.match, self.on, self.failed = match, False, set()
+        real = io.open
+
+        def patched(file, mode="r", *args, **kwargs):
+            f = real(file, mode, *args, **kwargs)
+            name = Path(os.fsdecode(file)).name if isinstance(file, (str, bytes, Path)) else ""  # (TB: bytes)
+            if self.on and any(c in mode for c in "wax") and self.match(name):
+                return FullFile(f, lambda: self.failed.add(name))
+            return f
+
+        monkeypatch.setattr(builtins, "open", patched)
+        monkeypatch.setattr(io, "open", patched)
+
+
+class FullFile:
+    def __init__(self, f, failed) -> None:
+        self.f, self.failed = f, failed
+
+    def write(self, data):
+        self.f.write(data[: len(data) // 2])
+        self.f.flush()
+        self.failed()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def fill(disk: Path) -> None:
+    """Take every free byte of the tmpfs at `disk`: the next file written there fails."""
+    free = shutil.disk_usage(disk).free
+    with open(disk / "filler", "wb") as f:
+        f.truncate(0)
+        f.write(b"\0" * free)
+
+
+def one_line_exit_2(call, capsys) -> str:
+    capsys.readouterr()  # (what the test printed before)
+    with pytest.raises(SystemExit) as e:
+        main(call)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: could not write") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def trained(shakespeare_bytes, tmp_path_factory) -> Path:
+    """One tiny run for the writers that read a run: 12 steps, a validation loss every 2 (a forecast fits)."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    cfg = load_config(
+        DEBUG,
+        [
+            *("--data.path", str(shakespeare_bytes), "--run.out_dir", str(run)),
+            *("--train.max_steps", "12", "--train.eval_every", "2", "--train.eval_windows", "4"),
+            *("--train.log_every", "2", "--train.ckpt_every", "0", "--optim.warmup_steps", "2"),
+            *("--log.report", "false", "--log.tensorboard", "false"),
+        ],
+    )
+    train(cfg, log=QUIET)
+    return run
+
+
+@pytest.mark.slow  # trains
+def test_a_metric_sink_that_fills_warns_once_and_the_run_goes_on(
+    shakespeare_bytes, tmp_path, monkeypatch, capfd
+):
+    """metrics.jsonl, metrics.csv and TensorBoard's event file (written by its background thread) fill after
+    step 2: each warns once, stays whole up to its last record, and the run trains on and saves its end."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sinks = {"metrics.jsonl", "metrics.csv"}
+    full = FullFiles(monkeypatch, lambda name: name in sinks or name.startswith("events.out.tfevents"))
+    run, lines = tmp_path / "run", []
+    cfg = debug_config(
+        shakespeare_bytes,
+        run,
+        *("--train.max_steps", "5", "--train.log_every", "1", "--train.ckpt_every", "0"),
+        *("--log.csv", "true", "--log.tensorboard", "true", "--log.report", "false"),
+    )
+    result = train(cfg, log=lines.append, on_step=lambda step: setattr(full, "on", step >= 2))
+    assert result.step == 5 and steps_of(run) == [5]  # trained on; its end saved
+    assert full.failed >= sinks and any(n.startswith("events.out") for n in full.failed)
+    for name in ("metrics.jsonl", "metrics.csv", "tensorboard"):
+        warned = [x for x in lines if x.startswith("warning: could not write") and f"; {name} stops" in x]
+        assert len(warned) == 1, (name, lines)
+        assert str(run) in warned[0] and "no space left on device" in warned[0]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]  # no torn record
+    csv_lines = (run / "metrics.csv").read_text().splitlines()
+    assert len(csv_lines) == 3 and csv_lines[-1].startswith("2,")
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss/train")] in ([1], [1, 2])  # (its thread may lag the run)
+    assert "Traceback" not in capfd.readouterr().err  # not even from TensorBoard's writer thread
+    no_partial_left(run)
+
+
+@pytest.mark.slow  # uses a trained run
+def test_the_report_and_plots_on_a_full_disk_keep_the_last_ones(trained, small_disk, capsys):
+    disk = small_disk("1m")
+    run = disk / "run"
+    run.mkdir()
+    for name in ("metrics.jsonl", "config.yaml", "plan.json", "result.json"):
+        shutil.copy(trained / name, run / name)
+    main(["report", str(run)])
+    before = {p: p.read_bytes() for p in [run / "report.md", run / "report.html", *(run / "plots").iterdir()]}
+    fill(disk)
+    err = one_line_exit_2(["report", str(run)], capsys)
+    assert ".png" in err and f"in {run / 'plots'}" in err
+    err = one_line_exit_2(["plot", str(run)], capsys)
+    assert {p: p.read_bytes() for p in before} == before  # the last complete ones, untouched
+    no_partial_left(disk)
+
+
+@pytest.mark.slow  # uses a trained run
+@pytest.mark.parametrize("verb", ["eval", "forecast"])
+def test_a_json_output_on_a_full_disk_keeps_the_last_one(
+    verb, trained, data_dir, tmp_path, small_disk, capsys
+):
+    disk = small_disk("64k")
+    out = disk / f"{verb}.json"
+    out.write_text('{"complete": true}\n')
+    fill(disk)
+    if verb == "eval":
+        text = tmp_path / "heldout.txt"
+        text.write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:3000])
+        call = ["eval", str(trained), "--data", str(text), "--json", str(out)]
+    else:
+        call = ["forecast", str(trained), "--json", str(out)]
+    err = one_line_exit_2(call, capsys)
+    assert f"could not write {out.name} in {disk}" in err
+    assert out.read_text() == '{"complete": true}\n'
+    no_partial_left(disk)
+
+
+@pytest.mark.parametrize("action", ["train", "extend"])
+def test_a_tokenizer_on_a_full_disk_leaves_the_last_one(action, data_dir, tmp_path, small_disk, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:20_000])
+    disk = small_disk("64k")
+    out = disk / "tok"
+    out.mkdir()
+    (out / "tokenizer.json").write_text("complete")
+    fill(disk)
+    if action == "train":
+        call = ["tokenizer", "train", str(corpus), "--vocab-size", "300"]
+    else:
+        base = data_dir / "tokenizers" / "tinyllama-1.1b-chat-v1.0"
+        call = ["tokenizer", "extend", str(base), str(corpus), "--add", "8"]
+    err = one_line_exit_2([*call, "--out", str(out), "--overwrite"], capsys)
+    assert "the tokenizer" in err or "the extended tokenizer" in err
+    assert {p.name for p in disk.iterdir()} == {"tok", "filler"}  # no tok.tmp-PID left
+    assert [p.name for p in out.iterdir()] == ["tokenizer.json"] and (out / "tokenizer.json").read_text() == (
+        "complete"
+    )
+
+
+def safetensors_fill(monkeypatch, module) -> None:
+    """`module`'s save_safetensors writes half a file and fails as safetensors does on a full disk."""
+
+    def save(tensors, path, metadata=None):
+        Path(path).write_bytes(b"\0" * 1000)
+        raise Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(module, "save_safetensors", save)
+
+
+@pytest.mark.slow  # trains a LoRA run
+def test_merge_filling_mid_file_leaves_no_half_folder(
+    trained, shakespeare_bytes, tmp_path, monkeypatch, capsys
+):
+    from hopperlm.checkpoint import hf_convert
+
+    lora = tmp_path / "lora"
+    cfg = load_config(
+        DEBUG,
+        [
+            *("--data.path", str(shakespeare_bytes), "--run.out_dir", str(lora), "--model.preset", "null"),
+            *("--model.init_from", str(trained), "--lora.rank", "2", "--lora.targets", "all-linear"),
+            *("--train.max_steps", "1", "--train.eval_every", "0", "--log.report", "false"),
+        ],
+    )
+    from hopperlm.checkpoint.init_from import resolve_init_from
+
+    train(resolve_init_from(cfg), log=QUIET)
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "old.txt").write_text("kept")
+    safetensors_fill(monkeypatch, hf_convert)
+    for fmt in ("hopperlm", "hf"):
+        err = one_line_exit_2(["merge", str(lora), str(out), "--format", fmt, "--overwrite"], capsys)
+        assert "the merged model" in err or "the exported model" in err
+        assert [p.name for p in out.iterdir()] == ["old.txt"] and (out / "old.txt").read_text() == "kept"
+        no_partial_left(tmp_path)
+
+
+def test_import_filling_mid_file_leaves_no_half_folder(tinyllama_hf, tmp_path, monkeypatch, capsys):
+    from hopperlm.checkpoint import hf_convert
+
+    out = tmp_path / "imported"
+    out.mkdir()
+    (out / "old.txt").write_text("kept")
+    safetensors_fill(monkeypatch, hf_convert)
+    err = one_line_exit_2(["import", str(tinyllama_hf), str(out), "--overwrite"], capsys)
+    assert "the imported model" in err and "no space left on device" in err
+    assert [p.name for p in out.iterdir()] == ["old.txt"]
+    no_partial_left(tmp_path)

@@ -2,8 +2,8 @@
 
 The convention the docs follow:
 - shell commands live only in ```bash fenced blocks (```sh, ```shell and ```console are refused);
-- a block whose first line is `# needs: gpu`, `# needs: network` or `# needs: model` (a downloaded Hugging Face
-  model) is not run: the test lists it with its reason and counts it;
+- a block whose first line is `# needs: gpu`, `# needs: network`, `# needs: model` (a downloaded Hugging Face
+  model) or `# needs: llama.cpp` (its binaries, or Ollama) is not run: the test lists it with its reason and counts it;
 - the README's "two commands" blocks (`bash scripts/setup.sh && python3 -m hopperlm demo`, `bash scripts/test.sh`)
   are not run either: the first installs packages (network) and trains for about 100 s, the second is this test
   suite, which must not call itself; CI runs both as they are written;
@@ -26,7 +26,7 @@ from shared_data import DATA_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-NEEDS = {"gpu", "network", "model"}
+NEEDS = {"gpu", "network", "model", "llama.cpp"}
 # blocks run by CI as they are written, never from here (see the module docstring)
 TWO_COMMANDS = {
     "bash scripts/setup.sh && python3 -m hopperlm demo": "installs packages (network) and trains for ~100 s",

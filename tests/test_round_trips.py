@@ -14,7 +14,7 @@ from hopperlm.cli import main
 from hopperlm.config import load_config
 from hopperlm.data.chat import chat_encoder
 from hopperlm.data.prepare import PrepareOptions, prepare
-from hopperlm.data.tokenizer import load_tokenizer
+from hopperlm.data.tokenizer import COMPANION_FILES, load_tokenizer
 from hopperlm.eval.gsm8k import chat_template
 from hopperlm.train.loop import train
 
@@ -90,6 +90,14 @@ def kind(request, data_dir, shakespeare_bytes, tinyllama_hf, tmp_path_factory):
     return train_tiny(data, tmp / "run"), data, sample
 
 
+def assert_tokenizer_travels_whole(folder: Path, tokenizer_dir: Path) -> list[str]:
+    """Every file of the tokenizer in tokenizer_dir (tokenizer.model: what llama.cpp's converter reads) is in
+    folder, byte for byte; tokenizer_config.json is rewritten for transformers (hf_tokenizer.py). Their names."""
+    names = [n for n in COMPANION_FILES if n != "tokenizer_config.json" and (tokenizer_dir / n).is_file()]
+    assert all((folder / n).read_bytes() == (tokenizer_dir / n).read_bytes() for n in names), names
+    return names
+
+
 def test_export_transformers_import_keeps_the_tokenizer_and_the_text(kind, tmp_path, capsys):
     source, data, sample = kind
     ours = load_tokenizer(source / "tokenizer")  # a run's (beside its checkpoints) or a model folder's
@@ -98,6 +106,9 @@ def test_export_transformers_import_keeps_the_tokenizer_and_the_text(kind, tmp_p
     for name in sorted(p.name for p in exported.iterdir()):
         assert name in message, (name, message)  # the message names every file written
     assert (exported / "tokenizer.json").is_file() and (exported / "tokenizer_config.json").is_file()
+    names = assert_tokenizer_travels_whole(exported, source / "tokenizer")
+    llama_vocab = ours.id_to_piece(3) == "<0x00>"  # imported and extended: TinyLlama's, byte pieces from id 3
+    assert ("tokenizer.model" in names) == llama_vocab  # came through prepare and the run (extended: grown)
 
     tok = transformers.AutoTokenizer.from_pretrained(exported)
     ids = tok(sample)["input_ids"]
@@ -113,6 +124,7 @@ def test_export_transformers_import_keeps_the_tokenizer_and_the_text(kind, tmp_p
     cli(capsys, "import", exported, back)
     # hopperlm's own tokenizer comes back (the byte marker, the very tokenizer.json), not a look-alike
     assert load_tokenizer(back / "tokenizer").sha256 == ours.sha256
+    assert_tokenizer_travels_whole(back / "tokenizer", source / "tokenizer")
     assert cli(capsys, "generate", back, "--prompt", prompt, *GREEDY) == theirs + "\n"
     losses = []
     for i, model_dir in enumerate((source, back)):
@@ -201,11 +213,14 @@ def test_lora_exports_keep_the_template_and_generate_what_hopperlm_generates(
     run = lora_run(tinyllama_hf, data_dir, tmp_path / "run")
     cli(capsys, "merge", run, tmp_path / "merged", "--format", "hf")
     assert_renders_as_hopperlm(tmp_path / "merged", run)
+    assert (run / "tokenizer" / "tokenizer.model").is_file()  # TinyLlama's, through sft's saved tokenizer
+    assert_tokenizer_travels_whole(tmp_path / "merged", run / "tokenizer")
 
     adapter = tmp_path / "adapter"
     message = cli(capsys, "export", run, adapter, "--peft")
     assert "adapter_config.json" in message and "tokenizer_config.json" in message
     assert_renders_as_hopperlm(adapter, run)  # the run's tokenizer travels with the adapter
+    assert_tokenizer_travels_whole(adapter, run / "tokenizer")
     base = transformers.AutoModelForCausalLM.from_pretrained(tinyllama_hf).float().eval()
     model = peft.PeftModel.from_pretrained(base, adapter).eval()
     tok = transformers.AutoTokenizer.from_pretrained(adapter)

@@ -137,19 +137,54 @@ def test_hf_tinyllama_eos_from_config(tmp_path):
     text = (DATA_DIR / "hornmt" / "eng.txt").read_text(encoding="utf-8")[:5000]
     assert tok.decode(tok.encode(text)) == text
     tok.save(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "special_tokens_map.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ]
+    whole = ["special_tokens_map.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == whole  # every file of it, tokenizer.model too
+    for name in whole:
+        assert (tmp_path / name).read_bytes() == (TOK_DIR / "tinyllama-1.1b-chat-v1.0" / name).read_bytes()
     again = load_tokenizer(tmp_path)
     assert again.identity() | {"name": None} == tok.identity() | {"name": None}
 
 
-def test_hf_eos_from_vocab_without_configs(tmp_path):
+def test_hf_eos_from_vocab_without_configs(tmp_path, capsys):
     shutil.copyfile(TOK_DIR / "tinyllama-1.1b-chat-v1.0" / "tokenizer.json", tmp_path / "tokenizer.json")
     tok = load_tokenizer(tmp_path / "tokenizer.json")
     assert (tok.eos_id, tok.bos_id) == (2, 1)
+    load_tokenizer(tmp_path).save(tmp_path / "saved")
+    # a SentencePiece tokenizer.json without its tokenizer.model: said once, with what it means for llama.cpp
+    note = capsys.readouterr().err.splitlines()
+    assert len(note) == 1 and "without its tokenizer.model" in note[0] and "llama.cpp" in note[0]
+
+
+def test_a_chat_template_file_is_the_tokenizers_own(tmp_path):
+    """transformers saves a chat template as chat_template.jinja: it travels, and is the tokenizer's template; a
+    new tokenizer_config.json template replaces it (transformers would prefer the file)."""
+    for name in ("tokenizer.json", "special_tokens_map.json"):
+        shutil.copyfile(TOK_DIR / "tinyllama-1.1b-chat-v1.0" / name, tmp_path / name)
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    tok = load_tokenizer(tmp_path)
+    assert tok.config["chat_template"] == "{{ messages[0]['content'] }}"
+    tok.save(tmp_path / "saved")
+    assert (tmp_path / "saved" / "chat_template.jinja").is_file()
+    tok.with_config({"chat_template": "other"}).save(tmp_path / "other")
+    assert not (tmp_path / "other" / "chat_template.jinja").exists()
+    assert load_tokenizer(tmp_path / "other").config["chat_template"] == "other"
+
+
+def test_a_stale_tokenizer_model_is_left_out(tmp_path, capsys):
+    """A tokenizer.model whose pieces are not the tokenizer.json's would make llama.cpp's converter (which reads
+    it first) build another vocabulary: it is not kept, and that is said once."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    src = TOK_DIR / "tinyllama-1.1b-chat-v1.0"
+    shutil.copyfile(src / "tokenizer.json", tmp_path / "tokenizer.json")
+    proto = pb.ModelProto.FromString((src / "tokenizer.model").read_bytes())
+    proto.pieces[1000].piece = "\u2581stale"
+    (tmp_path / "tokenizer.model").write_bytes(proto.SerializeToString())
+    load_tokenizer(tmp_path).save(tmp_path / "saved")
+    load_tokenizer(tmp_path / "tokenizer.json")
+    assert not (tmp_path / "saved" / "tokenizer.model").exists()
+    note = capsys.readouterr().err.splitlines()
+    assert len(note) == 1 and "has other pieces (left out" in note[0]
 
 
 def test_hf_config_eos_overrides_vocab_guess(tmp_path):

@@ -3,6 +3,7 @@ tokenization, and cuts Tigrinya fertility; `tokenizer train` makes working BPE a
 
 import contextlib
 import io
+import itertools
 import json
 
 import pytest
@@ -79,7 +80,54 @@ def test_transformers_loads_the_extended_tokenizer(extended):
     assert len(hf) == 34500 and hf.eos_token_id == 2
 
 
-def test_llama2_sentencepiece_base_converts_exactly():
+def test_extended_tokenizer_model_gives_the_same_ids_as_its_tokenizer_json(extended, tmp_path):
+    """The comparison users make: SentencePiece, transformers' SentencePiece backend (the slow tokenizer),
+    LlamaTokenizer built from tokenizer.model alone, and the fast tokenizer on tokenizer.json give the same ids
+    on held-out Tigrinya (every line and every word) and English; old pieces, ids and scores are untouched."""
+    import sentencepiece
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    transformers = pytest.importorskip("transformers")
+    extended, _ = extended
+    base = pb.ModelProto.FromString((TINYLLAMA / "tokenizer.model").read_bytes())
+    ext = pb.ModelProto.FromString((extended / "tokenizer.model").read_bytes())
+    assert list(ext.pieces)[:32000] == list(base.pieces) and ext.normalizer_spec == base.normalizer_spec
+    vocab = json.loads((extended / "tokenizer.json").read_text())["model"]["vocab"]
+    new = list(ext.pieces)[32000:]
+    assert [vocab[p.piece] for p in new] == list(range(32000, 34500))
+    assert all(p.type == pb.ModelProto.SentencePiece.NORMAL for p in new)
+    scores = [
+        min(p.score for p in base.pieces),
+        *(p.score for p in new),
+    ]  # below every old piece, in id order
+    assert all(a > b for a, b in itertools.pairwise(scores))
+
+    only_model = tmp_path / "model-only"
+    only_model.mkdir()
+    (only_model / "tokenizer.model").write_bytes((extended / "tokenizer.model").read_bytes())
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(extended / "tokenizer.model"))
+    slow = transformers.SentencePieceBackend(vocab_file=str(extended / "tokenizer.model"), legacy=True)
+    from_model = transformers.LlamaTokenizer.from_pretrained(only_model)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(extended / "tokenizer.json"))
+    ours = load_tokenizer(extended)
+    base_sp = sentencepiece.SentencePieceProcessor(model_file=str(TINYLLAMA / "tokenizer.model"))
+    shakespeare = (DATA_DIR / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:40_000]
+    for path_or_text in (HELDOUT_TIR, HELDOUT_ENG, shakespeare):
+        text = path_or_text if isinstance(path_or_text, str) else path_or_text.read_text(encoding="utf-8")
+        lines = [line for line in text.splitlines() if line.strip()]
+        ids = sp.encode(lines)
+        assert [slow.encode(line, add_special_tokens=False) for line in lines] == ids
+        assert from_model(lines, add_special_tokens=False)["input_ids"] == ids
+        assert fast(lines, add_special_tokens=False)["input_ids"] == ids
+        assert ours.encode_batch(lines) == ids
+        if path_or_text is HELDOUT_TIR:
+            words = text.split()
+            assert len(words) == 43_511 and ours.encode_batch(words) == sp.encode(words)
+        else:
+            assert base_sp.encode(lines) == ids  # English: the base's very ids
+
+
+def test_llama2_sentencepiece_base_converts_exactly(tmp_path):
     """BASE may be Llama-2's tokenizer.model: converted, it is TinyLlama's tokenizer.json (same vocab, merges)."""
     base = load_base(str(DATA_DIR / "tokenizers" / "llama2" / "tokenizer.model"))
     ref = json.loads((TINYLLAMA / "tokenizer.json").read_text())
@@ -93,6 +141,13 @@ def test_llama2_sentencepiece_base_converts_exactly():
         + (DATA_DIR / "tinyshakespeare" / "input.txt").read_text()[:50000]
     )
     assert base.encode(text) == sp.encode(text) and (base.eos_id, base.bos_id) == (2, 1)
+    # extended, it gets its tokenizer.model extended too, with the same ids
+    volunteers = TIR_CORPUS[0].read_text(encoding="utf-8")[:100_000]
+    ext = extend_tokenizer(base, [volunteers], 300).tokenizer
+    ext.save(tmp_path)
+    extended_sp = load_tokenizer(tmp_path / "tokenizer.model")
+    lines = HELDOUT_TIR.read_text(encoding="utf-8").splitlines()
+    assert extended_sp.vocab_size == 32300 and extended_sp.encode_batch(lines) == ext.encode_batch(lines)
     with pytest.raises(DataError, match="needs a BPE tokenizer.json"):
         extend_tokenizer(load_tokenizer("byte"), ["ሰላም"], 10)
     with pytest.raises(DataError, match="gpt2 is a byte-level BPE"):

@@ -35,18 +35,11 @@ from hopperlm.checkpoint.layout import (
 )
 from hopperlm.checkpoint.tensors import iter_model_tensors, to_hf_name
 from hopperlm.config import ModelConfig
-from hopperlm.data.tokenizer import BYTE_MARKER
+from hopperlm.data.tokenizer import BYTE_MARKER, TOKENIZER_FILES
 from hopperlm.errors import CheckpointError, ConfigError
 from hopperlm.model.generate import sampling_generation_config
 from hopperlm.model.transformer import count_params
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer.model",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-)
 GENERATION_FILE = "generation_config.json"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

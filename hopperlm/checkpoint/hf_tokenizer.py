@@ -6,10 +6,12 @@ exactly as hopperlm does; `import` must get hopperlm's own tokenizer back. Per k
                  EOS 256 `<|endoftext|>`, so transformers encodes any text to hopperlm's ids; beside it the
                  marker hopperlm-byte.json, which `import` keeps as the byte tokenizer (same sha256 as data
                  prepared with `--tokenizer byte`)
-  tokenizer.json trained BPE/Unigram, extended or Hugging Face tokenizers: the file as it is, with the configs
-                 that came with it
+  tokenizer.json trained BPE/Unigram, extended or Hugging Face tokenizers: the file as it is, with every file
+                 that came with it (data/tokenizer.py's COMPANION_FILES: tokenizer.model, configs, chat template)
   tokenizer.model a SentencePiece model: kept, with its equivalent tokenizer.json (data/sp_convert.py) whose
                  template puts BOS first, as hopperlm encodes it for the model
+tokenizer.model is what llama.cpp's converter reads first: without it, it rebuilds a Llama vocabulary without
+SentencePiece's scores and tokenizes differently (data/tokenizer.py says so once when one is missing).
 and always a tokenizer_config.json naming every special token hopperlm resolved (eos_token, bos_token), so a
 chat template's variables are defined in transformers too, plus `tokenizer_class` where none is named
 (PreTrainedTokenizerFast: the tokenizer.json as it is, never a model family's rebuilt pipeline).
@@ -24,6 +26,7 @@ from pathlib import Path
 from hopperlm.data.tokenizer import (
     BPE_EOS,
     BYTE_MARKER,
+    COMPANION_FILES,
     HF_FILE,
     SP_FILE,
     HFTokenizer,
@@ -33,8 +36,6 @@ from hopperlm.data.tokenizer import (
 )
 
 CONFIG_FILE = "tokenizer_config.json"
-# files that travel with a tokenizer.json unchanged (tokenizer_config.json is rewritten)
-COMPANION_FILES = ("special_tokens_map.json", "added_tokens.json", SP_FILE)
 FAST_CLASS = "PreTrainedTokenizerFast"
 
 
@@ -153,23 +154,17 @@ def write_hf_tokenizer(tokenizer_dir: Path, out_dir: Path, model_max_length: int
 
         raw, configs = sentencepiece_to_hf(tokenizer._raw, str(tokenizer_dir / SP_FILE))
         (out_dir / HF_FILE).write_bytes(with_bos_template(raw, tokenizer))
-        written.append(HF_FILE)
+        shutil.copy2(tokenizer_dir / SP_FILE, out_dir / SP_FILE)  # the original: llama.cpp reads its scores
+        written += [HF_FILE, SP_FILE]
         for name, data in configs.items():
             (out_dir / name).write_bytes(data)
             written.append(name)
         config = {}
     else:
         assert isinstance(tokenizer, HFTokenizer)
-        tokenizer.save(out_dir)  # tokenizer.json as it is, with the configs it came with
-        written += [
-            HF_FILE,
-            *(f for f in (CONFIG_FILE, "special_tokens_map.json") if (out_dir / f).is_file()),
-        ]
+        tokenizer.save(out_dir)  # tokenizer.json as it is, with every file it came with (tokenizer.model too)
+        written += [HF_FILE, *(f for f in COMPANION_FILES if (out_dir / f).is_file())]
         config = tokenizer.config
-    for name in COMPANION_FILES:
-        if (tokenizer_dir / name).is_file() and not (out_dir / name).is_file():
-            shutil.copy2(tokenizer_dir / name, out_dir / name)
-            written.append(name)
     config = {**config, **{k: v for k, v in special_token_config(tokenizer).items() if not config.get(k)}}
     config.setdefault("tokenizer_class", FAST_CLASS)
     config.setdefault("clean_up_tokenization_spaces", False)

@@ -36,6 +36,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
     """`tokenizer train`: a new tokenizer from a corpus; `tokenizer extend`: BASE plus pieces for a new language."""
     import json
 
+    from hopperlm.checkpoint.atomic import staged_dir
     from hopperlm.data import tokenizer_train as tt
 
     out = Path(args.out)
@@ -46,7 +47,8 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
     texts = tt.corpus_texts(args.corpus, args.text_field)
     if args.action == "train":
         tok = tt.train_tokenizer(texts, args.kind, args.vocab_size)
-        tok.save(out)
+        with staged_dir(out, args.overwrite, what="the tokenizer") as tmp:  # whole, or --out as it was
+            tok.save(tmp)
         log(
             f"trained {args.kind} tokenizer, {tok.vocab_size:,} pieces, eos id {tok.eos_id}: {out / 'tokenizer.json'}"
         )
@@ -58,10 +60,12 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
         Path(f).parent.name + "/" + Path(f).name: Path(f).read_text(encoding="utf-8") for f in args.heldout
     }
     rows = tt.compare(base, ext.tokenizer, heldout, protect)
-    tt.save_extension(ext, out, rows)
+    with staged_dir(out, args.overwrite, what="the extended tokenizer") as tmp:
+        tt.save_extension(ext, tmp, rows)
     for line in tt.format_report(rows, len(ext.added), base.name):
         log(line)
-    log(f"saved {out / 'tokenizer.json'} (+ extension.json: the added pieces and this report)")
+    grown = " + tokenizer.model, the same pieces and ids," if (out / "tokenizer.model").is_file() else ""
+    log(f"saved {out / 'tokenizer.json'}{grown} (+ extension.json: the added pieces and this report)")
     if args.json:
         print(json.dumps(rows, indent=1))
 
@@ -135,7 +139,9 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         help="add pieces learned on a new language to BASE; old ids and protected text stay unchanged",
     )
     e.add_argument(
-        "base", help="BPE tokenizer.json (or its folder), e.g. TinyLlama's (the Llama-2 vocabulary)"
+        "base",
+        help="BPE tokenizer.json (or its folder), e.g. TinyLlama's (the Llama-2 vocabulary), or a SentencePiece "
+        "tokenizer.model; its tokenizer.model (BASE itself or beside it) is extended too",
     )
     e.add_argument("corpus", nargs="+", help="text of the new language (files or folders, as for prepare)")
     e.add_argument("--add", type=int, required=True, help="most pieces to add")

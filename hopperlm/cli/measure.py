@@ -37,8 +37,10 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.config:
         from hopperlm.data.train_data import resolve_datasets
         from hopperlm.errors import DataError
+        from hopperlm.memory import checkpoint_bytes
         from hopperlm.plan import World
         from hopperlm.train.data_and_plan import plan_run, resolve_model_config
+        from hopperlm.train.disk_full import checkpoint_line, checkpoint_room
 
         cfg = run_config(args.config, overrides)
         model_cfg, vocab_note = cfg.model, ""
@@ -63,8 +65,17 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
             measure=not args.simulate and world.size == 1,
         )
         lines += [f"== plan for {args.config}{vocab_note}", *plan.lines()]
+        # the checkpoints' room in the run folder's filesystem: the training banner's line (DiskFull.preflight)
+        room = checkpoint_room(
+            cfg.train,
+            checkpoint_bytes(model_cfg, plan.optimizer, cfg.lora),
+            Path(cfg.run.out_dir),
+            tokens_per_step=plan.tokens_per_step,
+        )
+        lines.append(checkpoint_line(room))
         lines += budget_lines(cfg, model_cfg, plan, hw)
         report["plan"] = {**dataclasses.asdict(plan), "memory_bytes": plan.memory.total(plan.micro_batch)}
+        report["checkpoints"] = room
     if not args.simulate and not args.no_selftest:
         from hopperlm.selftest import format_selftest, run_selftest
 

@@ -96,7 +96,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
         }
         log(f"gsm8k: {g.correct}/{g.total} exact match = {g.accuracy:.1%} (greedy, {args.shots}-shot)")
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
+        from hopperlm.files import write_atomic
+
+        write_atomic(args.json, json.dumps(report, indent=1, default=str) + "\n")  # whole or as before
         log(f"results: {args.json}")
 
 
@@ -133,10 +135,11 @@ def harness_tasks(args: argparse.Namespace, model, tokenizer) -> dict:
     )
     log(make_table(results))
     if args.log_samples:
-        with open(args.log_samples, "w") as f:
-            for task, samples in results.get("samples", {}).items():
-                for sample in samples:
-                    f.write(json.dumps({"task": task, **sample}, default=str) + "\n")
+        from hopperlm.files import write_atomic
+
+        samples = results.get("samples", {}).items()
+        lines = (json.dumps({"task": task, **s}, default=str) + "\n" for task, ss in samples for s in ss)
+        write_atomic(args.log_samples, "".join(lines))  # whole or as before
         log(f"samples: {args.log_samples}")
     return {
         "metrics": metrics_of(results),
@@ -274,6 +277,11 @@ def cmd_export(args: argparse.Namespace) -> None:
         out = export_peft(Path(args.run), Path(args.out), overwrite=args.overwrite)
         files = sorted(p.name for p in out.iterdir())
         log(f"exported {out} (PEFT adapter: {', '.join(files)})")
+    elif args.format == "gguf":
+        from hopperlm.checkpoint.gguf import export_gguf
+
+        out = export_gguf(Path(args.run), Path(args.out), args.outtype, overwrite=args.overwrite, log=log)
+        log(f"exported {out} (GGUF, {args.outtype}: llama-cli -m {out}, or an Ollama Modelfile FROM it)")
     elif args.format == "hopperlm":
         from hopperlm.checkpoint.single import export_model
 
@@ -317,12 +325,15 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
 
     for verb, text in (
         ("merge", "fold a LoRA run's adapters into its base: a plain model folder"),
-        ("export", "a run / checkpoint -> Hugging Face folder (default), PEFT adapter (--peft) or hopperlm"),
+        (
+            "export",
+            "a run / checkpoint -> Hugging Face folder (default), PEFT adapter (--peft), hopperlm or GGUF",
+        ),
     ):
         p = add_verb(verbs, common, verb, cmd_export if verb == "export" else cmd_merge, text)
         p.add_argument("run", help="run dir (latest checkpoint), checkpoint dir or model folder")
         p.add_argument("out", help="output directory")
-        formats = ["hf", "hopperlm"] if verb == "export" else ["hopperlm", "hf"]
+        formats = ["hf", "hopperlm", "gguf"] if verb == "export" else ["hopperlm", "hf"]
         p.add_argument("--format", choices=formats, default=formats[0], help=f"default {formats[0]}")
         p.add_argument("--dtype", default="auto", help="auto (as stored) | fp32 | bf16 | fp16")
         p.add_argument(
@@ -331,6 +342,11 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         p.add_argument("--overwrite", action="store_true")
         if verb == "export":
             p.add_argument("--peft", action="store_true", help="LoRA runs: the adapters in PEFT's format")
+            p.add_argument(
+                "--outtype",
+                default="f16",
+                help="--format gguf: f16 (default) | bf16 | q8_0 | f32 (norms stay f32); OUT is NAME.gguf",
+            )
 
     p = add_verb(
         verbs,

@@ -20,6 +20,7 @@ from hopperlm.cli.common import (
 )
 from hopperlm.cli.models import model_samples
 from hopperlm.errors import ConfigError
+from hopperlm.files import write_atomic
 
 if TYPE_CHECKING:  # (the CLI imports torch only when a verb needs it)
     from hopperlm.train.run import Resume
@@ -124,7 +125,7 @@ def cmd_slurm(args: argparse.Namespace, overrides: list[str]) -> None:
     )
     run_dir.mkdir(parents=True, exist_ok=True)  # SLURM opens the --output log there before the job starts
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(script)
+    write_atomic(out, script)
     log(f"wrote {out} ({args.nodes} node(s) x {args.gpus_per_node} GPU(s)); submit with: sbatch {out}")
 
 
@@ -189,7 +190,7 @@ def cmd_forecast(args: argparse.Namespace) -> None:
     log(forecast.line(target))
     if args.json:
         out = {**forecast.to_dict(), "target": target}
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        write_atomic(args.json, json.dumps(out, indent=2) + "\n")  # whole or as before
         log(f"wrote {args.json}")
 
 

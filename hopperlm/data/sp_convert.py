@@ -22,17 +22,23 @@ CHECK_TEXT = (
 )
 
 
+def splits(piece: str, vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Every split of piece into two pieces of vocab, ordered as transformers orders them (by their ids): the
+    merges that make piece. SentencePiece BPE joins any two neighbours whose concatenation is a piece, so a
+    tokenizer.json agrees with it only when it holds all of them, ranked by the piece's score."""
+    local = [
+        (piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab
+    ]
+    return sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+
+
 def _merges(sp, vocab: dict[str, int]) -> list[str]:
     merges = []
     for piece, i in vocab.items():
         if sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i):
             continue
         score = sp.get_score(i)
-        local = [
-            (piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab
-        ]
-        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
-        merges.extend((score, a, b) for a, b in local)
+        merges.extend((score, a, b) for a, b in splits(piece, vocab))
     merges.sort(key=lambda m: m[0], reverse=True)  # stable: ties keep the order above
     return [f"{a} {b}" for _, a, b in merges]
 
@@ -108,3 +114,29 @@ def sentencepiece_to_hf(raw: bytes, where: str) -> tuple[bytes, dict[str, bytes]
     if sp.eos_id() >= 0:
         tokens["eos_token"] = sp.id_to_piece(sp.eos_id())
     return text.encode("utf-8"), {"special_tokens_map.json": json.dumps(tokens, indent=2).encode("utf-8")}
+
+
+def extend_sentencepiece(raw: bytes, pieces: list[str], *, first_id: int, where: str) -> bytes:
+    """The SentencePiece BPE model `raw` with `pieces` appended as ordinary pieces (ids from its size on, in
+    this order), as Chinese-LLaMA-Alpaca extended LLaMA's: each scores below every piece before it (by 1, or by
+    one float32 step where 1 is lost in rounding, e.g. below Llama's -1e9 whitespace runs), so SentencePiece,
+    which joins the highest-scoring neighbours first, joins them after every old piece and in this order: the
+    rank of their merges (splits()) in the extended tokenizer.json."""
+    import numpy as np
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    model = pb.ModelProto()
+    model.ParseFromString(raw)
+    if model.trainer_spec.model_type != pb.TrainerSpec.BPE:
+        raise DataError(f"{where} is not a SentencePiece BPE model; extend its tokenizer.json alone")
+    if len(model.pieces) != first_id:  # tokens the tokenizer.json added after the model's pieces
+        raise DataError(
+            f"{where} has {len(model.pieces)} pieces but the new ones start at id {first_id} (added tokens in "
+            "between); extend the tokenizer.json alone (move the tokenizer.model away)"
+        )
+    score = np.float32(min(p.score for p in model.pieces))
+    lower = np.float32(-np.inf)
+    for piece in pieces:
+        score = min(np.float32(score - 1), np.nextafter(score, lower))
+        model.pieces.add(piece=piece, score=float(score), type=pb.ModelProto.SentencePiece.NORMAL)
+    return model.SerializeToString()

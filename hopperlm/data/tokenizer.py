@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,6 +26,16 @@ HF_FILE = "tokenizer.json"
 SP_FILE = "tokenizer.model"
 # Files beside a tokenizer.json that name its special tokens; copied on save so EOS resolves the same way.
 HF_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+# Every file beside a tokenizer.json that the tokenizer is made of: they travel with it through prepare, the run,
+# checkpoints and exports. tokenizer.model is what llama.cpp's converter reads first (SentencePiece's scores).
+COMPANION_FILES = (
+    *HF_CONFIG_FILES,
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    SP_FILE,
+)
+TOKENIZER_FILES = (HF_FILE, *COMPANION_FILES)
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")
 BOS_CANDIDATES = ("<s>", "<|begin_of_text|>")
 BPE_EOS = "<|endoftext|>"
@@ -33,6 +44,15 @@ MAX_VOCAB = 1_000_000
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+_SAID: set[str] = set()  # notes already printed by this process: each is said once, however often it loads
+
+
+def _say_once(line: str) -> None:
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 class Tokenizer:
@@ -148,12 +168,42 @@ def _special_from_configs(configs: dict[str, bytes], key: str) -> tuple[str, str
     return None
 
 
-class HFTokenizer(Tokenizer):
-    """A Hugging Face tokenizer.json, kept as its raw bytes so save() reproduces the same sha256."""
+def sentencepiece_style(data: dict) -> bool:
+    """Is this tokenizer.json (parsed) a SentencePiece BPE converted (Llama 2, TinyLlama, Mistral): byte
+    fallback, and '▁' put before the text by a Prepend normalizer or a Metaspace pre-tokenizer?"""
+    model = data.get("model") or {}
+    front = json.dumps([data.get("normalizer"), data.get("pre_tokenizer")])
+    return (
+        model.get("type", "BPE") == "BPE"
+        and bool(model.get("byte_fallback"))
+        and ('"Prepend"' in front or '"Metaspace"' in front)
+    )
 
-    def __init__(
-        self, raw: bytes, name: str, configs: dict[str, bytes] | None = None, where: str = ""
-    ) -> None:
+
+def _same_pieces(sp_raw: bytes, data: dict) -> bool:
+    """Does the SentencePiece model sp_raw hold exactly the pieces of tokenizer.json `data`, id for id?"""
+    import sentencepiece
+
+    vocab = (data.get("model") or {}).get("vocab")
+    if isinstance(vocab, list):  # Unigram: [piece, score] in id order
+        vocab = {entry[0]: i for i, entry in enumerate(vocab)}
+    try:
+        sp = sentencepiece.SentencePieceProcessor(model_proto=sp_raw)
+    except Exception:  # not a SentencePiece model at all
+        return False
+    n = sp.get_piece_size()
+    return (
+        isinstance(vocab, dict)
+        and n == len(vocab)
+        and all(vocab.get(sp.id_to_piece(i)) == i for i in range(n))
+    )
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face tokenizer.json, kept as its raw bytes so save() reproduces the same sha256, with the files
+    beside it that the tokenizer is made of (COMPANION_FILES, e.g. tokenizer.model), which save() writes too."""
+
+    def __init__(self, raw: bytes, name: str, files: dict[str, bytes] | None = None, where: str = "") -> None:
         from tokenizers import Tokenizer as RustTokenizer
 
         where = where or name
@@ -162,7 +212,7 @@ class HFTokenizer(Tokenizer):
         except Exception as e:  # the Rust side raises plain Exception subclasses with its parse message
             raise DataError(f"{where} is not a valid tokenizer.json ({e}); point at a working one") from e
         self._raw = raw
-        self._configs = dict(configs or {})
+        self._files = dict(files or {})
         self.kind = "hf"
         self.name = name
         self.file = HF_FILE
@@ -178,7 +228,7 @@ class HFTokenizer(Tokenizer):
         self.bos_id = self._resolve("bos_token", BOS_CANDIDATES, where)
 
     def _resolve(self, key: str, candidates: tuple[str, ...], where: str) -> int | None:
-        named = _special_from_configs(self._configs, key)
+        named = _special_from_configs(self._files, key)
         if named is not None:
             token, fname = named
             tid = self._tok.token_to_id(token)
@@ -196,9 +246,30 @@ class HFTokenizer(Tokenizer):
     @classmethod
     def from_file(cls, path: Path) -> HFTokenizer:
         path = Path(path)
-        configs = {f: (path.parent / f).read_bytes() for f in HF_CONFIG_FILES if (path.parent / f).is_file()}
+        files = {f: (path.parent / f).read_bytes() for f in COMPANION_FILES if (path.parent / f).is_file()}
         name = path.parent.name if path.name == HF_FILE else path.stem
-        return cls(path.read_bytes(), name or path.stem, configs, where=str(path))
+        tokenizer = cls(path.read_bytes(), name or path.stem, files, where=str(path))
+        tokenizer._check_sentencepiece(str(path))
+        return tokenizer
+
+    def _check_sentencepiece(self, where: str) -> None:
+        """Keep tokenizer.model only when it is this tokenizer.json's own (same pieces and ids: a stale one
+        would make llama.cpp's converter, which reads it first, build another vocabulary); say once when a
+        SentencePiece-converted tokenizer.json comes without its original."""
+        data = json.loads(self._raw)
+        if SP_FILE in self._files and _same_pieces(self._files[SP_FILE], data):
+            return
+        why = f"without its {SP_FILE}"
+        if self._files.pop(SP_FILE, None) is not None:
+            why = f"whose {SP_FILE} beside it has other pieces (left out: converters read it first)"
+        elif not sentencepiece_style(data):
+            return
+        _say_once(
+            f"tokenizer: {where} is a SentencePiece tokenizer.json {why}: hopperlm and transformers tokenize "
+            "the same, but llama.cpp's convert_hf_to_gguf.py rebuilds the vocabulary without SentencePiece's "
+            f"scores and tokenizes differently; put the base model's {SP_FILE} beside it (hopperlm keeps it "
+            "from then on)"
+        )
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -223,7 +294,7 @@ class HFTokenizer(Tokenizer):
                     "prepend_scheme": "first",
                     "split": False,
                 }
-                self._served = HFTokenizer(json.dumps(data).encode("utf-8"), self.name, self._configs)
+                self._served = HFTokenizer(json.dumps(data).encode("utf-8"), self.name, self._files)
         return self._served
 
     @property
@@ -282,7 +353,7 @@ class HFTokenizer(Tokenizer):
         data["normalizer"] = strip(data.get("normalizer"), "normalizers")
         data["pre_tokenizer"] = strip(data.get("pre_tokenizer"), "pretokenizers")
         raw = json.dumps(data).encode("utf-8")
-        self._continuation = HFTokenizer(raw, self.name, self._configs) if changed else None
+        self._continuation = HFTokenizer(raw, self.name, self._files) if changed else None
         return self._continuation
 
     def decode(self, ids: list[int]) -> str:
@@ -298,20 +369,29 @@ class HFTokenizer(Tokenizer):
 
     @property
     def config(self) -> dict:
-        """tokenizer_config.json beside the tokenizer.json, if any (chat template, special token names)."""
-        raw = self._configs.get("tokenizer_config.json")
-        return json.loads(raw) if raw else {}
+        """tokenizer_config.json beside the tokenizer.json, if any (chat template, special token names), with
+        the chat template of chat_template.jinja/.json when it names none (transformers saves it there)."""
+        raw = self._files.get("tokenizer_config.json")
+        config = json.loads(raw) if raw else {}
+        if "chat_template" not in config and "chat_template.jinja" in self._files:
+            config["chat_template"] = self._files["chat_template.jinja"].decode("utf-8")
+        elif "chat_template" not in config and "chat_template.json" in self._files:
+            config["chat_template"] = json.loads(self._files["chat_template.json"]).get("chat_template")
+        return config
 
     def with_config(self, config: dict) -> HFTokenizer:
-        """The same tokenizer (same ids, same sha256) with another tokenizer_config.json."""
-        configs = {**self._configs, "tokenizer_config.json": json.dumps(config, indent=2).encode("utf-8")}
-        return HFTokenizer(self._raw, self.name, configs)
+        """The same tokenizer (same ids, same sha256) with another tokenizer_config.json, which then holds the
+        one chat template (a chat_template.jinja/.json beside it would win in transformers: left out)."""
+        files = {**self._files, "tokenizer_config.json": json.dumps(config, indent=2).encode("utf-8")}
+        if "chat_template" in config:
+            files = {k: v for k, v in files.items() if k not in ("chat_template.jinja", "chat_template.json")}
+        return HFTokenizer(self._raw, self.name, files)
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / HF_FILE).write_bytes(self._raw)
-        for fname, data in self._configs.items():
+        for fname, data in self._files.items():
             (directory / fname).write_bytes(data)
 
 

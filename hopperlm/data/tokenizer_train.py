@@ -12,7 +12,11 @@ fallback) for a new language without touching what it already does:
    of the `--protect` texts). New characters come first, then the pieces;
 3. append them after the last base id (every existing id keeps its meaning, so a model's embedding rows stay
    valid: continued pretraining with the extended tokenizer only adds rows, train/resize.py) and append their
-   merges after the base merges (lowest priority).
+   merges after the base merges (lowest priority): every split of each new piece into two pieces, in the order
+   the pieces were added, as a tokenizer.json converted from SentencePiece holds them (sp_convert.py);
+4. with the base's SentencePiece model (tokenizer.model beside its tokenizer.json, or BASE itself), write the
+   same pieces into it, scored below every base piece in the same order (sp_convert.extend_sentencepiece):
+   SentencePiece, transformers' slow and fast tokenizers and llama.cpp then give the same ids.
 Text made only of protected characters cannot form any new piece, so its tokenization is unchanged by
 construction; the fertility report checks it on held-out text anyway (identical ids, not just counts).
 """
@@ -26,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hopperlm.data.sources import decode_unit, find_sources, iter_units
+from hopperlm.data.sp_convert import extend_sentencepiece, sentencepiece_to_hf, splits
 from hopperlm.data.tokenizer import (
     HF_FILE,
+    SP_FILE,
     HFTokenizer,
     SentencePieceTokenizer,
     Tokenizer,
@@ -142,7 +148,6 @@ def extend_tokenizer(
     alphabet, merges = _learn_merges(data, texts, add + TRAIN_HEADROOM)
     added: list[str] = [c for c in alphabet if c not in taken and eligible(c)][:add]
     known = taken | set(added)
-    new_merges: list[tuple[str, str]] = []
     for a, b in merges:
         if len(added) >= add:
             break
@@ -150,15 +155,20 @@ def extend_tokenizer(
         if piece in known or a not in known or b not in known or not eligible(piece):
             continue
         added.append(piece)
-        new_merges.append((a, b))
         known.add(piece)
     next_id = max([*vocab.values(), *(t["id"] for t in data.get("added_tokens", []))]) + 1
     for offset, piece in enumerate(added):
         vocab[piece] = next_id + offset
+    # all the ways SentencePiece can form each new piece, not just the learned one: the two then agree
+    new_merges = [m for piece in added for m in splits(piece, vocab)]
     string_merges = bool(data["model"]["merges"]) and isinstance(data["model"]["merges"][0], str)
     data["model"]["merges"] += [f"{a} {b}" if string_merges else [a, b] for a, b in new_merges]
     raw = json.dumps(data, ensure_ascii=False).encode("utf-8")
-    extended = HFTokenizer(raw, name or f"{base.name}+{len(added)}", dict(base._configs))
+    files = dict(base._files)
+    if SP_FILE in files:
+        where = f"{base.name}'s {SP_FILE}"
+        files[SP_FILE] = extend_sentencepiece(files[SP_FILE], added, first_id=next_id, where=where)
+    extended = HFTokenizer(raw, name or f"{base.name}+{len(added)}", files)
     return Extension(extended, added, next_id)
 
 
@@ -228,7 +238,7 @@ def format_report(rows: list[dict], added: int, base_name: str) -> list[str]:
 
 
 def save_extension(ext: Extension, out_dir: Path, report: list[dict]) -> None:
-    """tokenizer.json (+ the base's tokenizer_config.json/special_tokens_map.json) and extension.json."""
+    """tokenizer.json (+ the base's files: configs, the extended tokenizer.model) and extension.json."""
     out_dir = Path(out_dir)
     ext.tokenizer.save(out_dir)
     info = {"base_vocab_size": ext.base_size, "added": len(ext.added), "pieces": ext.added, "report": report}
@@ -245,8 +255,6 @@ def load_base(spec: str) -> Tokenizer:
         return load_tokenizer(path / HF_FILE)
     base = load_tokenizer(spec)
     if isinstance(base, SentencePieceTokenizer):
-        from hopperlm.data.sp_convert import sentencepiece_to_hf
-
         raw, configs = sentencepiece_to_hf(base._raw, str(spec))
-        return HFTokenizer(raw, base.name, configs, where=str(spec))
+        return HFTokenizer(raw, base.name, {**configs, SP_FILE: base._raw}, where=str(spec))
     return base

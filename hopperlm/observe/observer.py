@@ -11,6 +11,7 @@ report at the end.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -23,6 +24,7 @@ import yaml
 
 from hopperlm.config import Config, ModelConfig, TrainConfig
 from hopperlm.diskspace import unwritten
+from hopperlm.files import write_atomic
 from hopperlm.hardware import Hardware
 from hopperlm.model.transformer import count_params
 from hopperlm.observe import cuda_memory
@@ -85,8 +87,9 @@ class RunObserver:
         # the forecast runs to the run's budget with the LR of the schedule's (a resume may keep the original)
         kept = schedule_budget if schedule_budget is not None and schedule_budget != cfg.train else None
         self.forecaster = Forecaster(cfg, log, schedule=kept)
-        (self.run_dir / "plan.json").write_text(
-            json.dumps(plan_record(hw, plan, model_cfg, fpt, predicted), indent=2, default=str) + "\n"
+        write_atomic(
+            self.run_dir / "plan.json",
+            json.dumps(plan_record(hw, plan, model_cfg, fpt, predicted), indent=2, default=str) + "\n",
         )
         (self.run_dir / "result.json").unlink(missing_ok=True)  # the run is going again: not finished
         self.sinks = open_sinks(cfg, self.run_dir, step, yaml.safe_dump(cfg.to_dict(), sort_keys=False), log)
@@ -123,8 +126,8 @@ class RunObserver:
             self.display.stop()
         if self.gpu is not None:
             self.gpu.stop()
-        for sink in self.sinks:
-            sink.close()
+        for sink in list(self.sinks):
+            self._guarded(sink, sink.close)
 
     def log_step(self, record: dict[str, Any]) -> dict[str, Any]:
         """Complete the record (GPU readings), write it everywhere, print the line and refresh the display."""
@@ -139,7 +142,7 @@ class RunObserver:
             self.best_val = val if self.best_val is None else min(self.best_val, val)
             forecast = self.forecaster.at(record, self.val_points, self.train_points)  # adds its fields
         for sink in list(self.sinks):
-            self._write(sink, record)
+            self._guarded(sink, lambda: sink.write(record))  # noqa: B023 (called at once)
         self.rates.mark(record["step"], record["tokens"], record["elapsed_s"])
         tc = self.cfg.train
         rules = rule_progress(
@@ -156,22 +159,24 @@ class RunObserver:
             )
         return record
 
-    def _write(self, sink, record: dict[str, Any]) -> None:
+    def _guarded(self, sink, action: Callable[[], None]) -> None:
         """A sink that cannot write (a full disk, a quota) is dropped with one warning: its file stops growing
         where it was whole, and training, whose checkpoints train.on_disk_full looks after, goes on."""
         try:
-            sink.write(record)
+            action()
         except Exception as e:
-            full = unwritten(e)
+            full = unwritten(e, fix="free space there")
             if full is None:
                 raise
             self.sinks.remove(sink)
-            self.log(f"warning: {full}; {sink.name} stops at step {record['step'] - 1} (the run goes on)")
+            with contextlib.suppress(Exception):  # (TensorBoard's thread and file: let go quietly)
+                sink.close()
+            self.log(f"warning: {full}; {sink.name} stops here, whole to its last record; the run goes on")
 
     def restart_at(self, step: int, tokens: int, elapsed_s: float) -> None:
         """The run went back to the checkpoint of `step` (the guard's rollback)."""
-        for sink in self.sinks:
-            sink.restart_at(step)
+        for sink in list(self.sinks):
+            self._guarded(sink, lambda: sink.restart_at(step))  # noqa: B023 (called at once)
         self.val_points = [(s, v) for s, v in self.val_points if s <= step]
         self.train_points = [(s, v) for s, v in self.train_points if s <= step]
         self.best_val = min((v for _, v in self.val_points), default=None)
@@ -189,7 +194,7 @@ class RunObserver:
             "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
         try:
-            (self.run_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
+            write_atomic(self.run_dir / "result.json", json.dumps(summary, indent=2) + "\n")
             if not self.cfg.log.report:
                 return
             if result.stopped_by.startswith("signal"):

@@ -12,12 +12,14 @@ matplotlib draws off-screen (Agg), so this works on headless machines.
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hopperlm.errors import DataError
+from hopperlm.files import write_atomic
 from hopperlm.observe.metrics import read_metrics
 
 DPI = 110
@@ -107,10 +109,11 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
 
     def save(fig, name: str) -> None:
         fig.tight_layout()
-        path = out_dir / name
-        fig.savefig(path, dpi=DPI)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=DPI)
         plt.close(fig)
-        written.append(path)
+        # whole or as before: a full disk never leaves a torn plot in place of the last one
+        written.append(write_atomic(out_dir / name, png.getvalue()))
 
     def elapsed(run: Run, y: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
         xs, ys = run.series("elapsed_s", y, scale)

@@ -4,20 +4,28 @@ One schema: the fields of metrics.jsonl (hopperlm/observe/metrics.py documents t
 same values under the tags in TAGS (grouped: loss/, optim/, speed/, memory/, gpu/, progress/); metrics.csv has
 one column per field. A sink is told `restart_at(step)` when the run goes back to a checkpoint (resume or the
 guard's rollback): the records after it are about to be recomputed, so no sink keeps them twice.
+
+On a full disk (a quota, a read-only folder) a sink's `write` or `close` raises the OSError and leaves its file
+whole up to the last record it could write; the observer drops that sink with one warning and the run goes on.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import os
 import secrets
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Protocol
 
 from hopperlm.config import Config
+from hopperlm.diskspace import append_line, write_failure
 from hopperlm.errors import ConfigError
+from hopperlm.files import write_atomic
 from hopperlm.observe.metrics import FIELDS, MetricsFile, read_metrics
 
 TAGS = {
@@ -72,9 +80,7 @@ def truncate_metrics(path: Path, step: int) -> None:
     kept = [
         line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step
     ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    tmp.replace(path)
+    write_atomic(path, "".join(line + "\n" for line in kept))
 
 
 class JsonlSink:
@@ -108,8 +114,9 @@ class CsvSink:
         self.restart_at(start_step)
 
     def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, FIELDS, extrasaction="ignore").writerow(_csv_row(record))
+        row = io.StringIO()
+        csv.DictWriter(row, FIELDS, extrasaction="ignore", lineterminator="").writerow(_csv_row(record))
+        append_line(self.path, row.getvalue())  # whole rows only, even on a full disk
 
     def restart_at(self, step: int) -> None:
         """Rewrite from metrics.jsonl up to `step` (the source of truth; also upgrades an older header)."""
@@ -126,12 +133,11 @@ def _csv_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_csv(records: list[dict[str, Any]], path: Path) -> None:
-    tmp = Path(path).with_suffix(".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(_csv_row(r) for r in records)
-    tmp.replace(path)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(_csv_row(r) for r in records)
+    write_atomic(path, text.getvalue())
 
 
 class TensorBoardSink:
@@ -145,6 +151,7 @@ class TensorBoardSink:
 
         self.SummaryWriter = SummaryWriter
         self.log_dir = Path(run_dir) / "tensorboard"
+        self.records: EventRecords | None = None
         self.writer = self._open(start_step)
         if start_step == 0:
             self.writer.add_text("config", "```\n" + config_text + "\n```", 0)
@@ -160,18 +167,84 @@ class TensorBoardSink:
             while int(time.time()) <= newest:
                 time.sleep(0.05)
         purge = step + 1 if earlier else None
-        return self.SummaryWriter(str(self.log_dir), purge_step=purge, flush_secs=30)
+        writer = self.SummaryWriter(str(self.log_dir), purge_step=purge, flush_secs=30)
+        self.records = EventRecords.install(writer)
+        return writer
 
     def write(self, record: dict[str, Any]) -> None:
+        self._raise_if_failed()  # the background thread's failure at an earlier record
         for tag, value in tagged(record).items():
             self.writer.add_scalar(tag, value, record["step"])
 
     def restart_at(self, step: int) -> None:
-        self.writer.close()
+        self.close()
         self.writer = self._open(step)
 
     def close(self) -> None:
         self.writer.close()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self.records is not None and self.records.error is not None:
+            raise self.records.error
+
+
+class EventRecords:
+    """Stands between SummaryWriter's background thread and its event file: a write that fails for want of
+    room is kept for TensorBoardSink to raise in the training thread (instead of ending the thread with a
+    traceback on the console), the torn record is cut off the file, and later records are dropped."""
+
+    def __init__(self, inner: Any, path: str) -> None:
+        self.inner, self.path = inner, path
+        self.error: OSError | None = None
+
+    @classmethod
+    def install(cls, writer: Any) -> EventRecords | None:
+        """Put one between `writer` (a SummaryWriter) and its file; None where tensorboard's internals differ
+        from the ones this knows (2.x: EventFileWriter._async_writer, its thread's _record_writer)."""
+        events = getattr(writer._get_file_writer(), "event_writer", None)
+        queue = getattr(events, "_async_writer", None)
+        thread = getattr(queue, "_worker", None)
+        if not all(hasattr(x, a) for x, a in ((queue, "_writer"), (thread, "_record_writer"))):
+            return None
+        records = cls(queue._writer, events._file_name)
+        queue._writer = thread._record_writer = records
+        return records
+
+    def write(self, data: bytes) -> None:
+        if self.error is not None:
+            return
+        size = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        try:
+            self.inner.write(data)
+        except OSError as e:
+            self._failed(e)
+            with suppress(OSError):
+                os.truncate(self.path, size)  # no torn record at the end
+
+    def flush(self) -> None:
+        if self.error is None:
+            try:
+                self.inner.flush()
+            except OSError as e:
+                self._failed(e)
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        except OSError as e:
+            self._failed(e)
+
+    @property
+    def closed(self) -> bool:
+        return self.inner.closed
+
+    def _failed(self, e: OSError) -> None:
+        if write_failure(e) is None:
+            raise e
+        if e.filename is None:
+            e.filename = self.path
+        self.error = self.error or e
 
 
 class WandbSink:

@@ -4,7 +4,9 @@ failed checkpoint does (stop, continue, wait).
 `DiskFull` is built once per run with what it needs (the train and parallel sections, the runtime, the run
 folder) and asked twice: `preflight(size)` before the first step, `failed(error, retry)` when a save could not
 be written (checkpoint/single.py's CheckpointSaveError, raised on every rank alike by parallel/checkpoint.py, so
-every rank takes the same branch), and `check_end()` after the run's last save.
+every rank takes the same branch), and `check_end()` after the run's last save; `watch(signalled)` hands it the
+loop's preemption signal, which ends a wait for room. `checkpoint_room` is the pre-flight count on its own, for
+`hopperlm diagnose`.
 """
 
 from __future__ import annotations
@@ -18,8 +20,79 @@ from hopperlm.checkpoint.single import CheckpointSaveError
 from hopperlm.config import ParallelConfig, TrainConfig
 from hopperlm.diskspace import DiskError, check_room, free_bytes, human_bytes
 from hopperlm.parallel.runtime import Runtime
+from hopperlm.train.preemption import Preemption
 
+WAKE_S = 0.1  # a signal ends a wait within this (rank 0)
 FIX = "lower train.keep_last, free space there, or choose a larger disk with --run.out_dir"
+
+
+def checkpoints_at_once(
+    tc: TrainConfig, *, step: int = 0, tokens_per_step: int | None = None
+) -> tuple[int, str, str]:
+    """How many checkpoints a run from `step` holds at once at most, why (`train.keep_last 3 + the one
+    being written + 2 train.keep_every 500 milestones`), and what that leaves out ("" when nothing): the
+    train.keep_every milestones count (kept for good) that it saves before its last keep_last + 1 saves.
+    The milestones are counted when the run's last step is known ahead: train.max_steps, or train.max_tokens
+    over `tokens_per_step`; where max_hours may end the run sooner, this is an upper bound. A run with
+    train.max_hours alone has no last step known before it runs, so its milestones are left out (and the
+    note says so). Milestones already in the run folder are not counted either: the free space
+    shows their room. A rollback's extra save is not foreseen."""
+    count, why = tc.keep_last + 1, f"train.keep_last {tc.keep_last} + the one being written"
+    if not tc.keep_every:
+        return count, why, ""
+    ends = [tc.max_steps] if tc.max_steps is not None else []
+    if tc.max_tokens is not None and tokens_per_step:
+        ends.append(-(-tc.max_tokens // tokens_per_step))
+    if not ends:  # max_hours alone: the last step is known only when the clock runs out
+        return (
+            count,
+            why,
+            "train.keep_every milestones left out: a max_hours run's last step is not known ahead",
+        )
+    last, every = min(ends), tc.ckpt_every
+    saves = list(range(step + every - step % every, last, every)) if every else []
+    saves.append(last)  # and one at the end
+    milestones = sum(1 for s in saves[: -(tc.keep_last + 1)] if s % tc.keep_every == 0)
+    if milestones:
+        count += milestones
+        why += f" + {milestones} train.keep_every {tc.keep_every} milestone{'s' if milestones > 1 else ''}"
+    return count, why, ""
+
+
+def checkpoint_room(
+    tc: TrainConfig, checkpoint_size: int, run_dir: Path, *, step: int = 0, tokens_per_step: int | None = None
+) -> dict:
+    """The checkpoints' room in the run folder's filesystem (what `diagnose --json` shows): each one's size,
+    how many at once (checkpoints_at_once), the bytes still needed beside those already there (a resumed
+    run's newest train.keep_last are replaced as it goes), the free bytes and how many checkpoints fit (None
+    where the OS cannot say)."""
+    count, why, note = checkpoints_at_once(tc, step=step, tokens_per_step=tokens_per_step)
+    kept = min(len(list_checkpoints(run_dir)), tc.keep_last) if Path(run_dir).is_dir() else 0
+    free = free_bytes(run_dir)
+    return {
+        "checkpoint_bytes": checkpoint_size,
+        "at_once": count,
+        "why": why,
+        "note": note,
+        "needed_bytes": (count - kept) * checkpoint_size,
+        "free_bytes": free,
+        "fit": None if free is None else free // checkpoint_size + kept,
+        "run_dir": str(run_dir),
+        "on_disk_full": tc.on_disk_full,
+    }
+
+
+def checkpoint_line(room: dict) -> str:
+    """The plan's line from checkpoint_room: `checkpoints: about 1.7 MB each, up to 4 at once (train.keep_last
+    3 + the one being written); 75.9 GB free there: 44,635 fit; on a full disk: stop (train.on_disk_full)`."""
+    free = room["free_bytes"]
+    return (
+        f"checkpoints: about {human_bytes(room['checkpoint_bytes'])} each, up to {room['at_once']} at once "
+        f"({room['why']})"
+        + ("" if free is None else f"; {human_bytes(free)} free there: {room['fit']:,} fit")
+        + (f"; {room['note']}" if room["note"] else "")
+        + f"; on a full disk: {room['on_disk_full']} (train.on_disk_full)"
+    )
 
 
 class DiskFull:
@@ -35,26 +108,26 @@ class DiskFull:
         self.tc, self.rt, self.run_dir = tc, rt, Path(run_dir)
         self.resume_command = f"hopperlm {verb} {self.run_dir / 'config.yaml'} --resume"
         self.unsaved: CheckpointSaveError | None = None  # continue: the failed save not yet made good
+        self.signalled: Callable[[], str | None] = lambda: None  # the loop's preemption (watch)
         self.retry_s = tc.disk_full_retry_s
         if rt.world_size > 1:  # every rank sleeps between collectives: stay well inside their limit
             self.retry_s = min(self.retry_s, parallel.startup_timeout_s / 2)
 
     # ---- before the first step ------------------------------------------------------------------------
-    def preflight(self, checkpoint_size: int) -> str:
-        """DiskError (on every rank) when `keep_last + 1` checkpoints (the kept ones and the one being
-        written) cannot fit beside those already in the run folder; a warning when they fit tightly. Returns
-        the plan's line about it."""
-        kept = min(len(list_checkpoints(self.run_dir)), self.tc.keep_last)
-        count = self.tc.keep_last + 1
-        needed = (count - kept) * checkpoint_size
+    def preflight(self, checkpoint_size: int, *, step: int = 0, tokens_per_step: int | None = None) -> str:
+        """DiskError (on every rank) when the checkpoints the run holds at once (checkpoints_at_once: the
+        kept ones, the one being written, the train.keep_every milestones still to come) cannot fit beside
+        those already in the run folder; a warning when they fit tightly. Returns the plan's line about it."""
+        room = checkpoint_room(
+            self.tc, checkpoint_size, self.run_dir, step=step, tokens_per_step=tokens_per_step
+        )
         error = None
         if self.rt.is_main:
             try:
                 check_room(
-                    what=f"train.keep_last {self.tc.keep_last} + 1 checkpoints of about "
-                    f"{human_bytes(checkpoint_size)}",
+                    what=f"{room['at_once']} checkpoints of about {human_bytes(checkpoint_size)} ({room['why']})",
                     where=self.run_dir,
-                    needed=needed,
+                    needed=room["needed_bytes"],
                     fix=FIX,
                     warn=self.rt.log,
                 )
@@ -63,17 +136,7 @@ class DiskFull:
         error = self.rt.broadcast_object(error)
         if error:
             raise DiskError(error)
-        free = free_bytes(self.run_dir)
-        fits = (
-            ""
-            if free is None
-            else f"; {human_bytes(free)} free there: {(free // checkpoint_size) + kept} fit"
-        )
-        return (
-            f"checkpoints: about {human_bytes(checkpoint_size)} each, up to {count} at once (train.keep_last "
-            f"{self.tc.keep_last} + the one being written){fits}; on a full disk: {self.tc.on_disk_full} "
-            "(train.on_disk_full)"
-        )
+        return checkpoint_line(room)
 
     # ---- when a save fails ----------------------------------------------------------------------------
     def failed(self, error: CheckpointSaveError, step: int, retry: Callable[[], Path]) -> Path | None:
@@ -91,35 +154,66 @@ class DiskFull:
             return None
         return self._wait(error, step, retry)
 
+    def watch(self, signalled: Callable[[], str | None]) -> None:
+        """The run's preemption signal (train/preemption.py's `requested`, None until one came): one that came
+        before a wait ends it at once."""
+        self.signalled = signalled
+
     def _wait(self, error: CheckpointSaveError, step: int, retry: Callable[[], Path]) -> Path:
+        """Look for room every retry_s until train.disk_full_wait_s passes. A preemption signal (SIGTERM,
+        SIGUSR1) before or during the wait ends it within WAKE_S (rank 0's; another rank's at its next look)
+        with the stop line: the scheduler's grace period is too short to wait on, and the state since the
+        last checkpoint cannot be saved anyway."""
         limit = self.tc.disk_full_wait_s
         self.rt.log(
             f"{error}; training paused at step {step} (train.on_disk_full wait): looking for room every "
             f"{self.retry_s:g} s for up to {limit:g} s; free space in {self.run_dir}"
         )
         start = time.monotonic()
-        while True:
-            # rank 0 decides (its clock, its view of the shared run folder); every rank acts on that
-            look = None
-            if self.rt.is_main:
-                left = limit - (time.monotonic() - start)
-                time.sleep(max(0.0, min(self.retry_s, left)))
-                free = free_bytes(self.run_dir)
-                roomy = free is None or error.needed is None or free >= error.needed
-                look = "try" if roomy else ("give up" if time.monotonic() - start >= limit else "wait")
-            look = self.rt.broadcast_object(look)
-            if look == "give up":
-                raise self.stop(error, step, f"train.on_disk_full wait: no room after {limit:g} s")
-            if look == "try":
-                try:
-                    path = retry()
-                    self.rt.log(f"disk: room again after {time.monotonic() - start:.0f} s; training resumes")
-                    return path
-                except CheckpointSaveError as again:  # still too little (or something else filled it)
-                    error = again
-                expired = time.monotonic() - start >= limit if self.rt.is_main else None
-                if self.rt.broadcast_object(expired):
+        # the signal is recorded here while the run waits, not acted on as the loop would (stop at the next
+        # micro-batch): its `requested` is what this asks
+        with Preemption(lambda line: None, at_micro_batch=False) as during:
+
+            def signalled() -> str | None:
+                return during.requested or self.signalled()
+
+            while True:
+                # rank 0 decides (its clock, its view of the shared run folder); every rank acts on that
+                look = None
+                if self.rt.is_main:
+                    left = limit - (time.monotonic() - start)
+                    self._sleep(max(0.0, min(self.retry_s, left)), signalled)
+                    free = free_bytes(self.run_dir)
+                    roomy = free is None or error.needed is None or free >= error.needed
+                    look = "try" if roomy else ("give up" if time.monotonic() - start >= limit else "wait")
+                look = self.rt.broadcast_object(look)
+                sig = self.rt.agree(signalled(), True)  # any rank's signal ends the wait on every rank
+                if sig:
+                    waited = time.monotonic() - start
+                    raise self.stop(
+                        error, step, f"{sig} received after {waited:.1f} s of train.on_disk_full wait"
+                    )
+                if look == "give up":
                     raise self.stop(error, step, f"train.on_disk_full wait: no room after {limit:g} s")
+                if look == "try":
+                    try:
+                        path = retry()
+                        self.rt.log(
+                            f"disk: room again after {time.monotonic() - start:.0f} s; training resumes"
+                        )
+                        return path
+                    except CheckpointSaveError as again:  # still too little (or something else filled it)
+                        error = again
+                    expired = time.monotonic() - start >= limit if self.rt.is_main else None
+                    if self.rt.broadcast_object(expired):
+                        raise self.stop(error, step, f"train.on_disk_full wait: no room after {limit:g} s")
+
+    @staticmethod
+    def _sleep(seconds: float, signalled: Callable[[], str | None]) -> None:
+        """Sleep `seconds`, waking within WAKE_S of a signal (time.sleep resumes after a handler returns)."""
+        end = time.monotonic() + seconds
+        while not signalled() and (left := end - time.monotonic()) > 0:
+            time.sleep(min(WAKE_S, left))
 
     def saved(self) -> None:
         """A checkpoint succeeded: whatever failed before is made good."""

@@ -78,6 +78,7 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
     one_process = run.rt.world_size == 1
     with Preemption(run.log, at_micro_batch=one_process) as preemption, run.observer:
         signalled = (lambda: preemption.requested is not None) if one_process else None
+        run.disk_full.watch(lambda: preemption.requested)  # a signal ends a wait for room (on_disk_full wait)
         while stopped_by is None:
             if on_step is not None:
                 on_step(s.step)

@@ -154,9 +154,12 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     disk_full = DiskFull(
         cfg.train, cfg.parallel, rt, run_dir=run_dir, verb="finetune" if cfg.sft.path else "train"
     )
-    # before any step: keep_last + 1 checkpoints (weights, optimizer state, the tokenizer copied) must fit
+    # before any step: keep_last + 1 checkpoints (weights, optimizer state, the tokenizer copied) and the
+    # keep_every milestones to come must fit
     room_line = disk_full.preflight(
-        checkpoint_bytes(model_cfg, plan.optimizer, cfg.lora) + tree_bytes(run_dir / "tokenizer")
+        checkpoint_bytes(model_cfg, plan.optimizer, cfg.lora) + tree_bytes(run_dir / "tokenizer"),
+        step=state.step,
+        tokens_per_step=plan.tokens_per_step,
     )
     print_banner(
         log,

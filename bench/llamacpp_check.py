@@ -1,0 +1,124 @@
+"""Do hopperlm's exports run the same in llama.cpp? Each case is exported twice: to a Hugging Face folder then
+converted with llama.cpp's own `convert_hf_to_gguf.py` (f32), and with `hopperlm export --format gguf` (f32 and
+q8_0). For each GGUF: the prompt's ids from `llama-tokenize` against SentencePiece's, the greedy continuation
+of `llama-simple` (20 tokens) against `hopperlm generate --temperature 0`'s, and q8_0's held-out perplexity
+(`llama-perplexity`) against f32's.
+
+    python3 bench/llamacpp_check.py --save bench/results/DATE-llamacpp-check.json   # ~25 min the first time
+    python3 bench/llamacpp_check.py --build-only                                    # just the binaries
+
+llama.cpp is built once from the pinned llama-cpp-python source distribution (its vendor/llama.cpp, CPU only,
+cmake; about 20 minutes on 2 cores) into a cache ($HOPPERLM_CACHE_DIR or ~/.cache/hopperlm, llama.cpp-VERSION/);
+later runs reuse it. The cases, on a tiny random Llama (2 blocks, d=64) saved like a Hub folder with TinyLlama's
+real tokenizer files:
+  import     hopperlm import of the Hub folder
+  cpt        continued pretraining from it (model.init_from) on Tiny Shakespeare prepared with its tokenizer
+  lora       a LoRA run from it on the same data (merged on export)
+  extended   continued pretraining on a `tokenizer extend`-ed vocabulary (Tigrinya pieces) and Tigrinya text
+Needs the package index once (the source distribution) and ../shared/data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+LLAMA_CPP_PYTHON = "0.3.36"  # its vendor/llama.cpp is the llama.cpp checked against
+BINARIES = ("llama-tokenize", "llama-simple", "llama-perplexity")
+DATA = Path(os.environ.get("HOPPERLM_DATA_DIR") or REPO.parent / "shared" / "data")
+PROMPTS = (
+    "ROMEO: What light through yonder window breaks?",
+    "The quick brown fox jumps over the lazy dog.",
+)
+Q8_TOLERANCE = 0.01  # q8_0's held-out perplexity within 1% of f32's
+# CPU only, AVX2 and no native tuning: a native build turns on the AMX kernels these Xeons advertise, and a VM
+# that does not grant AMX kills llama-simple with SIGILL at the first q8_0 matrix product (seen here)
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+               "-DLLAMA_BUILD_SERVER=OFF", "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+               "-DGGML_F16C=ON", "-DGGML_BMI2=ON")  # fmt: skip
+
+
+def cache_dir() -> Path:
+    root = (
+        os.environ.get("HOPPERLM_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hopperlm"
+    )
+    return Path(root) / f"llama.cpp-{LLAMA_CPP_PYTHON}"
+
+
+def run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
+    if done.returncode != 0:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(map(str, cmd))}\n{done.stderr[-3000:]}")
+    return done
+
+
+def ensure_llamacpp(log=print) -> Path:
+    """The llama.cpp source tree, with BINARIES built in build/bin (once; cached)."""
+    cache = cache_dir()
+    source = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    bin_dir = source / "build" / "bin"
+    stamp = source / "build" / "hopperlm-cmake-flags.txt"
+    if (
+        all((bin_dir / b).is_file() for b in BINARIES)
+        and stamp.is_file()
+        and stamp.read_text() == " ".join(CMAKE_FLAGS)
+    ):
+        return source
+    cache.mkdir(parents=True, exist_ok=True)
+    sdist = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+    if not sdist.is_file():
+        log(f"llama.cpp: downloading llama-cpp-python {LLAMA_CPP_PYTHON}'s source distribution ...")
+        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", cache])  # fmt: skip
+    if not source.is_dir():
+        with tarfile.open(sdist) as tar:
+            tar.extractall(cache, filter="data")
+    log("llama.cpp: building " + ", ".join(BINARIES) + " (CPU; about 20 minutes on 2 cores, once) ...")
+    t0 = time.monotonic()
+    shutil.rmtree(source / "build", ignore_errors=True)
+    run(["cmake", "-S", source, "-B", source / "build", "-G", "Ninja", *CMAKE_FLAGS])
+    run(["cmake", "--build", source / "build", "--target", *BINARIES, "-j", str(os.cpu_count() or 2)])
+    stamp.write_text(" ".join(CMAKE_FLAGS))
+    log(f"llama.cpp: built in {time.monotonic() - t0:.0f} s: {bin_dir}")
+    return source
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--build-only", action="store_true", help="build (or find) the llama.cpp binaries and stop"
+    )
+    p.add_argument("--save", help="write the results as JSON here")
+    p.add_argument("--work", default="/tmp/hopperlm-llamacpp-check", help="scratch folder (rewritten)")
+    args = p.parse_args()
+    source = ensure_llamacpp()
+    if args.build_only:
+        print(f"llama.cpp binaries: {source / 'build' / 'bin'}")
+        return
+    from llamacpp_cases import check_all  # the cases and checks (bench/llamacpp_cases.py)
+
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    record = check_all(source, work, DATA, PROMPTS, Q8_TOLERANCE)
+    if args.save:
+        from hopperlm.provenance import save_result
+
+        save_result(record, args.save)
+    print("\n".join(record["table"]))
+    sys.exit(0 if record["all_agree"] else 1)
+
+
+if __name__ == "__main__":
+    main()

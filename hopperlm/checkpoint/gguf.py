@@ -1,0 +1,256 @@
+"""`hopperlm export RUN OUT.gguf --format gguf`: a Llama-family model as one GGUF file, the format llama.cpp (and
+Ollama, LM Studio) runs, written through the `gguf` package (the library llama.cpp's own converter writes with).
+
+The file holds what llama.cpp's `convert_hf_to_gguf.py` writes for a Llama model: the architecture's keys, the
+SentencePiece vocabulary with its scores and token types (from the model's own tokenizer.model: without the
+scores llama.cpp rebuilds the vocabulary from tokenizer.json and tokenizes differently), the special token ids,
+the chat template, and the tensors under llama.cpp's names, with the query and key projections permuted from
+Hugging Face's rotate-half layout to llama.cpp's interleaved one. A LoRA run is merged on the way (tensors.py).
+Norms stay float32 in every outtype, as the converter keeps them; q8_0 falls back to f16 for a matrix whose rows
+are not a multiple of 32 values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hopperlm.checkpoint.layout import TOKENIZER_DIR, read_model_config, resolve_model_dir
+from hopperlm.checkpoint.tensors import iter_model_tensors, to_hf_name
+from hopperlm.config import ModelConfig
+from hopperlm.diskspace import check_room, disk_errors_as_one_line
+from hopperlm.errors import CheckpointError, ConfigError
+from hopperlm.model.transformer import count_params
+
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+BYTES_PER_WEIGHT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}  # q8_0: 32 int8 + an f16 scale
+ALTERNATIVE = "export it with --format hf and convert that folder with llama.cpp's convert_hf_to_gguf.py"
+# Hugging Face's tensor names (tensors.py's to_hf_name) -> llama.cpp's (its gguf-py tensor map for LLAMA)
+_TOP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_BLOCK = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def require_gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise ConfigError(
+            "GGUF export needs the gguf package (llama.cpp's writer): pip install 'hopperlm[gguf]'"
+        ) from None
+    return gguf
+
+
+def check_exportable(cfg: ModelConfig, outtype: str) -> None:
+    """One ConfigError naming the alternative for what this writer cannot express."""
+    if outtype not in OUTTYPES:
+        raise ConfigError(
+            f"--outtype {outtype!r} is not one GGUF export writes; choose from {', '.join(OUTTYPES)}"
+        )
+    unsupported = [
+        (cfg.qkv_bias, "attention biases (a Qwen2-family model)"),
+        (cfg.qk_norm, "query/key norms"),
+        (bool(cfg.rope_scaling), f"RoPE scaling {cfg.rope_scaling}"),
+    ]
+    for present, what in unsupported:
+        if present:
+            raise ConfigError(
+                f"GGUF export writes the Llama architecture, which has no {what}; {ALTERNATIVE}"
+            )
+
+
+def llama_cpp_name(hf_name: str) -> str:
+    if hf_name in _TOP:
+        return _TOP[hf_name]
+    parts = hf_name.split(".", 3)  # model.layers.N.rest
+    if parts[:2] != ["model", "layers"] or len(parts) != 4 or parts[3] not in _BLOCK:
+        raise CheckpointError(f"tensor {hf_name!r} has no llama.cpp name; {ALTERNATIVE}")
+    return f"blk.{parts[2]}.{_BLOCK[parts[3]]}"
+
+
+def interleave_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of a query/key projection from rotate-half order (each head's first half of rotary pairs, then its
+    second half: Hugging Face's and hopperlm's layout) to interleaved pairs (llama.cpp's, Meta's original)."""
+    # (heads, 2, head_dim/2, dim) -> (heads, head_dim/2, 2, dim)
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def tensor_data(gguf, w: torch.Tensor, outtype: str):
+    """(array, raw GGML type or None) for the writer: norms in f32, matrices in the outtype."""
+    data = w.detach().float().numpy()
+    if data.ndim == 1 or outtype == "f32":
+        return data.astype(np.float32), None
+    if outtype == "f16" or (outtype == "q8_0" and data.shape[-1] % 32):
+        return data.astype(np.float16), None
+    qtype = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[outtype]
+    return gguf.quants.quantize(data, qtype), qtype
+
+
+def sentencepiece_vocab(tokenizer_dir: Path, vocab_size: int) -> tuple[list[bytes], list[float], list[int]]:
+    """(pieces, scores, token types) from tokenizer.model, then tokenizer.json's added tokens past it, then
+    padding up to the model's vocabulary (llama.cpp's converter does the same)."""
+    import sentencepiece
+
+    gguf = require_gguf()
+    model_file = tokenizer_dir / "tokenizer.model"
+    if not model_file.is_file():
+        raise CheckpointError(
+            f"{tokenizer_dir} has no tokenizer.model (SentencePiece): GGUF's llama vocabulary needs its scores, "
+            "or llama.cpp tokenizes differently from hopperlm; GGUF export writes SentencePiece-based "
+            f"(Llama-family) tokenizers only; {ALTERNATIVE}"
+        )
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+    types = gguf.TokenType
+    pieces, scores, kinds = [], [], []
+    for i in range(sp.vocab_size()):
+        pieces.append(sp.id_to_piece(i).encode("utf-8"))
+        scores.append(sp.get_score(i))
+        kind = types.NORMAL
+        if sp.is_unknown(i):
+            kind = types.UNKNOWN
+        elif sp.is_control(i):
+            kind = types.CONTROL
+        elif sp.is_unused(i):
+            kind = types.UNUSED
+        elif sp.is_byte(i):
+            kind = types.BYTE
+        kinds.append(int(kind))
+    tokenizer_json = tokenizer_dir / "tokenizer.json"
+    added = json.loads(tokenizer_json.read_text()).get("added_tokens", []) if tokenizer_json.is_file() else []
+    for token in sorted(added, key=lambda t: t["id"]):
+        if token["id"] < len(pieces):
+            continue
+        if token["id"] != len(pieces):
+            raise CheckpointError(
+                f"{tokenizer_json}: added token ids skip {len(pieces)}; cannot lay out the vocabulary"
+            )
+        pieces.append(token["content"].encode("utf-8"))
+        scores.append(-1000.0)
+        kinds.append(int(types.CONTROL if token.get("special") else types.USER_DEFINED))
+    if len(pieces) > vocab_size:
+        raise CheckpointError(
+            f"the tokenizer has {len(pieces)} tokens but the model's vocabulary {vocab_size}: export the run's own "
+            "tokenizer (its tokenizer/ folder), not another"
+        )
+    for i in range(len(pieces), vocab_size):
+        pieces.append(f"[PAD{i}]".encode())
+        scores.append(-1000.0)
+        kinds.append(int(types.UNUSED))
+    return pieces, scores, kinds
+
+
+def write_tokenizer(writer, tokenizer_dir: Path, vocab_size: int) -> None:
+    pieces, scores, kinds = sentencepiece_vocab(tokenizer_dir, vocab_size)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(pieces)
+    writer.add_token_scores(scores)
+    writer.add_token_types(kinds)
+    config_file = tokenizer_dir / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    ids = {piece: i for i, piece in enumerate(pieces)}
+
+    def id_of(key: str) -> int | None:
+        token = config.get(key)
+        token = token.get("content") if isinstance(token, dict) else token
+        return ids.get(token.encode("utf-8")) if isinstance(token, str) else None
+
+    for key, add in (
+        ("bos_token", writer.add_bos_token_id),
+        ("eos_token", writer.add_eos_token_id),
+        ("unk_token", writer.add_unk_token_id),
+        ("pad_token", writer.add_pad_token_id),
+    ):
+        token_id = id_of(key)
+        if token_id is not None:
+            add(token_id)
+    writer.add_add_bos_token(bool(config.get("add_bos_token", True)))  # Llama's tokenizers add BOS
+    writer.add_add_eos_token(bool(config.get("add_eos_token", False)))
+    if isinstance(config.get("chat_template"), str):
+        writer.add_chat_template(config["chat_template"])
+
+
+def export_gguf(source: Path, out: Path, outtype: str = "f16", overwrite: bool = False, log=print) -> Path:
+    """A hopperlm run / checkpoint / model folder, or an imported Hugging Face one -> one GGUF file at `out`,
+    written beside it under a temporary name and renamed into place (a failure leaves no partial file)."""
+    gguf = require_gguf()
+    out = Path(out)
+    if out.suffix != ".gguf":
+        raise ConfigError(f"{out}: a GGUF export is one file; name it NAME.gguf")
+    if out.exists() and not overwrite:
+        raise CheckpointError(f"{out} exists; pass --overwrite or choose another name")
+    model_dir = resolve_model_dir(source)
+    cfg = read_model_config(model_dir)
+    check_exportable(cfg, outtype)
+    if cfg.sliding_window:
+        log(
+            f"gguf: sliding_window {cfg.sliding_window} not written: llama.cpp's llama architecture attends to the whole context, as its own converter writes Mistral"
+        )
+    needed = int(count_params(cfg)["total"] * BYTES_PER_WEIGHT[outtype]) + (8 << 20)
+    check_room(
+        what=f"{out.name} ({outtype})",
+        where=out.parent,
+        needed=needed,
+        fix="free space there or write it elsewhere",
+    )
+    head_dim = cfg.dim // cfg.n_heads
+    file_type = {
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }[outtype]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with disk_errors_as_one_line(what=out.name, where=out.parent, needed=needed):
+            writer = gguf.GGUFWriter(str(tmp), "llama")
+            writer.add_name(model_dir.name)
+            writer.add_context_length(cfg.max_seq_len)
+            writer.add_embedding_length(cfg.dim)
+            writer.add_block_count(cfg.n_layers)
+            writer.add_feed_forward_length(cfg.hidden_dim)
+            writer.add_head_count(cfg.n_heads)
+            writer.add_head_count_kv(cfg.kv_heads)
+            writer.add_rope_dimension_count(head_dim)
+            writer.add_rope_freq_base(cfg.rope_theta)
+            writer.add_layer_norm_rms_eps(cfg.norm_eps)
+            writer.add_vocab_size(cfg.vocab_size)
+            writer.add_file_type(file_type)
+            writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+            write_tokenizer(writer, model_dir / TOKENIZER_DIR, cfg.vocab_size)
+            for ours, w in iter_model_tensors(model_dir):
+                name = to_hf_name(ours)
+                if cfg.tie_embeddings and name == "lm_head.weight":
+                    continue  # llama.cpp uses token_embd for a missing output.weight
+                if name.endswith("q_proj.weight"):
+                    w = interleave_rope(w, cfg.n_heads)
+                elif name.endswith("k_proj.weight"):
+                    w = interleave_rope(w, cfg.kv_heads)
+                data, raw = tensor_data(gguf, w, outtype)
+                writer.add_tensor(llama_cpp_name(name), data, raw_dtype=raw)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
