@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hopperlm.checkpoint.hf_convert import fold_output_multiplier
 from hopperlm.checkpoint.layout import TOKENIZER_DIR, read_model_config, resolve_model_dir
 from hopperlm.checkpoint.tensors import iter_model_tensors, to_hf_name
 from hopperlm.config import ModelConfig
@@ -238,6 +239,7 @@ def export_gguf(source: Path, out: Path, outtype: str = "f16", overwrite: bool =
             write_tokenizer(writer, model_dir / TOKENIZER_DIR, cfg.vocab_size)
             for ours, w in iter_model_tensors(model_dir):
                 name = to_hf_name(ours)
+                w = fold_output_multiplier(ours, w, cfg)
                 if cfg.tie_embeddings and name == "lm_head.weight":
                     continue  # llama.cpp uses token_embd for a missing output.weight
                 if name.endswith("q_proj.weight"):

@@ -38,6 +38,7 @@ from hopperlm.config import ModelConfig
 from hopperlm.data.tokenizer import BYTE_MARKER, TOKENIZER_FILES
 from hopperlm.errors import CheckpointError, ConfigError
 from hopperlm.model.generate import sampling_generation_config
+from hopperlm.model.mup import output_multiplier
 from hopperlm.model.transformer import count_params
 
 GENERATION_FILE = "generation_config.json"
@@ -194,7 +195,7 @@ def export_hf(
     needed = count_params(cfg)["total"] * torch_dtype.itemsize
     with staged_dir(out_dir, overwrite, what="the exported model", needed=needed) as tmp:
         tensors = (
-            (to_hf_name(name), t)
+            (to_hf_name(name), fold_output_multiplier(name, t, cfg))
             for name, t in iter_model_tensors(model_dir)
             if not (cfg.tie_embeddings and name == "lm_head.weight")
         )
@@ -204,6 +205,14 @@ def export_hf(
             (tmp / GENERATION_FILE).write_text(json.dumps(generation, indent=2) + "\n")
         write_hf_tokenizer(model_dir / TOKENIZER_DIR, tmp, cfg.max_seq_len)
     return out_dir
+
+
+def fold_output_multiplier(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """μP multiplies the LM head's output by base_dim / dim (model/mup.py); a Hugging Face or GGUF model has no
+    such multiplier, so the head's weights carry it instead: the exported model computes the same logits."""
+    if name == "lm_head.weight" and cfg.parametrization == "mup":
+        return t * output_multiplier(cfg)
+    return t
 
 
 def hf_files(out_dir: Path) -> str:

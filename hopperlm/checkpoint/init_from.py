@@ -31,6 +31,8 @@ SHAPE_KEYS = (
     "qkv_bias",
     "rope_scaling",
     "sliding_window",
+    "parametrization",  # a checkpoint keeps the one it was trained with: standard for Hugging Face models
+    "base_dim",
 )
 
 
@@ -46,10 +48,13 @@ def init_from_values(values: dict[str, Any]) -> dict[str, Any]:
     if not Path(path).exists():
         raise ConfigError(f"model.init_from={path} does not exist; point it at a Hugging Face model folder")
     base = model_values(path)
+    defaults = ModelConfig.__dataclass_fields__
     for key in SHAPE_KEYS:
-        if key in values and values[key] != base[key]:
+        # a Hugging Face config has no parametrization (nor base_dim): its model is standard
+        theirs = base.get(key, defaults[key].default)
+        if key in values and values[key] != theirs:
             raise ConfigError(
-                f"model.{key}={values[key]} but {path} has {base[key]}; the shape comes from model.init_from, "
+                f"model.{key}={values[key]} but {path} has {theirs}; the shape comes from model.init_from, "
                 f"drop model.{key}"
             )
     if values.get("max_seq_len") is not None and values["max_seq_len"] > base["max_seq_len"]:

@@ -7,7 +7,7 @@ until `hopperlm.checkpoint.init_from.resolve_init_from` fills the shape in, the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from hopperlm.errors import ConfigError
 
@@ -59,6 +59,16 @@ class ModelConfig:
     """Dropout on attention weights and residual branches (0 for pretraining at scale)."""
     init_std: float = 0.02
     """Std of the normal initialisation; output projections are further scaled by 1/sqrt(2*n_layers)."""
+    parametrization: Literal["standard", "mup"] = "standard"
+    """standard: every matrix starts at init_std and trains at optim.lr. mup: μP (Yang et al. 2022) relative
+    to model.base_dim, so the best optim.lr of a narrow proxy (`hopperlm sweep`) is the best of the wide model:
+    the blocks' matrices start at init_std / sqrt(m) and train at optim.lr / m with weight decay x m (m: the
+    fan-in's width over its width at base_dim; Microsoft's MuAdamW), the LM head's output is multiplied by
+    base_dim / dim; embeddings, norms and the head keep init_std and optim.lr (model/mup.py). Needs an untied
+    head. Hugging Face checkpoints keep standard; exports fold the output multiplier into the head."""
+    base_dim: int | None = None
+    """mup: the width at which mup equals standard, usually the proxy's width the LR was tuned at (a multiple
+    of the head size: width grows by heads)."""
     qkv_bias: bool = False
     """Biases on the query, key and value projections (Qwen2)."""
     qk_norm: bool = False
@@ -108,6 +118,16 @@ class ModelConfig:
             )
         if self.rope_scaling is not None:
             check_rope_scaling(self.rope_scaling, "model.rope_scaling")
+        if self.parametrization == "mup":
+            if not self.base_dim or self.base_dim <= 0:
+                raise ConfigError(
+                    "model.parametrization mup needs model.base_dim (the proxy's width), e.g. 256"
+                )
+            if self.tie_embeddings:
+                raise ConfigError(
+                    "model.parametrization mup needs an untied head (model.tie_embeddings false): its output "
+                    "multiplier would also scale the input embedding"
+                )
 
     @property
     def awaits_init_from(self) -> bool:

@@ -75,6 +75,11 @@ class OptimConfig:
     paged_adamw8bit (bitsandbytes' 8-bit AdamW with states in paged memory: QLoRA's optimizer, CUDA)."""
     muon_momentum: float = 0.95
     """Muon's momentum (Nesterov)."""
+    muon_lr_adjust: Literal["match_rms_adamw", "spectral"] = "match_rms_adamw"
+    """How Muon's step follows a matrix's shape. match_rms_adamw (torch's; Moonlight): each update has AdamW's
+    RMS at optim.lr, so under model.parametrization mup it takes AdamW's 1/m. spectral: torch's "original"
+    adjustment, scaled to equal match_rms_adamw at model.base_dim (at the model's own width under standard): the
+    update's spectral norm stays the same as the model widens (Yang, Simon and Bernstein 2023), no 1/m."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from hopperlm.config import ModelConfig
 from hopperlm.model.attention import DocumentMask, document_mask, masked_attention, positions_from_doc_ids
 from hopperlm.model.loss import linear_cross_entropy, standard_cross_entropy
+from hopperlm.model.mup import base_config, matrix_multipliers, output_multiplier
 from hopperlm.model.rope import scale_inv_freq
 
 
@@ -170,6 +171,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        self.output_mult = output_multiplier(cfg)  # μP's base_dim / dim on the head's input; 1 otherwise
         cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, scaling=cfg.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -189,17 +191,22 @@ class Transformer(nn.Module):
     def init_weights(self) -> None:
         """Normal(0, init_std) for every matrix; residual output projections scaled by 1/sqrt(2*n_layers)
         (GPT-2) so the residual stream's variance does not grow with depth, or zero with
-        model.zero_init_output; norms to one, biases to zero."""
+        model.zero_init_output; under μP the blocks' matrices further by m^-1/2 (model/mup.py); norms to one,
+        biases to zero."""
         cfg = self.cfg
         self.init_buffers()
         residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        width = {}
+        if cfg.parametrization == "mup":
+            width = matrix_multipliers(parameter_shapes(cfg), parameter_shapes(base_config(cfg)))
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 residual = name.endswith(("o_proj", "down_proj"))
+                std = (residual_std if residual else cfg.init_std) * width.get(f"{name}.weight", 1.0) ** -0.5
                 if residual and cfg.zero_init_output:
                     nn.init.zeros_(module.weight)
                 else:
-                    nn.init.normal_(module.weight, mean=0.0, std=residual_std if residual else cfg.init_std)
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
@@ -233,12 +240,17 @@ class Transformer(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, pos, docs)
         if targets is None:
-            return self.lm_head(self.norm(x))  # (B, T, V)
+            return self.lm_head(self.head_input(x))  # (B, T, V)
         return self.output_loss(x, targets)
+
+    def head_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm, times μP's output multiplier ((x * s) W^T = s * logits, so the fused loss gets it too)."""
+        h = self.norm(x)
+        return h * self.output_mult if self.output_mult != 1.0 else h
 
     def output_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head and mean cross-entropy: its own method so it can be compiled as one region."""
-        h = self.norm(x)  # (B, T, d)
+        h = self.head_input(x)  # (B, T, d)
         if self.fused_loss:
             return linear_cross_entropy(h, self.lm_head.weight, targets)
         return standard_cross_entropy(self.lm_head(h), targets)
@@ -275,6 +287,12 @@ def build_empty(cfg: ModelConfig, device: torch.device | str) -> Transformer:
     model.to_empty(device=device)
     model.init_buffers()
     return model
+
+
+def parameter_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's shape by name, from the config (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        return {name: tuple(p.shape) for name, p in Transformer(cfg).named_parameters()}
 
 
 def count_params(cfg: ModelConfig) -> dict[str, int]:

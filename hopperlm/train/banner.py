@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from hopperlm.model.mup import describe as describe_parametrization
 from hopperlm.model.transformer import count_params
 from hopperlm.observe.metrics import human_count
 from hopperlm.plan import Plan
@@ -50,6 +51,7 @@ def print_banner(
         f"{model_cfg.n_heads} heads ({model_cfg.kv_heads} kv) x {model_cfg.head_dim}, "
         f"ffn {model_cfg.hidden_dim}, vocab {model_cfg.vocab_size}, ctx {tc.seq_len}"
     )
+    log(describe_parametrization(model_cfg))
     log(f"FLOPs/token: {fpt / 1e9:.3f} GFLOP (6N + 12*L*d*T) | {peak}")
     ranks = f" x {plan.world_size} ranks" if plan.world_size > 1 else ""
     log(

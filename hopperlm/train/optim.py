@@ -7,7 +7,9 @@ import torch
 import torch.nn as nn
 
 from hopperlm.config import OptimConfig
+from hopperlm.model.mup import optimizer_multipliers, scale_groups
 from hopperlm.model.qlora import require_bitsandbytes
+from hopperlm.model.transformer import parameter_shapes
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -34,41 +36,55 @@ def build_optimizer(
     betas = (cfg.beta1, cfg.beta2)
     if name == "paged_adamw8bit":  # QLoRA's optimizer (Dettmers et al. 2023)
         bnb = require_bitsandbytes()
-        groups = param_groups(model, cfg.weight_decay)
+        groups = width_scaled(model, param_groups(model, cfg.weight_decay), cfg)
         return bnb.optim.PagedAdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
     if name == "adamw8bit":
         from torchao.optim import AdamW8bit
 
-        return AdamW8bit(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=betas, eps=cfg.eps)
+        groups = width_scaled(model, param_groups(model, cfg.weight_decay), cfg)
+        return AdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
     if name == "muon":
         # Muon orthogonalises 2-D updates: the blocks' weight matrices. Embeddings, the LM head and norms
         # keep AdamW (as in modded-nanogpt and Moonlight). match_rms_adamw scales Muon's step to AdamW's RMS,
-        # so one optim.lr serves both.
+        # so one optim.lr serves both; spectral is torch's original rule, scaled to agree at base width.
         hidden = [
             p
             for n, p in model.named_parameters()
             if p.requires_grad and p.ndim == 2 and n.startswith("layers.")
         ]
         hidden_ids = {id(p) for p in hidden}
-        muon = torch.optim.Muon(
-            hidden,
-            lr=cfg.lr,
-            weight_decay=cfg.weight_decay,
-            momentum=cfg.muon_momentum,
-            adjust_lr_fn="match_rms_adamw",
+        muon_groups = width_scaled(
+            model, [{"params": hidden, "weight_decay": cfg.weight_decay}], cfg, hidden_ids
         )
+        adjust = "original" if cfg.muon_lr_adjust == "spectral" else "match_rms_adamw"
+        muon = torch.optim.Muon(muon_groups, lr=cfg.lr, momentum=cfg.muon_momentum, adjust_lr_fn=adjust)
         rest = [
             {**g, "params": [p for p in g["params"] if id(p) not in hidden_ids]}
             for g in param_groups(model, cfg.weight_decay)
         ]
         adamw = torch.optim.AdamW(
-            rest, lr=cfg.lr, betas=betas, eps=cfg.eps, **({"fused": True} if fused else {})
+            width_scaled(model, rest, cfg),
+            lr=cfg.lr,
+            betas=betas,
+            eps=cfg.eps,
+            **({"fused": True} if fused else {}),
         )
         return OptimizerPair(muon, adamw)
     kwargs = {"fused": True} if fused else {}
-    return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=betas, eps=cfg.eps, **kwargs
+    groups = width_scaled(model, param_groups(model, cfg.weight_decay), cfg)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, **kwargs)
+
+
+def width_scaled(model: nn.Module, groups: list[dict], cfg: OptimConfig, muon_ids=frozenset()) -> list[dict]:
+    """The groups split by μP's learning-rate factors (model/mup.py) when the model has any: under
+    model.parametrization mup, or Muon's spectral adjustment. Unchanged otherwise."""
+    model_cfg = getattr(model, "cfg", None)
+    if model_cfg is None:
+        return groups
+    factors = optimizer_multipliers(
+        model, model_cfg, parameter_shapes, muon_lr_adjust=cfg.muon_lr_adjust, muon_ids=muon_ids
     )
+    return scale_groups(groups, factors) if factors else groups
 
 
 class OptimizerPair:
@@ -102,9 +118,11 @@ class OptimizerPair:
 
 
 def set_lr(optimizer, lr: float) -> None:
-    """Set the learning rate of every parameter group (torchao's 8-bit AdamW keeps it as a tensor)."""
+    """Set the learning rate of every parameter group, times its μP factor (`lr_scale`, model/mup.py) where it
+    has one (torchao's 8-bit AdamW keeps the LR as a tensor)."""
     for group in optimizer.param_groups:
+        value = lr * group.get("lr_scale", 1.0)
         if isinstance(group["lr"], torch.Tensor):
-            group["lr"].fill_(lr)
+            group["lr"].fill_(value)
         else:
-            group["lr"] = lr
+            group["lr"] = value

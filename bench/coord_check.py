@@ -1,0 +1,118 @@
+"""The coordinate check (Yang et al. 2022; Microsoft's `mup` package made it the test of a parametrization): train
+the same model at widths 64 to 1024 for a few steps at one learning rate and measure, after them, the RMS of the
+last block's output (activations), of its attention logits and of the output logits. Under μP every curve is
+flat in width; under the standard parametrization they grow, which is why the best LR moves as a model widens.
+
+    python3 bench/coord_check.py --out bench/results/DATE-coord-check.png [--save FILE.json]
+
+Width grows by heads of 32 (head_dim fixed), 2 blocks, a 512-token vocabulary, random tokens (the same batch at
+every width), AdamW and Muon, model.base_dim 64. tests/test_mup.py runs `coordinates` at three widths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hopperlm.config import ModelConfig, OptimConfig  # noqa: E402
+from hopperlm.model.transformer import build_model  # noqa: E402
+from hopperlm.train.optim import build_optimizer, set_lr  # noqa: E402
+
+WIDTHS = (64, 128, 256, 512, 1024)
+HEAD_DIM, BASE_DIM, VOCAB, SEQ, BATCH = 32, 64, 512, 64, 8
+QUANTITIES = ("activations", "attention logits", "output logits")
+
+
+def rms(t: torch.Tensor) -> float:
+    return t.float().pow(2).mean().sqrt().item()
+
+
+def coordinates(
+    parametrization: str, width: int, *, optimizer: str = "adamw", lr: float = 3e-3, steps: int = 5
+) -> dict:
+    """RMS of the last block's output, its attention logits and the output logits after `steps` steps."""
+    cfg = ModelConfig(
+        dim=width,
+        n_layers=2,
+        n_heads=width // HEAD_DIM,
+        vocab_size=VOCAB,
+        max_seq_len=SEQ,
+        parametrization=parametrization,
+        base_dim=BASE_DIM if parametrization == "mup" else None,
+    )
+    model = build_model(cfg, seed=0)
+    opt = build_optimizer(model, OptimConfig(lr=lr, weight_decay=0.0), fused=False, name=optimizer)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
+    seen = {}
+    last = model.layers[-1]
+    last.attn.q_proj.register_forward_hook(lambda m, i, out: seen.__setitem__("q", out))
+    last.attn.k_proj.register_forward_hook(lambda m, i, out: seen.__setitem__("k", out))
+    last.register_forward_hook(lambda m, i, out: seen.__setitem__("x", out))
+    for _ in range(steps):
+        set_lr(opt, lr)
+        model(tokens[:, :-1], tokens[:, 1:]).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        logits = model(tokens[:, :-1])  # (B, T, V)
+        q = seen["q"].view(BATCH, SEQ, -1, HEAD_DIM).transpose(1, 2)  # (B, nh, T, hd), before RoPE
+        k = seen["k"].view(BATCH, SEQ, -1, HEAD_DIM).transpose(1, 2)
+        attention = q @ k.transpose(-1, -2) / HEAD_DIM**0.5  # (B, nh, T, T)
+    return {"activations": rms(seen["x"]), "attention logits": rms(attention), "output logits": rms(logits)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="the plot (PNG)")
+    p.add_argument("--save", help="the numbers (JSON)")
+    p.add_argument("--lr", type=float, default=3e-3)
+    args = p.parse_args()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for optimizer in ("adamw", "muon"):
+        for parametrization in ("standard", "mup"):
+            for width in WIDTHS:
+                row = coordinates(parametrization, width, optimizer=optimizer, lr=args.lr)
+                rows.append(
+                    {"optimizer": optimizer, "parametrization": parametrization, "width": width, **row}
+                )
+                print(json.dumps(rows[-1]), flush=True)
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7), sharex=True)
+    for r, optimizer in enumerate(("adamw", "muon")):
+        for c, quantity in enumerate(QUANTITIES):
+            ax = axes[r][c]
+            for parametrization, style in (("standard", "o-"), ("mup", "s-")):
+                sel = [
+                    x for x in rows if x["optimizer"] == optimizer and x["parametrization"] == parametrization
+                ]
+                ax.plot([x["width"] for x in sel], [x[quantity] for x in sel], style, label=parametrization)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{optimizer}: {quantity} RMS")
+            ax.set_xlabel("width")
+            ax.legend()
+    fig.suptitle(
+        f"coordinate check after 5 steps at lr {args.lr:g} (base_dim {BASE_DIM}): flat = width-independent"
+    )
+    fig.tight_layout()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=90)
+    if args.save:
+        from hopperlm.provenance import save_result
+
+        save_result({"lr": args.lr, "steps": 5, "base_dim": BASE_DIM, "rows": rows}, args.save)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
