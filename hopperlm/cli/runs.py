@@ -46,6 +46,55 @@ def train_until_done(cfg, resume: Resume) -> None:
         sys.exit(cfg.train.requeue_exit_code)
 
 
+def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Tune optim.lr on a narrow proxy of a μP recipe and write the recipe with the best one (train/sweep.py)."""
+    from hopperlm.observe.plot import plot_runs
+    from hopperlm.train import sweep
+
+    recipe = resolve_recipe(args.config)
+    lrs = sweep.parse_lrs(args.lr)
+    extra = list(overrides)
+    if args.max_steps is not None:
+        extra += ["--train.max_steps", str(args.max_steps), "--train.max_hours", "null"]
+    if args.max_hours is not None:
+        extra += ["--train.max_hours", str(args.max_hours), "--train.max_steps", "null"]
+    cfg = run_config(str(recipe), extra)
+    proxy = sweep.proxy_overrides(cfg, args.dim)
+    run_config(str(recipe), extra + proxy)  # the proxy is a valid config before anything trains
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [cfg.train.seed]
+    out = Path(args.out or f"runs/sweep-{recipe.stem}")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(
+            f"{out} exists and is not empty; choose another --out (a sweep never overwrites runs)"
+        )
+    dim = args.dim or cfg.model.dim
+    log(f"sweep: {recipe.name} at width {dim} (the recipe's is {cfg.model.dim}), lr {', '.join(map(sweep.lr_text, lrs))}, "
+        f"seeds {', '.join(map(str, seeds))}, {args.jobs} at a time -> {out}")  # fmt: skip
+    runs = sweep.run_sweep(recipe, extra + proxy, lrs=lrs, seeds=seeds, out_dir=out, jobs=args.jobs, log=log)
+    best, means = sweep.best_lr(runs)
+    command = "hopperlm " + " ".join(sys.argv[1:])
+    sweep.save_sweep(out, command=command, runs=runs, means=means, best=best, dim=dim)
+    finished = [r.run_dir for r in runs if (Path(r.run_dir) / "metrics.jsonl").is_file()]
+    if finished:
+        plot_runs([Path(r) for r in finished], out / "plots")
+    log("")
+    for line in sweep.table(runs, means, best):
+        log(line)
+    if best is None:
+        raise ConfigError(
+            f"no learning rate finished with a finite validation loss; each run's log is {out}/*/sweep.log"
+        )
+    note = (
+        f"optim.lr {sweep.lr_text(best)}: the best of {', '.join(map(sweep.lr_text, lrs))} on a width-{dim} proxy "
+        f"(mean final val loss {means[best]:.4f} over seeds {', '.join(map(str, seeds))}): `{command}`, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
+    tuned = write_atomic(
+        out / f"{recipe.stem}.tuned.yaml", sweep.tuned_recipe_text(recipe.read_text(), best, note)
+    )
+    log(f"best lr {sweep.lr_text(best)}; the recipe with it: {tuned} ({out}/sweep.json, {out}/plots)")
+
+
 def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
     """Print the torchrun command for CONFIG and run it under a supervisor (parallel/supervise.py): a rank that
     stops answering ends the job within its collective limit, a failure is one line with the resume command,
@@ -219,6 +268,31 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         resume=True,
         print_config=True,
     )
+
+    p = add_verb(
+        verbs,
+        common,
+        "sweep",
+        cmd_sweep,
+        "tune optim.lr on a narrow proxy of a mup recipe; write the recipe with the best",
+        overrides="the recipe (every run), e.g. --train.eval_every 50",
+        config=recipe,
+    )
+    p.add_argument(
+        "--lr", required=True, help="learning rates, comma-separated (at least 3, e.g. 1e-3,2e-3,4e-3)"
+    )
+    p.add_argument("--dim", type=int_at_least(1), help="the proxy's width (default: the recipe's)")
+    p.add_argument("--seeds", help="train.seed values, comma-separated (default: the recipe's)")
+    p.add_argument(
+        "--max-steps", type=int_at_least(1), help="each run's budget in steps (instead of the recipe's)"
+    )
+    p.add_argument(
+        "--max-hours",
+        type=number(float, low=0, low_open=True),
+        help="each run's wall-clock budget (instead of the recipe's)",
+    )
+    p.add_argument("--jobs", type=int_at_least(1), default=1, help="runs side by side (default 1)")
+    p.add_argument("--out", help="sweep folder (default runs/sweep-RECIPE)")
 
     p = add_verb(
         verbs,

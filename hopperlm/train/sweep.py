@@ -1,0 +1,203 @@
+"""`hopperlm sweep RECIPE --lr A,B,C [--dim D] [--seeds S,...]`: tune the learning rate of a μP recipe on a narrow
+proxy of it, and write the recipe back with the best LR.
+
+The proxy is the recipe at width D (heads of the same size: model.n_heads and n_kv_heads scaled with the
+width; model.base_dim, depth, data, batch, schedule and budget as the recipe says). Under model.parametrization
+mup the best optim.lr of the proxy is the best of the recipe's width (model/mup.py): that is why a recipe that
+is not mup is refused. Each (LR, seed) trains as its own `hopperlm train` process, one after another or
+`--jobs` side by side (each with cores / jobs threads), into OUT/lr-LR-seed-S; the best LR has the lowest final
+validation loss averaged over seeds. The table, an overlay plot of the runs (OUT/plots) and OUT/sweep.json say
+what was measured; the recipe is written to OUT/RECIPE.tuned.yaml with the LR and a comment naming the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hopperlm.config import Config
+from hopperlm.errors import ConfigError
+from hopperlm.files import write_atomic
+
+MIN_LRS = 3  # fewer cannot show that the best lies inside the grid
+
+
+@dataclass
+class SweepRun:
+    lr: float
+    seed: int
+    run_dir: str
+    final_val_loss: float | None = None
+    stopped_by: str | None = None
+    seconds: float | None = None
+    error: str | None = None
+
+
+def parse_lrs(text: str) -> list[float]:
+    try:
+        lrs = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(
+            f"--lr {text!r}: write positive numbers separated by commas, e.g. 1e-3,2e-3,4e-3"
+        ) from None
+    if len(lrs) < MIN_LRS or any(lr <= 0 for lr in lrs):
+        raise ConfigError(
+            f"--lr {text!r}: give at least {MIN_LRS} distinct positive learning rates (a factor of 2 apart, e.g. "
+            "1e-3,2e-3,4e-3), so the sweep can show the best is inside the grid"
+        )
+    return lrs
+
+
+def proxy_overrides(cfg: Config, dim: int | None) -> list[str]:
+    """The --model.* overrides that make the recipe its proxy at width `dim` (none for the recipe's own width);
+    ConfigError for a recipe whose best LR does not transfer, or a proxy that is not narrower."""
+    model = cfg.model
+    if model.parametrization != "mup":
+        raise ConfigError(
+            "the recipe uses model.parametrization standard, under which the best LR moves with width: a proxy's "
+            "would not transfer; set model.parametrization mup and model.base_dim (the proxy's width)"
+        )
+    if dim is None or dim == model.dim:
+        return []
+    if dim > model.dim:
+        raise ConfigError(
+            f"--dim {dim} is wider than the recipe's model.dim {model.dim}: the proxy must be narrower"
+        )
+    if dim <= 0 or dim % model.head_dim:
+        raise ConfigError(
+            f"--dim {dim} is not a positive multiple of the head size {model.head_dim}: width grows by heads"
+        )
+    heads = dim // model.head_dim
+    out = ["--model.dim", str(dim), "--model.n_heads", str(heads)]
+    if model.n_kv_heads is not None:
+        kv = max(1, round(model.n_kv_heads * dim / model.dim))
+        while heads % kv:
+            kv -= 1
+        out += ["--model.n_kv_heads", str(kv)]
+    if model.ffn_dim is not None:
+        out += ["--model.ffn_dim", str(max(model.multiple_of, round(model.ffn_dim * dim / model.dim)))]
+    return out
+
+
+def lr_text(lr: float) -> str:
+    return f"{lr:.3g}"
+
+
+def run_sweep(
+    recipe: Path,
+    overrides: list[str],
+    *,
+    lrs: list[float],
+    seeds: list[int],
+    out_dir: Path,
+    jobs: int = 1,
+    log: Callable[[str], None] = print,
+) -> list[SweepRun]:
+    """Train every (LR, seed) as a `hopperlm train` process; each run's final validation loss from result.json."""
+    runs = [
+        SweepRun(lr, seed, str(out_dir / f"lr-{lr_text(lr)}-seed-{seed}")) for lr in lrs for seed in seeds
+    ]
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+
+    def train(run: SweepRun) -> SweepRun:
+        cmd = [sys.executable, "-m", "hopperlm", "train", str(recipe), *overrides, "--optim.lr", repr(run.lr),
+               "--train.seed", str(run.seed), "--run.out_dir", run.run_dir, "--log.report", "false"]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        t0 = time.monotonic()
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        run.seconds = round(time.monotonic() - t0, 1)
+        Path(run.run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run.run_dir) / "sweep.log").write_text(done.stdout + done.stderr)
+        try:
+            result = json.loads((Path(run.run_dir) / "result.json").read_text())
+            run.final_val_loss, run.stopped_by = result.get("val_loss"), result.get("stopped_by")
+        except (OSError, ValueError):
+            lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+            run.error = (lines[-1] if lines else f"exit {done.returncode}")[:300]
+        state = f"val {run.final_val_loss:.4f}" if run.final_val_loss is not None else f"failed: {run.error}"
+        log(f"sweep: lr {lr_text(run.lr)} seed {run.seed}: {state} ({run.seconds:.0f} s)")
+        return run
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(train, runs))
+
+
+def best_lr(runs: list[SweepRun]) -> tuple[float | None, dict[float, float]]:
+    """(the LR with the lowest final validation loss averaged over its seeds, {lr: that mean}); an LR with a
+    failed or diverged seed (no finite loss) counts as infinitely bad."""
+    means = {}
+    for lr in sorted({r.lr for r in runs}):
+        losses = [r.final_val_loss for r in runs if r.lr == lr]
+        ok = all(v is not None and math.isfinite(v) for v in losses)
+        means[lr] = statistics.fmean(losses) if ok else math.inf
+    finite = {lr: v for lr, v in means.items() if math.isfinite(v)}
+    return (min(finite, key=finite.get) if finite else None), means
+
+
+def table(runs: list[SweepRun], means: dict[float, float], best: float | None) -> list[str]:
+    seeds = sorted({r.seed for r in runs})
+    lines = [f"{'lr':>10}" + "".join(f"{'seed ' + str(s):>12}" for s in seeds) + f"{'mean':>10}"]
+    for lr, mean in means.items():
+        cells = []
+        for seed in seeds:
+            v = next(r.final_val_loss for r in runs if r.lr == lr and r.seed == seed)
+            cells.append(f"{v:>12.4f}" if v is not None else f"{'failed':>12}")
+        mark = "  <- best" if lr == best else ""
+        lines.append(
+            f"{lr_text(lr):>10}"
+            + "".join(cells)
+            + (f"{mean:>10.4f}" if math.isfinite(mean) else f"{'-':>10}")
+            + mark
+        )
+    if best is not None and best in (min(means), max(means)):
+        lines.append(
+            f"warning: the best LR {lr_text(best)} is at the edge of the grid; extend --lr past it to be sure"
+        )
+    return lines
+
+
+def tuned_recipe_text(text: str, lr: float, note: str) -> str:
+    """The recipe's YAML with optim.lr set to `lr` and a comment above it, everything else as written."""
+    lines = text.splitlines()
+    comment = f"# {note}"
+    section = next((i for i, line in enumerate(lines) if re.match(r"^optim:\s*(#.*)?$", line)), None)
+    if section is None:
+        return text.rstrip("\n") + f"\noptim:\n  {comment}\n  lr: {lr_text(lr)}\n"
+    end = next(
+        (
+            i
+            for i in range(section + 1, len(lines))
+            if lines[i] and not lines[i][0].isspace() and not lines[i].startswith("#")
+        ),
+        len(lines),
+    )
+    for i in range(section + 1, end):
+        m = re.match(r"^(\s+)lr:\s*[^#\s]+(.*)$", lines[i])
+        if m:
+            lines[i : i + 1] = [f"{m.group(1)}{comment}", f"{m.group(1)}lr: {lr_text(lr)}"]
+            return "\n".join(lines) + "\n"
+    lines[section + 1 : section + 1] = [f"  {comment}", f"  lr: {lr_text(lr)}"]
+    return "\n".join(lines) + "\n"
+
+
+def save_sweep(
+    out_dir: Path, *, command: str, runs: list[SweepRun], means: dict[float, float], best, dim
+) -> None:
+    record = {
+        "command": command,
+        "proxy_dim": dim,
+        "best_lr": best,
+        "mean_final_val_loss": {lr_text(k): (v if math.isfinite(v) else None) for k, v in means.items()},
+        "rows": [asdict(r) for r in runs],
+    }
+    write_atomic(out_dir / "sweep.json", json.dumps(record, indent=1))

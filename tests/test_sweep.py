@@ -1,0 +1,117 @@
+"""`hopperlm sweep`: a μP recipe's LR tuned on a narrow proxy, end to end on the CPU (3 LRs, a few steps), the
+best LR by final validation loss, the recipe written back with it; bad inputs one line each."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hopperlm.config import load_config
+from hopperlm.train.sweep import SweepRun, best_lr, tuned_recipe_text
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = """# a tiny mup recipe
+model:
+  preset: null
+  dim: 64
+  n_layers: 2
+  n_heads: 4
+  parametrization: mup
+  base_dim: 32
+  max_seq_len: 64
+data:
+  path: {data}
+optim:
+  lr: 1.0e-3   # a guess
+  warmup_steps: 2
+train:
+  seq_len: 64
+  micro_batch: 8
+  max_steps: 6
+  eval_every: 0
+  eval_windows: 4
+  log_every: 3
+  ckpt_every: 0
+"""
+
+
+def hopperlm(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hopperlm", *map(str, args)], capture_output=True, text=True, cwd=REPO
+    )
+
+
+@pytest.fixture
+def recipe(shakespeare_bytes, tmp_path) -> Path:
+    path = tmp_path / "tiny-mup.yaml"
+    path.write_text(RECIPE.format(data=shakespeare_bytes))
+    return path
+
+
+@pytest.mark.slow
+def test_sweep_trains_the_proxy_picks_the_best_lr_and_writes_the_recipe(recipe, tmp_path):
+    out = tmp_path / "sweep"
+    done = hopperlm(
+        "sweep", recipe, "--lr", "3e-3,1e-2,3e-4", "--dim", "32", "--max-steps", "5", "--out", out
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((out / "sweep.json").read_text())
+    rows = record["rows"]
+    assert [r["lr"] for r in rows] == [3e-4, 3e-3, 1e-2] and record["proxy_dim"] == 32
+    assert all(r["final_val_loss"] is not None and r["stopped_by"] == "max_steps" for r in rows)
+    best = min(rows, key=lambda r: r["final_val_loss"])["lr"]
+    assert record["best_lr"] == best
+    proxy = yaml.safe_load((Path(rows[0]["run_dir"]) / "config.yaml").read_text())["model"]
+    assert proxy["dim"] == 32 and proxy["n_heads"] == 2 and proxy["base_dim"] == 32  # heads of the same size
+    table = done.stdout[done.stdout.index("        lr") :]
+    assert "<- best" in table and f"{best:.3g}" in table
+    assert any((out / "plots").glob("*.png"))
+    tuned = out / "tiny-mup.tuned.yaml"
+    text = tuned.read_text()
+    assert "# optim.lr" in text and "hopperlm sweep" in text and "# a tiny mup recipe" in text
+    cfg = load_config(tuned, [])
+    assert cfg.optim.lr == pytest.approx(best) and cfg.model.dim == 64  # the target's width, the proxy's LR
+
+
+def test_bad_sweeps_are_one_line_each(recipe, tmp_path):
+    standard = tmp_path / "standard.yaml"
+    standard.write_text(recipe.read_text().replace("parametrization: mup", "parametrization: standard"))
+    for args, message in (
+        ([recipe, "--lr", "1e-3,2e-3"], "give at least 3 distinct positive learning rates"),
+        ([recipe, "--lr", "1e-3,2e-3,x"], "write positive numbers separated by commas"),
+        ([standard, "--lr", "1e-3,2e-3,4e-3"], "model.parametrization standard"),
+        (
+            [recipe, "--lr", "1e-3,2e-3,4e-3", "--dim", "128"],
+            "--dim 128 is wider than the recipe's model.dim 64",
+        ),
+        ([recipe, "--lr", "1e-3,2e-3,4e-3", "--dim", "24"], "not a positive multiple of the head size 16"),
+    ):
+        done = hopperlm("sweep", *args, "--out", tmp_path / "never")
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and message in lines[0], (message, done.stderr)
+    assert not (tmp_path / "never").exists()
+
+
+def test_the_best_lr_averages_seeds_and_a_failed_seed_disqualifies():
+    runs = [
+        SweepRun(1e-3, 1, "a", 2.0), SweepRun(1e-3, 2, "b", 2.2),
+        SweepRun(2e-3, 1, "c", 1.9), SweepRun(2e-3, 2, "d", 2.4),
+        SweepRun(4e-3, 1, "e", 1.0), SweepRun(4e-3, 2, "f", None, error="diverged"),
+    ]  # fmt: skip
+    best, means = best_lr(runs)
+    assert best == 1e-3 and means[1e-3] == pytest.approx(2.1) and means[4e-3] == float("inf")
+
+
+def test_the_tuned_recipe_keeps_everything_else_as_written():
+    text = "# top\nmodel:\n  dim: 64\noptim:\n  name: muon\n  lr: 1.5e-3  # old\n  warmup_steps: 5\ntrain:\n  max_steps: 3\n"
+    out = tuned_recipe_text(text, 4e-3, "from a sweep")
+    assert out == (
+        "# top\nmodel:\n  dim: 64\noptim:\n  name: muon\n  # from a sweep\n  lr: 0.004\n  warmup_steps: 5\n"
+        "train:\n  max_steps: 3\n"
+    )
+    assert "optim:\n  # from a sweep\n  lr: 0.004\n" in tuned_recipe_text(
+        "model:\n  dim: 64\n", 4e-3, "from a sweep"
+    )
