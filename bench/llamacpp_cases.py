@@ -52,14 +52,14 @@ def make_cases(work: Path, data: Path) -> dict[str, tuple[Path, str]]:
     english = work / "shakespeare"  # prepared with the imported model's tokenizer.json, as the issue did
     hopperlm("prepare", data / "tinyshakespeare" / "input.txt", "--out", english,
              "--tokenizer", imported / "tokenizer" / "tokenizer.json")  # fmt: skip
-    hopperlm(*train_args(imported, english, work / "cpt", 60))
-    hopperlm(*train_args(imported, english, work / "lora", 60, "--lora.rank", "8", "--optim.lr", "1e-2"))
+    hopperlm(*train_args(imported, english, work / "cpt", 200))
+    hopperlm(*train_args(imported, english, work / "lora", 200, "--lora.rank", "8", "--optim.lr", "1e-2"))
     extended = work / "tok-tir"
     tigrinya = data / "hornmt" / "tir.txt"
     hopperlm("tokenizer", "extend", imported / "tokenizer", tigrinya, "--add", "300", "--out", extended)
     tir_data = work / "tigrinya"
     hopperlm("prepare", tigrinya, "--out", tir_data, "--tokenizer", extended / "tokenizer.json")
-    hopperlm(*train_args(imported, tir_data, work / "extended", 60))
+    hopperlm(*train_args(imported, tir_data, work / "extended", 200))
     english_prompt = "ROMEO: What light through yonder window breaks?"
     return {
         "import": (imported, english_prompt),
@@ -86,17 +86,30 @@ def llama_tokenize(bin_dir: Path, gguf: Path, prompt: str) -> list[int]:
     return [int(x) for x in re.findall(r"-?\d+", out.strip().splitlines()[-1])]
 
 
+def continuation(out: str, prompt: str) -> str:
+    """What a program printed after the prompt, less the one newline it ends its output with: exact text,
+    whitespace included (a continuation of newlines must match newline for newline)."""
+    out = out.removesuffix("\n")
+    return out.split(prompt, 1)[1] if prompt in out else out
+
+
 def llama_greedy(bin_dir: Path, gguf: Path, prompt: str, n: int) -> str:
-    """llama-simple's continuation (greedy sampling), the prompt left off."""
-    out = sh(bin_dir / "llama-simple", "-m", gguf, "-n", n, prompt)
-    return out.split(prompt, 1)[-1] if prompt in out else out
+    """llama-simple's continuation (greedy sampling)."""
+    return continuation(sh(bin_dir / "llama-simple", "-m", gguf, "-n", n, prompt), prompt)
 
 
 def hopperlm_greedy(model: Path, prompt: str, n: int) -> str:
     out = hopperlm("generate", model, "--prompt", prompt, "--max-new-tokens", n, "--temperature", "0",
                    "--top-k", "0", "--top-p", "1", "--repetition-penalty", "1")  # fmt: skip
-    text = out.rstrip("\n")
-    return text.split(prompt, 1)[-1] if prompt in text else text
+    return continuation(out, prompt)
+
+
+def hopperlm_ids(model: Path, prompt: str) -> list[int]:
+    """The ids hopperlm feeds its model for `prompt` (what training and `generate` encode)."""
+    from hopperlm.checkpoint.layout import TOKENIZER_DIR, resolve_model_dir
+    from hopperlm.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(resolve_model_dir(model) / TOKENIZER_DIR).encode_for_model(prompt)
 
 
 def llama_perplexity(bin_dir: Path, gguf: Path, text_file: Path) -> float:
@@ -112,9 +125,12 @@ def check_all(source: Path, work: Path, data: Path, prompts, q8_tolerance: float
     bin_dir = source / "build" / "bin"
     converter = source / "convert_hf_to_gguf.py"
     env = {**os.environ, "PYTHONPATH": str(source / "gguf-py")}
-    heldout = work / "heldout.txt"
-    text = (data / "tinyshakespeare" / "input.txt").read_text()
-    heldout.write_text(text[-40_000:])
+    heldout = {"English": work / "heldout-en.txt", "Tigrinya": work / "heldout-tir.txt"}
+    heldout["English"].write_text((data / "tinyshakespeare" / "input.txt").read_text()[-40_000:])
+    # not in training (HornMT is): a parallel corpus's Tigrinya side
+    heldout["Tigrinya"].write_text(
+        (data / "travis-tigrinya-parallel" / "TI_volunteers.txt").read_text()[:40_000]
+    )
     rows = []
     for name, (model, prompt) in make_cases(work, data).items():
         slug = re.sub(r"\W+", "-", name).strip("-")
@@ -144,6 +160,7 @@ def check_all(source: Path, work: Path, data: Path, prompts, q8_tolerance: float
                 outtype,
             )
         sp_ids = sentencepiece_ids(hf, prompt)
+        our_ids = hopperlm_ids(model, prompt)
         ours = hopperlm_greedy(model, prompt, n)
         ppl = {}
         for how, path in ggufs.items():
@@ -155,33 +172,37 @@ def check_all(source: Path, work: Path, data: Path, prompts, q8_tolerance: float
                 "prompt": prompt,
                 "hf_files": files,
                 "sentencepiece_ids": sp_ids,
+                "hopperlm_ids": our_ids,
                 "llama_cpp_ids": ids,
-                "ids_equal": sp_ids is not None and ids == sp_ids,
+                "ids_equal": sp_ids is not None and ids == sp_ids == our_ids,
                 "hopperlm_greedy": ours,
                 "llama_cpp_greedy": greedy,
-                "greedy_equal": greedy.strip() == ours.strip(),
+                "greedy_equal": greedy == ours,
+                # greedy text must be equal in f32; q8_0 is judged by its held-out perplexity
+                "greedy_required": "q8_0" not in how,
             }
-            if "english" in name.lower() or name in ("import", "cpt", "lora"):
-                ppl[how] = row["perplexity"] = llama_perplexity(bin_dir, path, heldout)
+            language = "Tigrinya" if "Tigrinya" in name else "English"
+            ppl[how] = row["perplexity"] = llama_perplexity(bin_dir, path, heldout[language])
+            row["heldout"] = language
             rows.append(row)
         if ppl:
             f32, q8 = ppl["export --format gguf f32"], ppl["export --format gguf q8_0"]
             rows[-1]["q8_0_vs_f32"] = q8 / f32 - 1
             rows[-1]["q8_0_within_tolerance"] = abs(q8 / f32 - 1) <= q8_tolerance
-    table = [f"{'case':<22}{'gguf':<28}{'ids':>5}{'greedy':>8}{'ppl':>10}"]
+    table = [f"{'case':<22}{'gguf':<28}{'ids':>5}{'greedy':>9}{'ppl':>12}"]
     for r in rows:
-        ppl = f"{r['perplexity']:.2f}" if "perplexity" in r else ""
+        greedy = ("yes" if r["greedy_equal"] else "NO") + ("" if r["greedy_required"] else "*")
         table.append(f"{r['case']:<22}{r['gguf']:<28}{'yes' if r['ids_equal'] else 'NO':>5}"
-                     f"{'yes' if r['greedy_equal'] else 'NO':>8}{ppl:>10}")  # fmt: skip
+                     f"{greedy:>9}{r['perplexity']:>12.2f}")  # fmt: skip
     q8 = [r for r in rows if "q8_0_vs_f32" in r]
     for r in q8:
-        table.append(
-            f"{r['case']}: q8_0 perplexity {100 * r['q8_0_vs_f32']:+.2f}% vs f32 (tolerance {100 * q8_tolerance:g}%)"
-        )
-    agree = all(r["ids_equal"] and r["greedy_equal"] for r in rows) and all(
-        r["q8_0_within_tolerance"] for r in q8
-    )
-    table.append(
-        f"{'every case agrees' if agree else 'NOT every case agrees'}: {len(rows)} GGUF files, llama.cpp {source.name}"
-    )
+        table.append(f"{r['case']}: q8_0 perplexity {100 * r['q8_0_vs_f32']:+.2f}% vs f32 "
+                     f"(tolerance {100 * q8_tolerance:g}%)")  # fmt: skip
+    table.append("ids: llama-tokenize = SentencePiece = hopperlm; greedy: llama-simple's 20 tokens = hopperlm "
+                 "generate's (* q8_0: shown, not required; its check is the perplexity)")  # fmt: skip
+    agree = all(r["ids_equal"] and (r["greedy_equal"] or not r["greedy_required"]) for r in rows)
+    agree = agree and all(r["q8_0_within_tolerance"] for r in q8)
+    version = source.parents[1].name.split("-")[-1]
+    table.append(f"{'every case agrees' if agree else 'NOT every case agrees'}: {len(rows)} GGUF files, "
+                 f"llama.cpp from llama-cpp-python {version}")  # fmt: skip
     return {"rows": rows, "table": table, "all_agree": agree, "q8_tolerance": q8_tolerance, "tokens": n}

@@ -205,3 +205,23 @@ def test_bad_gguf_exports_are_one_line_each(imported, hub_llama, tmp_path, data_
         assert "Traceback" not in done.stderr
     assert (tmp_path / "exists.gguf").read_bytes() == b"keep me"  # nothing complete touched
     assert not list(tmp_path.glob("*.tmp-*")) and not list(tmp_path.glob(".*.tmp-*"))
+
+
+@pytest.mark.slow
+def test_llama_cpp_tokenizes_and_continues_as_hopperlm(imported, tmp_path):
+    """llama.cpp itself, where bench/llamacpp_check.py has built it: the prompt's ids equal SentencePiece's and
+    hopperlm's, and llama-simple's greedy continuation equals `hopperlm generate --temperature 0`'s."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from llamacpp_cases import hopperlm_greedy, hopperlm_ids, llama_greedy, llama_tokenize, sentencepiece_ids
+    from llamacpp_check import BINARIES, cache_dir
+
+    bin_dir = next(cache_dir().glob("llama_cpp_python-*/vendor/llama.cpp/build/bin"), None)
+    if bin_dir is None or not all((bin_dir / b).is_file() for b in BINARIES):
+        pytest.skip("llama.cpp is not built on this machine: python3 bench/llamacpp_check.py --build-only")
+    from hopperlm.checkpoint.gguf import export_gguf
+
+    out = export_gguf(imported, tmp_path / "tiny.gguf", "f32", log=lambda line: None)
+    prompt = "ROMEO: What light through yonder window breaks?"
+    ids = llama_tokenize(bin_dir, out, prompt)
+    assert ids == sentencepiece_ids(imported / "tokenizer", prompt) == hopperlm_ids(imported, prompt)
+    assert llama_greedy(bin_dir, out, prompt, 12) == hopperlm_greedy(imported, prompt, 12)
