@@ -1,4 +1,4 @@
-"""Files that are whole or absent: the one atomic-write helper, on the lowest floor so every package can use it.
+"""Files and folders that are whole or absent: the atomic writes, on the lowest floor so every package uses them.
 
 A result file rewritten after every row of a benchmark, a cache shared by the ranks of a node, a manifest: each
 is written to a temporary name in the same folder and renamed over the target, so a reader (or a kill half-way)
@@ -8,6 +8,7 @@ never sees a half-written file, and what was there before stays until the new on
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -44,3 +45,17 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def swap_in(tmp: str | Path, final: str | Path) -> Path:
+    """Move a complete folder `tmp` into place at `final` (beside it, so a rename); a folder already there is
+    removed only once the new one is in place: a crash leaves the old folder or the new, never neither."""
+    tmp, final = Path(tmp), Path(final)
+    if final.exists():
+        old = final.parent / f"{final.name}.old-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    return final

@@ -140,3 +140,31 @@ def test_an_export_folds_the_output_multiplier_into_the_head(tmp_path):
     x = torch.randint(0, 512, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(theirs(x).logits, model(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_transfer_benchmark_runs_in_smoke_mode(tmp_path):
+    import json
+    import subprocess
+
+    out = tmp_path / "transfer.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "transfer.py"),
+            "--smoke",
+            "--work",
+            str(tmp_path / "w"),
+            "--save",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert len(record["rows"]) == 2 * 2 * 2 * 3  # parametrizations x optimizers x widths x LRs
+    keys = {"parametrization", "optimizer", "width", "params", "lr", "seed", "final_val_loss"}
+    assert all(keys <= set(r) and r["final_val_loss"] is not None for r in record["rows"])
+    assert set(record["summary"]) == {"standard/adamw", "standard/muon", "mup/adamw", "mup/muon"}
+    assert "drift" in record["table"][0]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from hopperlm.diskspace import check_room, disk_error
 from hopperlm.errors import CheckpointError
-from hopperlm.files import current_umask
+from hopperlm.files import current_umask, swap_in
 
 if TYPE_CHECKING:
     import torch
@@ -54,18 +54,6 @@ def save_safetensors(
 
     save_file(tensors, str(path), metadata=metadata)
     usual_permissions(Path(path))
-
-
-def swap_in(tmp: Path, final: Path) -> Path:
-    """Move a complete folder into place; one already there is removed only once the new one is whole."""
-    if final.exists():
-        old = final.parent / f"{final.name}.old-{os.getpid()}"
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
-    return final
 
 
 @contextmanager

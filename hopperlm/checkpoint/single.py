@@ -26,7 +26,6 @@ from hopperlm.checkpoint.atomic import (
     fsync_tree,
     save_safetensors,
     staged_dir,
-    swap_in,
     usual_permissions,
 )
 from hopperlm.checkpoint.layout import (
@@ -59,6 +58,7 @@ from hopperlm.config import ModelConfig
 from hopperlm.data.shards import file_sha256
 from hopperlm.diskspace import DiskError, room, tree_bytes, write_failure
 from hopperlm.errors import CheckpointError
+from hopperlm.files import swap_in
 from hopperlm.model.lora import adapter_state, has_lora, load_adapter_state
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
-import tempfile
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from hopperlm.errors import DataError
+from hopperlm.files import write_atomic
 
 TINY_SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -36,17 +36,9 @@ def _sha256(data: bytes) -> str:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Temp file + rename in the same folder, so a half-written file never sits at `path`."""
+    """The cache file, whole or absent (hopperlm/files.py); an unwritable cache is one line naming the fix."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, data)
     except OSError as e:
         raise DataError(
             f"cannot write the demo data cache {path} ({e}); set HOPPERLM_CACHE_DIR to a writable dir"

@@ -58,6 +58,7 @@ from hopperlm.data.sources import decode_unit, find_sources, iter_units, source_
 from hopperlm.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 from hopperlm.diskspace import check_room, disk_error, tree_bytes
 from hopperlm.errors import DataError, HopperError
+from hopperlm.files import swap_in
 
 PROGRESS_FILE = "progress.json"
 SEEN_FILE = "seen.u64"  # 64-bit document hashes for dedup, appended at each save
@@ -110,15 +111,7 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
 def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
     """Swap the finished dir into place; the old data (if any) goes only after the new is in place."""
     _check_out_dir(out_dir, overwrite)  # again: something may have appeared while we worked
-    if out_dir.is_dir() and (out_dir / MANIFEST).is_file():
-        old = out_dir.parent / f"{out_dir.name}.old-{os.getpid()}"
-        out_dir.rename(old)
-        tmp.rename(out_dir)
-        shutil.rmtree(old)
-        return
-    if out_dir.is_dir():
-        out_dir.rmdir()  # empty, checked above
-    tmp.rename(out_dir)
+    swap_in(tmp, out_dir)  # (an existing out_dir is empty or holds prepared data: checked just above)
 
 
 def _lock(out_dir: Path):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 
 from hopperlm.config import ModelConfig, OptimConfig
 from hopperlm.data.loader import Batch
+from hopperlm.files import write_atomic
 from hopperlm.model.transformer import build_model
 from hopperlm.parallel.runtime import Runtime
 from hopperlm.plan import Plan
@@ -104,11 +104,8 @@ def _read_cache(path: Path) -> dict:
 
 
 def _write_cache(path: Path, cache: dict) -> None:
-    """Atomically: under torchrun every rank of a node writes the same file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(cache, indent=1))
-    os.replace(tmp, path)
+    """Atomically (hopperlm/files.py): under torchrun every rank of a node writes the same file."""
+    write_atomic(path, json.dumps(cache, indent=1))
 
 
 def make_gpu_finder(

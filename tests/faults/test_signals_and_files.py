@@ -155,13 +155,14 @@ def test_full_disk_keeps_previous_checkpoint(shakespeare_bytes, tmp_path, monkey
 
     monkeypatch.setattr(single.torch, "save", save)
     lines = []
-    result = train(
-        config(shakespeare_bytes, run, "--train.max_steps", "30", "--train.ckpt_every", "10"),
+    result = train(  # (the default, stop, is tested in tests/test_disk_full.py)
+        config(shakespeare_bytes, run, "--train.max_steps", "30", "--train.ckpt_every", "10",
+               "--train.on_disk_full", "continue"),
         log=lines.append,
-    )
+    )  # fmt: skip
     assert result.step == 30
     warning = [line for line in lines if "could not write checkpoint step_000020" in line]
-    assert warning and "No space left on device" in warning[0] and "step_000010 is intact" in warning[0]
+    assert warning and "no space left on device" in warning[0] and "step_000010 is intact" in warning[0]
     assert [c.name for c in list_checkpoints(run)] == ["step_000010", "step_000030"]
     assert not list((run / "checkpoints").glob("*.tmp-*"))
     assert json.loads((run / "checkpoints" / "step_000010" / "state.json").read_text())["step"] == 10
