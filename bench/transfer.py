@@ -183,10 +183,15 @@ def main() -> None:
     print(f"transfer: {len(specs)} runs, {args.jobs} at a time", flush=True)
     t0 = time.monotonic()
     rows = []
+    partial = Path(args.save).with_suffix(".partial.json") if args.save else None
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for row in pool.map(run_one, specs):
             rows.append(row)
             print(json.dumps(row), flush=True)
+            if partial is not None:  # every finished run kept, should the benchmark be cut short
+                from hopperlm.files import write_atomic
+
+                write_atomic(partial, json.dumps({"rows": rows}, indent=1))
     summary = analyse(rows, grid["widths"], grid["lrs"])
     lines = table(summary, grid["widths"])
     record = {"smoke": args.smoke, "grid": {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()},
@@ -197,6 +202,7 @@ def main() -> None:
         from hopperlm.provenance import save_result
 
         save_result(record, args.save)
+        partial.unlink(missing_ok=True)
     print("\n" + "\n".join(lines))
 
 
