@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("HOPPERLM_DATA_DIR") or REPO.parent / "shared" / "data")
 BOOKS = (
     "pg01342_Pride_and_Prejudice.txt",
-    "pg00084_Frankenstein.txt",
+    "pg00036_The_War_of_the_Worlds.txt",
     "pg01661_The_Adventures_of_Sherlock_Holmes.txt",
 )
 FULL = {
