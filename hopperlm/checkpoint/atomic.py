@@ -75,15 +75,8 @@ def staged_dir(out_dir: Path, overwrite: bool, *, what: str = "", needed: int = 
     try:
         tmp.mkdir(parents=True)
         yield tmp
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        full = disk_error(e, what=what, where=out_dir.parent, needed=needed, fix=fix)
-        if full is None:
-            raise
-        raise full from e
-    try:
-        swap_in(tmp, out_dir)
-    except OSError as e:
+        swap_in(tmp, out_dir)  # (only when the block completed)
+    except BaseException as e:  # the block failed, or the swap: the partial folder goes
         shutil.rmtree(tmp, ignore_errors=True)
         full = disk_error(e, what=what, where=out_dir.parent, needed=needed, fix=fix)
         if full is None:
