@@ -53,9 +53,8 @@ def build_optimizer(
             if p.requires_grad and p.ndim == 2 and n.startswith("layers.")
         ]
         hidden_ids = {id(p) for p in hidden}
-        muon_groups = width_scaled(
-            model, [{"params": hidden, "weight_decay": cfg.weight_decay}], cfg, hidden_ids
-        )
+        factors = width_factors(model, cfg, hidden_ids)  # once for both optimizers' groups
+        muon_groups = scaled([{"params": hidden, "weight_decay": cfg.weight_decay}], factors)
         adjust = "original" if cfg.muon_lr_adjust == "spectral" else "match_rms_adamw"
         muon = torch.optim.Muon(muon_groups, lr=cfg.lr, momentum=cfg.muon_momentum, adjust_lr_fn=adjust)
         rest = [
@@ -63,7 +62,7 @@ def build_optimizer(
             for g in param_groups(model, cfg.weight_decay)
         ]
         adamw = torch.optim.AdamW(
-            width_scaled(model, rest, cfg),
+            scaled(rest, factors),
             lr=cfg.lr,
             betas=betas,
             eps=cfg.eps,
@@ -75,15 +74,24 @@ def build_optimizer(
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, **kwargs)
 
 
-def width_scaled(model: nn.Module, groups: list[dict], cfg: OptimConfig, muon_ids=frozenset()) -> list[dict]:
-    """The groups split by μP's learning-rate factors (model/mup.py) when the model has any: under
-    model.parametrization mup, or Muon's spectral adjustment. Unchanged otherwise."""
+def width_scaled(model: nn.Module, groups: list[dict], cfg: OptimConfig) -> list[dict]:
+    """The groups split by μP's learning-rate factors (model/mup.py) when the model has any. Unchanged
+    otherwise."""
+    return scaled(groups, width_factors(model, cfg))
+
+
+def width_factors(model: nn.Module, cfg: OptimConfig, muon_ids=frozenset()) -> dict[int, float]:
+    """id(parameter) -> learning-rate factor: under model.parametrization mup, or Muon's spectral adjustment
+    (`muon_ids`: Muon's matrices); empty otherwise, and for a model that is not hopperlm's Transformer."""
     model_cfg = getattr(model, "cfg", None)
     if model_cfg is None:
-        return groups
-    factors = optimizer_multipliers(
+        return {}
+    return optimizer_multipliers(
         model, model_cfg, parameter_shapes, muon_lr_adjust=cfg.muon_lr_adjust, muon_ids=muon_ids
     )
+
+
+def scaled(groups: list[dict], factors: dict[int, float]) -> list[dict]:
     return scale_groups(groups, factors) if factors else groups
 
 
