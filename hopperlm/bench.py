@@ -31,7 +31,7 @@ from hopperlm.config import ModelConfig, config_from_dict
 from hopperlm.config.presets import get_preset
 from hopperlm.data.loader import Batch, RandomWindows, TokenShards
 from hopperlm.data.prepare import read_manifest
-from hopperlm.errors import ConfigError, DataError
+from hopperlm.errors import ConfigError, DataError, first_line
 from hopperlm.hardware import Hardware
 from hopperlm.model.transformer import build_model, flops_per_token
 from hopperlm.plan import make_plan
@@ -261,8 +261,7 @@ def measure(
     except torch.OutOfMemoryError:
         row.error = f"out of memory at micro-batch {row.micro_batch} x {row.seq_len}"
     except Exception as e:  # a baseline that cannot run here is a finding for the table, not a crash
-        text = str(e).strip().splitlines()
-        row.error = f"{type(e).__name__}: {text[0] if text else ''}"[:200]
+        row.error = first_line(e)[:200]
     finally:
         step = None
         _release(device)

@@ -15,3 +15,13 @@ class DataError(HopperError):
 
 class CheckpointError(HopperError):
     """A checkpoint is missing, incomplete or does not match the model."""
+
+
+def first_line(error: BaseException, *, type_name: bool = True) -> str:
+    """An exception as one line for a log or a message: `RuntimeError: <first non-empty line of its text>`, or
+    the type name alone when the text is empty (enough to tell a missing kernel from a bug; DCP's and CUDA's
+    messages run to many lines). With `type_name=False`, the first line alone (the type name when empty)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return f"{type(error).__name__}: {lines[0]}" if type_name else lines[0]

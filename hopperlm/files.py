@@ -1,4 +1,5 @@
-"""Files and folders that are whole or absent: the atomic writes, on the lowest floor so every package uses them.
+"""Files and folders that are whole or absent: the atomic writes (and the sha256 of bytes that names or checks
+what is written), on the lowest floor so every package uses them.
 
 A result file rewritten after every row of a benchmark, a cache shared by the ranks of a node, a manifest: each
 is written to a temporary name in the same folder and renamed over the target, so a reader (or a kill half-way)
@@ -7,6 +8,7 @@ never sees a half-written file, and what was there before stays until the new on
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -59,3 +61,8 @@ def swap_in(tmp: str | Path, final: str | Path) -> Path:
     else:
         tmp.rename(final)
     return final
+
+
+def sha256_hex(data: bytes) -> str:
+    """The sha256 of `data` as 64 lowercase hex digits (what checksum files and manifests record)."""
+    return hashlib.sha256(data).hexdigest()

@@ -13,16 +13,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from hopperlm.errors import first_line
+
 
 def _default_dtype(device: torch.device) -> torch.dtype:
     if device.type != "cuda":
         return torch.float32
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 def _time_per_call(fn: Callable[[], object], device: torch.device, min_seconds: float = 0.3) -> float:
@@ -114,7 +111,7 @@ def sdpa_checks(
             ms = 1000 * _time_per_call(call, device, min_seconds=0.05)
             results.append({"name": f"sdpa:{name}", "ok": True, "ms": ms, "error": None})
         except RuntimeError as e:
-            results.append({"name": f"sdpa:{name}", "ok": False, "ms": None, "error": _first_line(e)})
+            results.append({"name": f"sdpa:{name}", "ok": False, "ms": None, "error": first_line(e)})
     results.append(_flex_check(q, k, v, device))
     q = k = v = None
     _free(device)
@@ -135,7 +132,7 @@ def _flex_check(q, k, v, device: torch.device) -> dict:
         ms = 1000 * _time_per_call(lambda: compiled(q, k, v, block_mask=mask), device, min_seconds=0.05)
         return {"name": "flex_attention", "ok": True, "ms": ms, "error": None}
     except Exception as e:  # any failure of an optional kernel is a report, not a crash
-        return {"name": "flex_attention", "ok": False, "ms": None, "error": _first_line(e)}
+        return {"name": "flex_attention", "ok": False, "ms": None, "error": first_line(e)}
 
 
 def compile_check(device: torch.device) -> dict:
@@ -161,7 +158,7 @@ def compile_check(device: torch.device) -> dict:
             "name": "compile",
             "ok": False,
             "seconds": time.perf_counter() - start,
-            "error": _first_line(e),
+            "error": first_line(e),
         }
     finally:
         torch._dynamo.reset()

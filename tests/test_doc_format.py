@@ -250,7 +250,9 @@ def test_instruction_rows_start_with_one_bos_or_as_the_chat_template_says(tinyll
         run = tmp_path / template
         args = ["--sft.template", template, "--sft.max_examples", "6", "--sft.val_fraction", "0"]
         cfg = finetune_config(tinyllama_hf, data_dir, run, *args, "--train.seq_len", "512")
-        data = open_sft_data(cfg, run, QUIET, sft_tokenizer_path(cfg))
+        data = open_sft_data(
+            cfg.sft, cfg.train, run, QUIET, tokenizer_path=sft_tokenizer_path(cfg.sft, cfg.model)
+        )
         saved = transformers.AutoTokenizer.from_pretrained(run / "tokenizer")
         for (ids, _), (where, record) in zip(data.train.examples, records, strict=True):
             messages = to_example(record, "alpaca", None, where).messages

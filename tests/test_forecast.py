@@ -99,7 +99,7 @@ def config(*overrides: str):
 
 def test_planned_lrs_follow_the_loop_for_a_step_budget():
     cfg = config("--train.max_steps", "300", "--optim.schedule", "wsd", "--optim.warmup_steps", "10")
-    lrs = planned_lrs(cfg, steps_done=50, tokens_per_step=1024, elapsed_s=3.0)
+    lrs = planned_lrs(cfg.train, cfg.optim, steps_done=50, tokens_per_step=1024, elapsed_s=3.0)
     assert len(lrs) == 300
     for i in range(300):
         progress = budget_progress(i, i * 1024, 0.0, cfg.train, 10)
@@ -108,14 +108,16 @@ def test_planned_lrs_follow_the_loop_for_a_step_budget():
 
 def test_planned_lrs_follow_the_loop_for_an_hours_budget_at_the_measured_step_time():
     cfg = config("--train.max_steps", "null", "--train.max_hours", "0.01")  # 36 s
-    lrs = planned_lrs(cfg, steps_done=100, tokens_per_step=1024, elapsed_s=12.0)  # 0.12 s/step
+    lrs = planned_lrs(
+        cfg.train, cfg.optim, steps_done=100, tokens_per_step=1024, elapsed_s=12.0
+    )  # 0.12 s/step
     assert len(lrs) == math.ceil(36 / 0.12)
     for i in range(len(lrs)):
         progress = budget_progress(i, i * 1024, i * 0.12, cfg.train, cfg.optim.warmup_steps)
         assert lrs[i] == pytest.approx(lr_at(i, progress, cfg.optim))
     # a token budget reached first ends the plan there
     both = config("--train.max_steps", "1000", "--train.max_tokens", "20480")
-    assert len(planned_lrs(both, steps_done=10, tokens_per_step=1024, elapsed_s=1.0)) == 20
+    assert len(planned_lrs(both.train, both.optim, steps_done=10, tokens_per_step=1024, elapsed_s=1.0)) == 20
 
 
 def test_planned_lrs_of_a_kept_schedule_stay_at_the_floor_to_the_runs_end():
@@ -123,8 +125,10 @@ def test_planned_lrs_of_a_kept_schedule_stay_at_the_floor_to_the_runs_end():
     the LR decays by the original one and then stays at its floor, as the loop sets it."""
     cfg = config("--train.max_steps", "60", "--optim.warmup_steps", "5")
     original = config("--train.max_steps", "30", "--optim.warmup_steps", "5")
-    kept = planned_lrs(cfg, steps_done=40, tokens_per_step=1024, elapsed_s=1.0, schedule=original.train)
-    alone = planned_lrs(original, steps_done=20, tokens_per_step=1024, elapsed_s=1.0)
+    kept = planned_lrs(
+        cfg.train, cfg.optim, steps_done=40, tokens_per_step=1024, elapsed_s=1.0, schedule=original.train
+    )
+    alone = planned_lrs(original.train, original.optim, steps_done=20, tokens_per_step=1024, elapsed_s=1.0)
     assert len(kept) == 60 and np.array_equal(kept[:30], alone)
     floor = cfg.optim.lr * cfg.optim.min_lr_ratio
     assert kept[30:] == pytest.approx(np.full(30, floor)) and kept[29] > floor
@@ -152,7 +156,7 @@ def test_a_run_resumed_with_its_schedule_kept_is_forecast_to_its_new_end(tiny_ru
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_run, run_dir)
     cfg = read_run_config(run_dir)
-    assert kept_schedule(run_dir, cfg) is None  # not resumed: the run's own budget
+    assert kept_schedule(run_dir, cfg.train, cfg.optim) is None  # not resumed: the run's own budget
     resumed = load_config(
         DEBUG,
         [
@@ -163,7 +167,7 @@ def test_a_run_resumed_with_its_schedule_kept_is_forecast_to_its_new_end(tiny_ru
     )
     train(resumed, resume=True, log=lambda line: None)
     cfg = read_run_config(run_dir)
-    assert cfg.train.max_steps == 90 and kept_schedule(run_dir, cfg).max_steps == 60
+    assert cfg.train.max_steps == 90 and kept_schedule(run_dir, cfg.train, cfg.optim).max_steps == 60
     assert forecast_run(run_dir).final_step == 90
     # the forecasts printed during the resumed part ran to the run's end too
     steps = [r["forecast_step"] for r in read_records(run_dir) if r["step"] > 60 and "forecast_step" in r]

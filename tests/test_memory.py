@@ -6,7 +6,7 @@ import torch
 from hopperlm.config import ModelConfig
 from hopperlm.memory import estimate_memory
 from hopperlm.model.transformer import build_model
-from hopperlm.speed.checkpointing import apply_activation_checkpointing
+from hopperlm.speed.activation_checkpointing import apply_activation_checkpointing
 
 CFG = ModelConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=2, ffn_dim=512, vocab_size=512, max_seq_len=256)
 

@@ -147,7 +147,7 @@ def test_wandb_sink_call_shape_offline_and_resumable(tmp_path, monkeypatch):
     cfg = load_config(DEBUG, ["--log.wandb", "true", "--log.wandb_project", "proj"])
     run_dir = tmp_path / "run-a"
     run_dir.mkdir()
-    sink = WandbSink(run_dir, cfg)
+    sink = WandbSink(run_dir, cfg.log, cfg.to_dict())
     sink.write({"step": 10, "tokens": 640, "loss": 2.0, "mfu": None, "val_loss": 1.9})
     sink.close()
     kind, kwargs = fake.calls[0]
@@ -156,7 +156,7 @@ def test_wandb_sink_call_shape_offline_and_resumable(tmp_path, monkeypatch):
     assert kwargs["config"]["log"]["wandb"] is True
     assert fake.calls[1] == ("log", {"loss/train": 2.0, "loss/val": 1.9, "progress/tokens": 640}, 10)
     assert fake.calls[2] == ("finish",)
-    WandbSink(run_dir, cfg)  # a resume continues the same W&B run
+    WandbSink(run_dir, cfg.log, cfg.to_dict())  # a resume continues the same W&B run
     assert fake.calls[3][1]["id"] == kwargs["id"] == (run_dir / "wandb_id").read_text().strip()
 
 
@@ -164,13 +164,13 @@ def test_wandb_missing_is_a_one_line_config_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
     cfg = load_config(DEBUG, ["--log.wandb", "true"])
     with pytest.raises(ConfigError, match="pip install wandb"):
-        open_sinks(cfg, tmp_path, 0, "", QUIET)
+        open_sinks(cfg.log, tmp_path, 0, cfg.to_dict(), QUIET)
 
 
 def test_tensorboard_missing_is_one_line_and_training_goes_on(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     lines = []
-    sinks = open_sinks(load_config(DEBUG, []), tmp_path, 0, "", lines.append)
+    sinks = open_sinks(load_config(DEBUG, []).log, tmp_path, 0, {}, lines.append)
     assert [s.name for s in sinks] == ["metrics.jsonl"]
     assert lines == ["tensorboard: off (the tensorboard package is not installed: pip install tensorboard)"]
 

@@ -137,7 +137,9 @@ def test_builtin_template_is_saved_for_inference(tinyllama_hf, data_dir, tmp_pat
     cfg = sft_config(
         tinyllama_hf, data_dir, tmp_path / "r", "--sft.template", "alpaca", "--sft.max_examples", "20"
     )
-    data = open_sft_data(cfg, tmp_path / "r", QUIET, sft_tokenizer_path(cfg))
+    data = open_sft_data(
+        cfg.sft, cfg.train, tmp_path / "r", QUIET, tokenizer_path=sft_tokenizer_path(cfg.sft, cfg.model)
+    )
     saved = json.loads((tmp_path / "r" / "tokenizer" / "tokenizer_config.json").read_text())
     assert saved["chat_template"] == BUILTIN["alpaca"] and data.datasets[0].manifest["vocab_size"] == 32000
 

@@ -21,7 +21,7 @@ from hopperlm.model.transformer import build_model
 from hopperlm.plan import make_plan
 from hopperlm.plan.float8_payoff import converted_share, torchao_available
 from hopperlm.speed import apply_speedups
-from hopperlm.speed.checkpointing import MODES, apply_activation_checkpointing
+from hopperlm.speed.activation_checkpointing import MODES, apply_activation_checkpointing
 from hopperlm.speed.compile import apply_compile
 from hopperlm.speed.float8 import Float8NativeLinear, apply_fp8
 from hopperlm.train.optim import build_optimizer

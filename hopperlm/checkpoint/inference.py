@@ -21,7 +21,7 @@ from hopperlm.checkpoint.layout import (
     resolve_model_dir,
 )
 from hopperlm.checkpoint.tensors import load_weights
-from hopperlm.config import Config, ModelConfig
+from hopperlm.config import ModelConfig, SFTConfig
 from hopperlm.data.tokenizer import BYTE_MARKER, Tokenizer, load_tokenizer
 from hopperlm.errors import CheckpointError, ConfigError, DataError
 from hopperlm.hardware import detect_for
@@ -89,9 +89,9 @@ def tokenizer_path(source: str | Path) -> Path:
     return path
 
 
-def sft_tokenizer_path(cfg: Config) -> Path:
+def sft_tokenizer_path(sc: SFTConfig, model_cfg: ModelConfig) -> Path:
     """The tokenizer instruction data is read with (data/sft.py): sft.tokenizer, else model.init_from's."""
-    spec = cfg.sft.tokenizer or cfg.model.init_from
+    spec = sc.tokenizer or model_cfg.init_from
     if not spec:
         raise ConfigError(
             "sft needs a tokenizer: set sft.tokenizer, or model.init_from (its tokenizer is used)"

@@ -16,16 +16,8 @@ import torch
 import torch.nn as nn
 
 from hopperlm.checkpoint.layout import SHARDED_DIR, read_model_config
-from hopperlm.errors import CheckpointError
+from hopperlm.errors import CheckpointError, first_line  # parallel/checkpoint.py imports it from here
 from hopperlm.model.transformer import build_empty
-
-
-def first_line(e: BaseException) -> str:
-    """An exception as one line (DCP's are long): an OSError's strerror, else the first line of the text."""
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 @contextmanager

@@ -147,7 +147,10 @@ def save_checkpoint(
     keep_every: int = 0,
     rank_rng: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """`rank_rng`: every data-parallel rank's torch RNG states (rng.pt keeps them beside rank 0's)."""
+    """Write the checkpoint of `step` in one process, then prune to the keep policy (a run's checkpoints are
+    saved through parallel/checkpoint.py's Checkpointer, which calls this on rank 0). `state`: state.json
+    without the step and RNGs, added here; `rank_rng`: every data-parallel rank's torch RNG states (rng.pt
+    keeps them beside rank 0's)."""
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f"{PREFIX}*.tmp-*"):  # left by a save that was killed

@@ -9,9 +9,12 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from hopperlm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hopperlm.config import Config
 
 # the recipes ship inside the package (a wheel or `pip install .` has them too); configs/ in the repository is a
 # link to this folder
@@ -51,7 +54,7 @@ PRINT_CONFIG_HELP = (
 )
 
 
-def printed_config(args: argparse.Namespace, cfg) -> bool:
+def printed_config(args: argparse.Namespace, cfg: Config) -> bool:
     """--print-config: print `cfg` (a resolved Config) as YAML and return True, so the verb stops there."""
     if not getattr(args, "print_config", False):
         return False

@@ -316,6 +316,14 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 
 def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
+    _add_import(verbs, common)
+    _add_merge_and_export(verbs, common)
+    _add_eval(verbs, common)
+    _add_generate(verbs, common)
+    add_verb(verbs, common, "presets", cmd_presets, "list model presets with exact sizes")
+
+
+def _add_import(verbs, common: argparse.ArgumentParser) -> None:
     p = add_verb(verbs, common, "import", cmd_import, "Hugging Face model folder -> hopperlm model folder")
     p.add_argument(
         "hf_dir", help="folder with config.json + safetensors (Llama 2/3, TinyLlama, Mistral, Qwen2)"
@@ -323,6 +331,9 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output folder")
     p.add_argument("--overwrite", action="store_true")
 
+
+def _add_merge_and_export(verbs, common: argparse.ArgumentParser) -> None:
+    """`merge` and `export` share their arguments; export adds its formats, --peft and --outtype."""
     for verb, text in (
         ("merge", "fold a LoRA run's adapters into its base: a plain model folder"),
         (
@@ -348,6 +359,8 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
                 help="--format gguf: f16 (default) | bf16 | q8_0 | f32 (norms stay f32); OUT is NAME.gguf",
             )
 
+
+def _add_eval(verbs, common: argparse.ArgumentParser) -> None:
     p = add_verb(
         verbs,
         common,
@@ -406,6 +419,8 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--json", help="also write the results here")
 
+
+def _add_generate(verbs, common: argparse.ArgumentParser) -> None:
     p = add_verb(
         verbs, common, "generate", cmd_generate, "sample text from a run or model", description=GENERATE_HELP
     )
@@ -437,5 +452,3 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--num-samples", type=int_at_least(1), default=1, help="texts to sample (>= 1)")
     p.add_argument("--seed", type=int_at_least(0), default=0, help="sample i draws with seed + i (>= 0)")
     p.add_argument("--device", default="auto")
-
-    add_verb(verbs, common, "presets", cmd_presets, "list model presets with exact sizes")

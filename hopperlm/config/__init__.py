@@ -23,13 +23,14 @@ from hopperlm.config.loading import (
 )
 from hopperlm.config.model import ModelConfig
 from hopperlm.config.recipe import SECTIONS, Config
-from hopperlm.config.run import LogConfig, ParallelConfig, RunConfig
+from hopperlm.config.run import EvalConfig, LogConfig, ParallelConfig, RunConfig
 from hopperlm.config.training import DataConfig, GuardConfig, OptimConfig, TrainConfig
 
 __all__ = [
     "SECTIONS",
     "Config",
     "DataConfig",
+    "EvalConfig",
     "GuardConfig",
     "LoRAConfig",
     "LogConfig",

@@ -6,7 +6,6 @@ the language-reference topics bundled with the standard library (pydoc_data.topi
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import os
 import urllib.request
@@ -14,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hopperlm.errors import DataError
-from hopperlm.files import write_atomic
+from hopperlm.files import sha256_hex, write_atomic
 
 TINY_SHAKESPEARE_URL = (
     "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
@@ -29,10 +28,6 @@ def cache_dir() -> Path:
         return Path(os.environ["HOPPERLM_CACHE_DIR"])
     xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(xdg) / "hopperlm"
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -77,13 +72,13 @@ def resolve_demo_text(data: str | Path | None, log: Callable[[str], None] = prin
         return path
 
     cached = cache_dir() / "tinyshakespeare" / "input.txt"
-    if cached.is_file() and _sha256(cached.read_bytes()) == TINY_SHAKESPEARE_SHA256:
+    if cached.is_file() and sha256_hex(cached.read_bytes()) == TINY_SHAKESPEARE_SHA256:
         log(f"demo data: Tiny Shakespeare from the cache ({cached})")
         return cached
 
     body = _download()
     if body is not None:
-        if _sha256(body) == TINY_SHAKESPEARE_SHA256:
+        if sha256_hex(body) == TINY_SHAKESPEARE_SHA256:
             _write_atomic(cached, body)
             log(f"demo data: Tiny Shakespeare downloaded from {TINY_SHAKESPEARE_URL} into {cached}")
             return cached

@@ -55,8 +55,8 @@ from hopperlm.data.shards import (  # noqa: F401 - read_manifest/file_sha256/sha
     shard_dtype,
 )
 from hopperlm.data.sources import decode_unit, find_sources, iter_units, source_bytes
-from hopperlm.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
-from hopperlm.diskspace import check_room, disk_error, tree_bytes
+from hopperlm.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, train_bpe
+from hopperlm.diskspace import DiskError, check_room, disk_error, tree_bytes
 from hopperlm.errors import DataError, HopperError
 from hopperlm.files import swap_in
 
@@ -207,14 +207,7 @@ def prepare(
     tok_identity = "bpe" if tokenizer == "bpe" else load_tokenizer(tokenizer).identity()
     fingerprint = _fingerprint(sources, options.fingerprint(tok_identity))
     work = out_dir.parent / f"{out_dir.name}.partial"
-    needed = shard_bytes_estimate(total_bytes, tokenizer, options) - tree_bytes(work)  # a resume: the rest
-    check_room(
-        what=f"the shards of {total_bytes / 1e6:,.1f} MB of input",
-        where=out_dir.parent,
-        needed=needed,
-        fix="free space there or choose another --out",
-        warn=log,
-    )
+    _check_room(out_dir, work, total_bytes=total_bytes, options=options, log=log)
     lock = _lock(out_dir)
     try:
         state = _load_state(work, fingerprint, log)
@@ -222,77 +215,27 @@ def prepare(
         t0 = time.perf_counter()  # the first byte read (BPE training or tokenizing) to the published folder
         try:
             with _progress_bar(progress) as bar:
-                if state is None:
-                    work.mkdir(parents=True)
-                    if tokenizer == "bpe":
-                        task = bar.add_task("training BPE", total=total_bytes)
-                        texts = _all_texts(sources, options.text_field, options.bad_utf8, bar, task)
-                        tok = train_bpe(texts, options.vocab_size)
-                    else:
-                        tok = load_tokenizer(tokenizer)
-                    tok.save(work)
-                    fmt = document_format(options.doc_format, tok, log)
-                    state = {
-                        "fingerprint": fingerprint,
-                        "phase": "encode",
-                        "cursor": [0, 0],
-                        "bytes": 0,
-                        "documents": 0,
-                        "duplicates": 0,
-                        "filtered": 0,
-                        "skipped": [],
-                        "skipped_count": 0,
-                        "seen": 0,
-                        "open_doc": None,  # the text file being read: kept? which side?
-                        "doc_format": fmt.to_json(),  # resolved once: a resumed run keeps it
-                        "marker_inside": False,  # did any document's own text encode to the format's marker?
-                        "dtype": shard_dtype(tok.vocab_size).name,
-                        "tokenizer": tok.identity(),  # as named by the user, not by the partial dir it is saved in
-                    }
-                else:
-                    tok = load_tokenizer(work)
-                    done = sum(s["tokens"] for side in state["shards"].values() for s in side)
-                    log(
-                        f"prepare: resuming the interrupted run in {work} at {state['bytes'] / 1e6:,.1f} MB "
-                        f"of {total_bytes / 1e6:,.1f} MB ({done:,} tokens kept)"
-                    )
-                if workers is None:
-                    from hopperlm.hardware import cpu_cores
-
-                    left = total_bytes - state["bytes"]
-                    workers, why = choose_workers(left, isinstance(tok, ByteTokenizer), cpu_cores())
-                    log(
-                        f"prepare: {workers} tokenizer process{'es' if workers > 1 else ''} ({why}; --workers N sets it)"
-                    )
-                dtype = np.dtype(state["dtype"])
-                train = ShardWriter(work, "train", dtype, options.shard_tokens)
-                val = ShardWriter(work, "val", dtype, options.shard_tokens)
-                if "shards" in state:
-                    train.reopen(state["shards"]["train"])
-                    val.reopen(state["shards"]["val"])
-                if state["phase"] == "encode":
-                    task = bar.add_task("tokenizing", total=total_bytes, completed=state["bytes"])
-                    fmt = DocumentFormat.from_json(state["doc_format"])
-                    encode_options = EncodeOptions(
-                        str(work), options.text_field, options.bad_utf8, options.filter, doc_format=fmt
-                    )
-                    _encode_all(
-                        work,
-                        sources,
-                        encode_options,
-                        workers,
-                        state,
-                        train,
-                        val,
-                        lambda n: bar.advance(task, n),
-                        log,
-                    )
-                    state["phase"] = "encoded"
-                    _save_state(work, state, train, val, [])
-                if split == "tail" and val_fraction > 0:
-                    _move_tail(work, state, train, val, int(train.tokens * (1 - val_fraction)))
-                train.close()
-                val.close()
+                tok, state = _tokenizer_and_state(
+                    work,
+                    state,
+                    sources,
+                    options,
+                    fingerprint=fingerprint,
+                    total_bytes=total_bytes,
+                    bar=bar,
+                    log=log,
+                )
+                train, val = _write_shards(
+                    work,
+                    state,
+                    sources,
+                    options,
+                    tok=tok,
+                    workers=workers,
+                    total_bytes=total_bytes,
+                    bar=bar,
+                    log=log,
+                )
             manifest = _finish(work, state, tok, sources, split, val_fraction, train, val, inputs)
             _publish(work, out_dir, overwrite)
         except HopperError:
@@ -302,13 +245,7 @@ def prepare(
         log(f"prepare: interrupted; run the same command again to continue from {work}")
         raise
     except Exception as e:  # a full disk, a quota: the work so far is kept, the same command continues it
-        full = disk_error(
-            e,
-            what="prepared shards",
-            where=work,
-            fix=f"the work so far is kept in {work}; free space (or move {out_dir.parent} to a larger disk) "
-            "and run the same command again to continue",
-        )
+        full = _disk_full(e, work, out_dir)
         if full is None:
             raise
         raise full from e
@@ -316,20 +253,158 @@ def prepare(
         Path(lock.name).unlink(missing_ok=True)  # while still held: no other prepare can be between the two
         lock.close()
     if progress:
-        elapsed = time.perf_counter() - t0
         read = total_bytes - bytes_before  # input bytes this run tokenized (a resumed run: the rest only)
-        log(
-            f"prepared {out_dir}: {manifest['documents']:,} documents, "
-            f"{train.tokens:,} train / {val.tokens:,} val tokens, {dtype.name}, "
-            f"{len(train.shards)} train + {len(val.shards)} val shards, "
-            f"documents {describe_format(DocumentFormat.from_json(state['doc_format']), tok)}, "
-            f"{read / 1e6:,.1f} MB of input in {elapsed:.1f} s = {read / 1e6 / max(elapsed, 1e-9):.1f} MB/s "
-            f"(first byte read to finished folder{', BPE training included' if tokenizer == 'bpe' else ''})"
-        )
+        seconds, bpe = time.perf_counter() - t0, tokenizer == "bpe"
+        log(_summary(out_dir, manifest, state, tok, train, val, read=read, seconds=seconds, trained_bpe=bpe))
     dropped = _dropped(manifest["filters"])
     if dropped:
         log(f"prepare: {dropped}")
     return manifest
+
+
+def _check_room(out_dir: Path, work: Path, *, total_bytes: int, options: PrepareOptions, log) -> None:
+    """Before any work: a DiskError when the shards will not fit on out_dir's disk, a warning when they only
+    just fit (a resumed prepare needs only what `work` does not hold yet)."""
+    needed = shard_bytes_estimate(total_bytes, options.tokenizer, options) - tree_bytes(work)
+    check_room(
+        what=f"the shards of {total_bytes / 1e6:,.1f} MB of input",
+        where=out_dir.parent,
+        needed=needed,
+        fix="free space there or choose another --out",
+        warn=log,
+    )
+
+
+def _tokenizer_and_state(
+    work: Path,
+    state: dict | None,
+    sources,
+    options: PrepareOptions,
+    *,
+    fingerprint: dict,
+    total_bytes: int,
+    bar,
+    log,
+) -> tuple[Tokenizer, dict]:
+    """The tokenizer and the state to go on from. A fresh start makes `work`, trains (BPE) or loads the
+    tokenizer, saves it there and resolves the document format once; a resumed prepare reads both back."""
+    if state is not None:
+        tok = load_tokenizer(work)
+        done = sum(s["tokens"] for side in state["shards"].values() for s in side)
+        log(
+            f"prepare: resuming the interrupted run in {work} at {state['bytes'] / 1e6:,.1f} MB "
+            f"of {total_bytes / 1e6:,.1f} MB ({done:,} tokens kept)"
+        )
+        return tok, state
+    work.mkdir(parents=True)
+    if options.tokenizer == "bpe":
+        task = bar.add_task("training BPE", total=total_bytes)
+        texts = _all_texts(sources, options.text_field, options.bad_utf8, bar, task)
+        tok = train_bpe(texts, options.vocab_size)
+    else:
+        tok = load_tokenizer(options.tokenizer)
+    tok.save(work)
+    fmt = document_format(options.doc_format, tok, log)
+    state = {
+        "fingerprint": fingerprint,
+        "phase": "encode",
+        "cursor": [0, 0],
+        "bytes": 0,
+        "documents": 0,
+        "duplicates": 0,
+        "filtered": 0,
+        "skipped": [],
+        "skipped_count": 0,
+        "seen": 0,
+        "open_doc": None,  # the text file being read: kept? which side?
+        "doc_format": fmt.to_json(),  # resolved once: a resumed run keeps it
+        "marker_inside": False,  # did any document's own text encode to the format's marker?
+        "dtype": shard_dtype(tok.vocab_size).name,
+        "tokenizer": tok.identity(),  # as named by the user, not by the partial dir it is saved in
+    }
+    return tok, state
+
+
+def _write_shards(
+    work: Path,
+    state: dict,
+    sources,
+    options: PrepareOptions,
+    *,
+    tok: Tokenizer,
+    workers: int | None,
+    total_bytes: int,
+    bar,
+    log,
+) -> tuple[ShardWriter, ShardWriter]:
+    """Tokenize the inputs, from the saved position on, into the train and val shards in `work`, then move the
+    tail of train into val (`--split tail`); returns the closed writers. workers=None: chosen by the input
+    left (choose_workers), named in a log line."""
+    if workers is None:
+        from hopperlm.hardware import cpu_cores
+
+        left = total_bytes - state["bytes"]
+        workers, why = choose_workers(left, isinstance(tok, ByteTokenizer), cpu_cores())
+        log(f"prepare: {workers} tokenizer process{'es' if workers > 1 else ''} ({why}; --workers N sets it)")
+    dtype = np.dtype(state["dtype"])
+    train = ShardWriter(work, "train", dtype, options.shard_tokens)
+    val = ShardWriter(work, "val", dtype, options.shard_tokens)
+    if "shards" in state:
+        train.reopen(state["shards"]["train"])
+        val.reopen(state["shards"]["val"])
+    if state["phase"] == "encode":
+        task = bar.add_task("tokenizing", total=total_bytes, completed=state["bytes"])
+        fmt = DocumentFormat.from_json(state["doc_format"])
+        encode_options = EncodeOptions(
+            str(work), options.text_field, options.bad_utf8, options.filter, doc_format=fmt
+        )
+        _encode_all(
+            work, sources, encode_options, workers, state, train, val, lambda n: bar.advance(task, n), log
+        )
+        state["phase"] = "encoded"
+        _save_state(work, state, train, val, [])
+    if options.split == "tail" and options.val_fraction > 0:
+        _move_tail(work, state, train, val, int(train.tokens * (1 - options.val_fraction)))
+    train.close()
+    val.close()
+    return train, val
+
+
+def _disk_full(e: Exception, work: Path, out_dir: Path) -> DiskError | None:
+    """A DiskError for a prepare stopped by a full disk or a quota, saying that the work so far is kept in
+    `work` and how to continue; None for any other error."""
+    return disk_error(
+        e,
+        what="prepared shards",
+        where=work,
+        fix=f"the work so far is kept in {work}; free space (or move {out_dir.parent} to a larger disk) "
+        "and run the same command again to continue",
+    )
+
+
+def _summary(
+    out_dir: Path,
+    manifest: dict,
+    state: dict,
+    tok: Tokenizer,
+    train: ShardWriter,
+    val: ShardWriter,
+    *,
+    read: int,
+    seconds: float,
+    trained_bpe: bool,
+) -> str:
+    """The line a finished prepare prints: what was written, and the input read per second (`read` bytes in
+    `seconds`, from the first byte read to the published folder, BPE training included when there was one)."""
+    bpe = ", BPE training included" if trained_bpe else ""
+    return (
+        f"prepared {out_dir}: {manifest['documents']:,} documents, "
+        f"{train.tokens:,} train / {val.tokens:,} val tokens, {train.dtype.name}, "
+        f"{len(train.shards)} train + {len(val.shards)} val shards, "
+        f"documents {describe_format(DocumentFormat.from_json(state['doc_format']), tok)}, "
+        f"{read / 1e6:,.1f} MB of input in {seconds:.1f} s = {read / 1e6 / max(seconds, 1e-9):.1f} MB/s "
+        f"(first byte read to finished folder{bpe})"
+    )
 
 
 def shard_bytes_estimate(total_bytes: int, tokenizer: str, options: PrepareOptions) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hopperlm.config import Config
+from hopperlm.config import SFTConfig, TrainConfig
 from hopperlm.data.batches import BatchLayout
 from hopperlm.data.chat import ChatTemplate, chat_encoder, choose_template
 from hopperlm.data.loader import Batch
@@ -343,18 +343,20 @@ def _held_out(where_record: tuple[str, dict], fraction: float) -> bool:
 
 
 def open_sft_data(
-    cfg: Config,
+    sc: SFTConfig,
+    tc: TrainConfig,
     run_dir: Path,
     log: Callable[[str], None],
-    tokenizer_path: Path,
     *,
+    tokenizer_path: Path,
     save_tokenizer: bool = True,
 ) -> SFTData:
-    """Read, template, tokenize and lay out cfg.sft.path with the tokenizer at `tokenizer_path` (where
-    checkpoint/inference.py's sft_tokenizer_path finds it); save the tokenizer (with the chat template used)
-    to RUN_DIR/tokenizer, so checkpoints, exports and `generate --chat` render prompts the same way
-    (`save_tokenizer`: one rank of several writes it)."""
-    sc, T = cfg.sft, cfg.train.seq_len
+    """Read, template, tokenize and lay out sft.path with the tokenizer at `tokenizer_path` (where
+    checkpoint/inference.py's sft_tokenizer_path finds it), in rows of train.seq_len, and train.eval_windows
+    validation rows; save the tokenizer (with the chat template used) to RUN_DIR/tokenizer, so checkpoints,
+    exports and `generate --chat` render prompts the same way (`save_tokenizer`: one rank of several writes
+    it)."""
+    T = tc.seq_len
     tokenizer = sft_tokenizer(tokenizer_path)
     eos, bos = tokenizer.id_to_piece(tokenizer.eos_id), None
     if tokenizer.bos_id is not None:
@@ -397,7 +399,7 @@ def open_sft_data(
     if val:
         val_rows = ValRows(Rows(val, T, sc.packing, pad))
         val_sets.append(
-            ValSet("sft-val", val_rows, list(range(min(len(val_rows.layout), cfg.train.eval_windows))), 1.0)
+            ValSet("sft-val", val_rows, list(range(min(len(val_rows.layout), tc.eval_windows))), 1.0)
         )
     per_epoch = len(rows.plan(range(len(train))))
     log(

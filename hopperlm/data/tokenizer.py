@@ -10,7 +10,6 @@ prepared data directory and a training run can check that they were made with th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from collections.abc import Iterable
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from hopperlm.errors import DataError
+from hopperlm.files import sha256_hex
 
 BYTE_IDENTITY = "hopperlm-byte-v1"
 BYTE_MARKER = "hopperlm-byte.json"
@@ -40,10 +40,6 @@ EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")
 BOS_CANDIDATES = ("<s>", "<|begin_of_text|>")
 BPE_EOS = "<|endoftext|>"
 MAX_VOCAB = 1_000_000
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 _SAID: set[str] = set()  # notes already printed by this process: each is said once, however often it loads
@@ -127,7 +123,7 @@ class ByteTokenizer(Tokenizer):
         self.eos_id = 256
         self.bos_id = None
         self.file = BYTE_MARKER
-        self.sha256 = _sha256(BYTE_IDENTITY.encode())
+        self.sha256 = sha256_hex(BYTE_IDENTITY.encode())
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -216,7 +212,7 @@ class HFTokenizer(Tokenizer):
         self.kind = "hf"
         self.name = name
         self.file = HF_FILE
-        self.sha256 = _sha256(raw)
+        self.sha256 = sha256_hex(raw)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         eos = self._resolve("eos_token", EOS_CANDIDATES, where)
         if eos is None:
@@ -412,7 +408,7 @@ class SentencePieceTokenizer(Tokenizer):
         self.kind = "sentencepiece"
         self.name = name
         self.file = SP_FILE
-        self.sha256 = _sha256(raw)
+        self.sha256 = sha256_hex(raw)
         self.vocab_size = self._sp.get_piece_size()
         eos, bos = self._sp.eos_id(), self._sp.bos_id()  # -1 means the model has none
         if eos < 0:

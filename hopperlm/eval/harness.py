@@ -13,6 +13,7 @@ cache (no left padding, so its tokens are exactly the unbatched ones).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -78,136 +79,153 @@ def build_adapter(
     batch_size: int = 8,
     autocast: torch.dtype | None = None,
 ):
-    """A `HopperLM` (the class is made here so that lm-eval is imported only when a task runs)."""
+    """A `HopperLM` over the model, as an lm-eval TemplateLM (lm-eval is imported here, when a task runs)."""
     require_lm_eval()
-    from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-
     codec = Codec(tokenizer, tokenizer_folder)
+    return _adapter_class()(model, codec, batch_size=batch_size, autocast=autocast)
 
-    class HopperLM(_template_lm()):
-        backend = "causal"
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.model, self.codec = model.eval(), codec
-            self.batch_size, self.autocast = batch_size, autocast
-            self._device = model.embed.weight.device
+@functools.cache
+def _adapter_class() -> type:
+    """HopperLM with lm-eval's TemplateLM as its base: what lm-eval's `simple_evaluate` takes as a model."""
+    return type("HopperLM", (HopperLM, _template_lm()), {"__module__": __name__, "__doc__": HopperLM.__doc__})
 
-        # ---- what lm-eval asks of a model -----------------------------------------------------------
-        @property
-        def eot_token_id(self) -> int:
-            return self.codec.eos
 
-        @property
-        def prefix_token_id(self) -> int:
-            """An empty context is this one token: BOS when the tokenizer has one, else EOS (as HFLM)."""
-            return self.codec.bos if self.codec.bos is not None else self.codec.eos
+class HopperLM:
+    """lm-eval's model interface (TemplateLM's methods) over a hopperlm model and its tokenizer's Codec.
+    `build_adapter` gives it lm-eval's TemplateLM as a base when a task runs, so that importing this module
+    does not import lm-eval (an optional extra)."""
 
-        @property
-        def max_length(self) -> int:
-            return self.model.cfg.max_seq_len
+    backend = "causal"
 
-        def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-            """The tokenizer's own special tokens unless told otherwise, and none when the text already starts
-            with the BOS text (a few-shot prompt that carries its own BOS is not given a second one)."""
-            specials = True if add_special_tokens is None else add_special_tokens
-            if add_special_tokens is None and string.startswith(
-                self.codec.decode([self.prefix_token_id], skip_special=False)
+    def __init__(
+        self, model, codec: Codec, *, batch_size: int = 8, autocast: torch.dtype | None = None
+    ) -> None:
+        super().__init__()  # TemplateLM's, once build_adapter has made it a base
+        self.model, self.codec = model.eval(), codec
+        self.batch_size, self.autocast = batch_size, autocast
+        self._device = model.embed.weight.device
+
+    # ---- what lm-eval asks of a model -----------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return self.codec.eos
+
+    @property
+    def prefix_token_id(self) -> int:
+        """An empty context is this one token: BOS when the tokenizer has one, else EOS (as HFLM)."""
+        return self.codec.bos if self.codec.bos is not None else self.codec.eos
+
+    @property
+    def max_length(self) -> int:
+        return self.model.cfg.max_seq_len
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        """The tokenizer's own special tokens unless told otherwise, and none when the text already starts
+        with the BOS text (a few-shot prompt that carries its own BOS is not given a second one)."""
+        specials = True if add_special_tokens is None else add_special_tokens
+        if add_special_tokens is None and string.startswith(
+            self.codec.decode([self.prefix_token_id], skip_special=False)
+        ):
+            specials = False
+        ids = self.codec.encode(string, specials)
+        left = kwargs.get("left_truncate_len")
+        return ids[-left:] if left else ids
+
+    def tok_decode(self, ids: list[int]) -> str:
+        return self.codec.decode(ids)
+
+    # ---- scoring -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+        """(sum of the continuation's log-probabilities, whether greedy decoding gives it) per request."""
+        order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
+        out: list[tuple[float, bool] | None] = [None] * len(requests)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            rows, conts = [], []
+            for i in chunk:
+                _, context, continuation = requests[i]
+                if not continuation:
+                    raise ConfigError("lm-eval asked to score an empty continuation")
+                rows.append((context + continuation)[-(self.max_length + 1) :][:-1])
+                conts.append(continuation)
+            width = max(len(r) for r in rows)
+            batch = torch.full((len(rows), width), self.eot_token_id, dtype=torch.long)
+            for j, r in enumerate(rows):
+                batch[j, : len(r)] = torch.tensor(r)
+            with torch.autocast(self._device.type, self.autocast, enabled=self.autocast is not None):
+                logits = self.model(batch.to(self._device))
+            for j, i in enumerate(chunk):
+                n, end = len(conts[j]), len(rows[j])
+                # only the positions that predict the continuation, in fp32 (not the whole batch's logits)
+                lp = F.log_softmax(logits[j, end - n : end].float(), dim=-1)
+                want = torch.tensor(conts[j], device=lp.device)
+                greedy = bool((lp.argmax(-1) == want).all())
+                out[i] = (float(lp.gather(1, want[:, None]).sum()), greedy)
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Every token of each text scored once, in windows of the model's context, as lm-eval cuts them."""
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        windows, owner = [], []
+        for i, (text,) in enumerate(req.args for req in requests):
+            for context, continuation in map(
+                make_disjoint_window,
+                get_rolling_token_windows(
+                    token_list=self.tok_encode(text),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                ),
             ):
-                specials = False
-            ids = self.codec.encode(string, specials)
-            left = kwargs.get("left_truncate_len")
-            return ids[-left:] if left else ids
+                windows.append((None, context, continuation))
+                owner.append(i)
+        totals = [0.0] * len(requests)
+        for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows), strict=True):
+            totals[i] += logprob
+        return totals
 
-        def tok_decode(self, ids: list[int]) -> str:
-            return self.codec.decode(ids)
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy (or sampled, when the task asks) continuation of each prompt, cut at the first stop
+        string; one prompt at a time with the KV cache."""
+        from lm_eval.models.utils import (
+            handle_stop_sequences,
+            normalize_gen_kwargs,
+            postprocess_generated_text,
+        )
 
-        # ---- scoring -----------------------------------------------------------------------------------
-        @torch.no_grad()
-        def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
-            """(sum of the continuation's log-probabilities, whether greedy decoding gives it) per request."""
-            order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
-            out: list[tuple[float, bool] | None] = [None] * len(requests)
-            for start in range(0, len(order), self.batch_size):
-                chunk = order[start : start + self.batch_size]
-                rows, conts = [], []
-                for i in chunk:
-                    _, context, continuation = requests[i]
-                    if not continuation:
-                        raise ConfigError("lm-eval asked to score an empty continuation")
-                    rows.append((context + continuation)[-(self.max_length + 1) :][:-1])
-                    conts.append(continuation)
-                width = max(len(r) for r in rows)
-                batch = torch.full((len(rows), width), self.eot_token_id, dtype=torch.long)
-                for j, r in enumerate(rows):
-                    batch[j, : len(r)] = torch.tensor(r)
-                with torch.autocast(self._device.type, self.autocast, enabled=self.autocast is not None):
-                    logits = self.model(batch.to(self._device))
-                for j, i in enumerate(chunk):
-                    n, end = len(conts[j]), len(rows[j])
-                    # only the positions that predict the continuation, in fp32 (not the whole batch's logits)
-                    lp = F.log_softmax(logits[j, end - n : end].float(), dim=-1)
-                    want = torch.tensor(conts[j], device=lp.device)
-                    greedy = bool((lp.argmax(-1) == want).all())
-                    out[i] = (float(lp.gather(1, want[:, None]).sum()), greedy)
-            return out
+        results = []
+        eos_text = self.codec.decode([self.eot_token_id], skip_special=False)
+        for context, gen_kwargs in (req.args for req in requests):
+            kwargs = normalize_gen_kwargs(gen_kwargs, 256)
+            until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
+            max_new = kwargs.pop("max_gen_toks")
+            if max_new >= self.max_length:
+                raise ConfigError(
+                    f"the task asks for {max_new} new tokens, as many as the model's whole context "
+                    f"({self.max_length}); lower its generation_kwargs max_gen_toks"
+                )
+            prompt = self.tok_encode(context, left_truncate_len=self.max_length - max_new)
 
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-            """Every token of each text scored once, in windows of the model's context, as lm-eval cuts them."""
-            windows, owner = [], []
-            for i, (text,) in enumerate(req.args for req in requests):
-                for context, continuation in map(
-                    make_disjoint_window,
-                    get_rolling_token_windows(
-                        token_list=self.tok_encode(text),
-                        prefix_token=self.prefix_token_id,
-                        max_seq_len=self.max_length,
-                        context_len=1,
-                    ),
-                ):
-                    windows.append((None, context, continuation))
-                    owner.append(i)
-            totals = [0.0] * len(requests)
-            for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows), strict=True):
-                totals[i] += logprob
-            return totals
+            def stop(new_ids: list[int], until=until) -> bool:
+                text = self.tok_decode(new_ids)
+                return any(term and term in text for term in until)
 
-        def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-            """Greedy (or sampled, when the task asks) continuation of each prompt, cut at the first stop
-            string; one prompt at a time with the KV cache."""
-            results = []
-            eos_text = self.codec.decode([self.eot_token_id], skip_special=False)
-            for context, gen_kwargs in (req.args for req in requests):
-                kwargs = normalize_gen_kwargs(gen_kwargs, 256)
-                until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
-                max_new = kwargs.pop("max_gen_toks")
-                if max_new >= self.max_length:
-                    raise ConfigError(
-                        f"the task asks for {max_new} new tokens, as many as the model's whole context "
-                        f"({self.max_length}); lower its generation_kwargs max_gen_toks"
-                    )
-                prompt = self.tok_encode(context, left_truncate_len=self.max_length - max_new)
-
-                def stop(new_ids: list[int], until=until) -> bool:
-                    text = self.tok_decode(new_ids)
-                    return any(term and term in text for term in until)
-
-                with torch.autocast(self._device.type, self.autocast, enabled=self.autocast is not None):
-                    new = generate(
-                        self.model,
-                        prompt,
-                        max_new,
-                        temperature=float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0,
-                        eos_id=self.eot_token_id,
-                        seed=0,
-                        stop=stop,
-                    )
-                text = self.tok_decode(new)
-                results.append(postprocess_generated_text(text, until, None))
-            return results
-
-    return HopperLM()
+            with torch.autocast(self._device.type, self.autocast, enabled=self.autocast is not None):
+                new = generate(
+                    self.model,
+                    prompt,
+                    max_new,
+                    temperature=float(kwargs.get("temperature", 0.0)) if kwargs.get("do_sample") else 0.0,
+                    eos_id=self.eot_token_id,
+                    seed=0,
+                    stop=stop,
+                )
+            text = self.tok_decode(new)
+            results.append(postprocess_generated_text(text, until, None))
+        return results
 
 
 def run_tasks(

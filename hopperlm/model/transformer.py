@@ -131,7 +131,8 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
         self.drop = nn.Dropout(cfg.dropout)
-        # recompute(fn, *args) runs fn while saving less for the backward (speed/checkpointing.py sets it)
+        # recompute(fn, *args) runs fn while saving less for the backward
+        # (speed/activation_checkpointing.py sets it)
         self.recompute: Callable | None = None
 
     def forward(

@@ -41,7 +41,7 @@ from hopperlm.errors import ConfigError
 from hopperlm.schedule import budget_progress, lr_at
 
 if TYPE_CHECKING:
-    from hopperlm.config import TrainConfig
+    from hopperlm.config import OptimConfig, TrainConfig
 
 MIN_POINTS = 4
 """Validation points after warm-up a forecast needs: three parameters and one to check them with."""
@@ -97,14 +97,19 @@ class Forecast:
 
 
 def planned_lrs(
-    cfg, *, steps_done: int, tokens_per_step: int, elapsed_s: float, schedule: TrainConfig | None = None
+    tc: TrainConfig,
+    oc: OptimConfig,
+    *,
+    steps_done: int,
+    tokens_per_step: int,
+    elapsed_s: float,
+    schedule: TrainConfig | None = None,
 ) -> np.ndarray:
     """The LR of every optimizer step from 0 to the budget's predicted end, as the training loop will set it:
     steps end at max_steps, tokens at max_tokens / tokens_per_step, hours at max_hours at the mean step time
     so far (elapsed_s / steps_done); the first budget reached wins. `schedule`: the budget the LR schedule is
     laid over when it is not the run's (a resume with optim.resume_horizon keep: the LR stays at its floor
     from the original budget's end to the run's)."""
-    tc = cfg.train
     schedule = schedule or tc
     step_time = elapsed_s / steps_done if steps_done > 0 else None
     ends = []
@@ -120,11 +125,11 @@ def planned_lrs(
             "wait for the first log step"
         )
     end = max(1, min(ends))
-    warmup = cfg.optim.warmup_steps
+    warmup = oc.warmup_steps
     lrs = np.empty(end)
     for i in range(end):  # the loop computes the LR of step i before taking it, at elapsed ~ i * step_time
         progress = budget_progress(i, i * tokens_per_step, i * (step_time or 0.0), schedule, warmup)
-        lrs[i] = lr_at(i, progress, cfg.optim)
+        lrs[i] = lr_at(i, progress, oc)
     return lrs
 
 
@@ -350,25 +355,26 @@ def _budget_fraction(record: dict, tc) -> float:
     return budget_progress(record["step"], record.get("tokens", 0), record.get("elapsed_s", 0.0), tc)
 
 
-def _schedule(cfg, records: list[dict], run_dir: Path) -> np.ndarray:
+def _schedule(tc: TrainConfig, oc: OptimConfig, records: list[dict], run_dir: Path) -> np.ndarray:
     last = records[-1]
     tokens_per_step = max(1, round(last.get("tokens", 0) / max(1, last["step"])))
     return planned_lrs(
-        cfg,
+        tc,
+        oc,
         steps_done=last["step"],
         tokens_per_step=tokens_per_step,
         elapsed_s=last.get("elapsed_s", 0.0),
-        schedule=kept_schedule(run_dir, cfg),
+        schedule=kept_schedule(run_dir, tc, oc),
     )
 
 
-def kept_schedule(run_dir: Path, cfg) -> TrainConfig | None:
+def kept_schedule(run_dir: Path, tc: TrainConfig, oc: OptimConfig) -> TrainConfig | None:
     """The budget the LR schedule is laid over when a resume kept the original one (optim.resume_horizon keep
     and a changed budget): its checkpoints' `schedule_budget`. None: the run's own budget (config.yaml)."""
-    if cfg.optim.resume_horizon != "keep":
+    if oc.resume_horizon != "keep":
         return None
     ckpt = latest_checkpoint(run_dir)
-    return checkpoint_budget(read_state(ckpt), cfg.train) if ckpt is not None else None
+    return checkpoint_budget(read_state(ckpt), tc) if ckpt is not None else None
 
 
 def _val_points(records: list[dict]) -> list[tuple[int, float]]:
@@ -389,7 +395,7 @@ def sibling_prior(run_dir: Path) -> AnnealingPrior | None:
             continue
         if not records or cfg.optim.schedule == "constant":
             continue
-        lrs = _schedule(cfg, records, other)
+        lrs = _schedule(cfg.train, cfg.optim, records, other)
         if records[-1]["step"] < 0.98 * len(lrs):
             continue  # not finished: its annealing is not all there
         b = full_fit_gain(_val_points(records), lrs)
@@ -432,7 +438,7 @@ def forecast_run(run_dir: Path, *, using: float | None = None, siblings: bool = 
         raise ConfigError(
             f"forecast: {run_dir}/metrics.jsonl has no records yet (within --using); wait for a log step"
         )
-    lrs = _schedule(cfg, records, run_dir)
+    lrs = _schedule(cfg.train, cfg.optim, records, run_dir)
     prior = (sibling_prior(run_dir) if siblings else None) or DEFAULT_PRIOR
     train = [(r["step"], r["loss"]) for r in records]
     at_step = records[-1]["step"]

@@ -13,8 +13,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from hopperlm.config import Config, TrainConfig
+from hopperlm.config import OptimConfig, TrainConfig
 from hopperlm.config.training import BUDGET_KEYS
+from hopperlm.errors import first_line
 from hopperlm.observe.forecast import Forecast, forecast_curve, planned_lrs
 
 # budgets tried, as multiples of the run's, when the target looks out of reach
@@ -22,11 +23,17 @@ BUDGET_SCALES = (1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
 
 class Forecaster:
-    """Forecasts for one run, to the end of `cfg.train`'s budget. `schedule`: the budget the LR schedule is laid
-    over when a resume kept the original one (None: the run's own)."""
+    """Forecasts for one run, to the end of `tc`'s budget with `oc`'s LR schedule. `schedule`: the budget the
+    LR schedule is laid over when a resume kept the original one (None: the run's own)."""
 
-    def __init__(self, cfg: Config, log: Callable[[str], None], schedule: TrainConfig | None = None) -> None:
-        self.cfg, self.log, self.schedule = cfg, log, schedule
+    def __init__(
+        self,
+        tc: TrainConfig,
+        oc: OptimConfig,
+        log: Callable[[str], None],
+        schedule: TrainConfig | None = None,
+    ) -> None:
+        self.tc, self.oc, self.log, self.schedule = tc, oc, log, schedule
         self.off = False  # a forecast failed once: said in one line, then no more (training goes on)
         self.needed: str | None = None  # the last budget advice printed, so it is not repeated every eval
         # what the latest evaluation saw, and the LRs of its planned schedule (the past ones included)
@@ -49,13 +56,11 @@ class Forecaster:
         self.elapsed_s = record["elapsed_s"]
         self.val_points, self.train_points = list(val_points), list(train_points)
         try:
-            self.lrs = self._planned(self.cfg, self.schedule)
+            self.lrs = self._planned(self.tc, self.schedule)
             forecast = self._fit(self.lrs)
         except Exception as e:  # a fit that breaks must never end a training run: one line, then off
             self.off = True
-            self.log(
-                f"forecast: off from step {self.step} ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
-            )
+            self.log(f"forecast: off from step {self.step} ({first_line(e)[:200]})")
             return None
         if forecast is not None:
             record.update(
@@ -68,7 +73,7 @@ class Forecaster:
 
     def report(self, forecast: Forecast) -> None:
         """The forecast line, and when the target is out of reach, the budget that would reach it."""
-        target = self.cfg.train.target_loss
+        target = self.tc.target_loss
         self.log(forecast.line(target))
         if target is None or forecast.low <= target:
             self.needed = None
@@ -81,11 +86,12 @@ class Forecaster:
                 f"{forecast.low:.4f}); {advice}"
             )
 
-    def _planned(self, cfg: Config, schedule: TrainConfig | None = None) -> list[float]:
-        """The LR of every step to the end of `cfg.train`'s budget, at the speed measured so far."""
+    def _planned(self, tc: TrainConfig, schedule: TrainConfig | None = None) -> list[float]:
+        """The LR of every step to the end of `tc`'s budget, at the speed measured so far."""
         return list(
             planned_lrs(
-                cfg,
+                tc,
+                self.oc,
                 steps_done=self.step,
                 tokens_per_step=self.tokens_per_step,
                 elapsed_s=self.elapsed_s,
@@ -98,12 +104,12 @@ class Forecaster:
 
     def _budget_needed(self, target: float) -> str:
         """The smallest multiple of the budget (BUDGET_SCALES) whose schedule the forecast puts at the target."""
-        tc = self.cfg.train
+        tc = self.tc
         for scale in BUDGET_SCALES:
             changes = {
                 k: _scaled(k, getattr(tc, k), scale) for k in BUDGET_KEYS if getattr(tc, k) is not None
             }
-            longer = dataclasses.replace(self.cfg, train=dataclasses.replace(tc, **changes))
+            longer = dataclasses.replace(tc, **changes)
             # the LRs already used stay what they were; the longer budget shapes the rest (laid over it, as a
             # run started with that budget, or resumed with resume_horizon extend, would)
             forecast = self._fit(self.lrs[: self.step] + self._planned(longer)[self.step :])

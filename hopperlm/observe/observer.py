@@ -20,8 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hopperlm.config import Config, ModelConfig, TrainConfig
 from hopperlm.diskspace import unwritten
 from hopperlm.files import write_atomic
@@ -86,13 +84,13 @@ class RunObserver:
         self.cfg, self.run_dir, self.log = cfg, Path(run_dir), log
         # the forecast runs to the run's budget with the LR of the schedule's (a resume may keep the original)
         kept = schedule_budget if schedule_budget is not None and schedule_budget != cfg.train else None
-        self.forecaster = Forecaster(cfg, log, schedule=kept)
+        self.forecaster = Forecaster(cfg.train, cfg.optim, log, schedule=kept)
         write_atomic(
             self.run_dir / "plan.json",
             json.dumps(plan_record(hw, plan, model_cfg, fpt, predicted), indent=2, default=str) + "\n",
         )
         (self.run_dir / "result.json").unlink(missing_ok=True)  # the run is going again: not finished
-        self.sinks = open_sinks(cfg, self.run_dir, step, yaml.safe_dump(cfg.to_dict(), sort_keys=False), log)
+        self.sinks = open_sinks(cfg.log, self.run_dir, step, cfg.to_dict(), log)
         # the validation history so far (a resumed run's ETA to target_loss needs it), after truncation
         metrics = self.run_dir / "metrics.jsonl"
         records = read_metrics(metrics) if metrics.is_file() else []

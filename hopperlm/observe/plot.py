@@ -101,33 +101,56 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     runs = load_runs([Path(p) for p in run_dirs])
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    color = {run.label: colors[i % len(colors)] for i, run in enumerate(runs)}
-    several = len(runs) > 1
-    time_label, time_div = time_axis(runs)
-    written = []
+    figures = _Figures(plt, runs, out_dir)
+    _plot_loss(figures)
+    _plot_throughput(figures)
+    _plot_lr_and_grad_norm(figures)
+    _plot_memory(figures)
+    if any(run.series("elapsed_s", "gpu_util")[0] for run in runs):  # only when the monitor recorded it
+        _plot_gpu(figures)
+    return figures.written
 
-    def save(fig, name: str) -> None:
+
+class _Figures:
+    """What every figure of one `plot_runs` call shares: the runs, one colour per run, the wall-time axis, and
+    the folder the PNGs go to (with the paths written so far)."""
+
+    def __init__(self, plt: Any, runs: list[Run], out_dir: Path) -> None:
+        self.plt, self.runs, self.out_dir = plt, runs, out_dir
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        self.color = {run.label: colors[i % len(colors)] for i, run in enumerate(runs)}
+        self.several = len(runs) > 1
+        self.time_label, self.time_div = time_axis(runs)
+        self.written: list[Path] = []
+
+    def prefix(self, run: Run) -> str:
+        """The run's label before a line's own label, when there are several runs to tell apart."""
+        return f"{run.label} " if self.several else ""
+
+    def elapsed(self, run: Run, y: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
+        xs, ys = run.series("elapsed_s", y, scale)
+        return [x / self.time_div for x in xs], ys
+
+    def save(self, fig: Any, name: str) -> None:
         fig.tight_layout()
         png = io.BytesIO()
         fig.savefig(png, format="png", dpi=DPI)
-        plt.close(fig)
+        self.plt.close(fig)
         # whole or as before: a full disk never leaves a torn plot in place of the last one
-        written.append(write_atomic(out_dir / name, png.getvalue()))
+        self.written.append(write_atomic(self.out_dir / name, png.getvalue()))
 
-    def elapsed(run: Run, y: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
-        xs, ys = run.series("elapsed_s", y, scale)
-        return [x / time_div for x in xs], ys
 
-    # ---- loss against steps, tokens and wall time
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), sharey=True)
+def _plot_loss(figures: _Figures) -> None:
+    """loss.png: train and validation loss against steps, tokens and wall time."""
+    runs, color = figures.runs, figures.color
+    fig, axes = figures.plt.subplots(1, 3, figsize=(15, 4.5), sharey=True)
     for ax, (x, xlabel) in zip(
-        axes, (("step", "step"), ("tokens", "tokens"), ("elapsed_s", time_label)), strict=True
+        axes, (("step", "step"), ("tokens", "tokens"), ("elapsed_s", figures.time_label)), strict=True
     ):
         for run in runs:
-            div = time_div if x == "elapsed_s" else 1.0
+            div = figures.time_div if x == "elapsed_s" else 1.0
             xs, ys = run.series(x, "loss")
-            prefix = f"{run.label} " if several else ""
+            prefix = figures.prefix(run)
             ax.plot(
                 [v / div for v in xs], ys, color=color[run.label], lw=1.2, alpha=0.8, label=f"{prefix}train"
             )
@@ -154,17 +177,21 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         axes[0].set_ylim(*limits)
     axes[0].legend(fontsize=8)
     fig.suptitle("train and validation loss")
-    save(fig, "loss.png")
+    figures.save(fig, "loss.png")
 
-    # ---- throughput and MFU against wall time (each value holds over its log interval: a step plot)
+
+def _plot_throughput(figures: _Figures) -> None:
+    """throughput.png: tokens/s and MFU against wall time (each value holds over its log interval: a step
+    plot)."""
+    runs, color = figures.runs, figures.color
     any_mfu = any(run.series("elapsed_s", "mfu")[0] for run in runs)
     if any_mfu:
-        fig, (ax_tok, ax_mfu) = plt.subplots(1, 2, figsize=(13, 4.2))
+        fig, (ax_tok, ax_mfu) = figures.plt.subplots(1, 2, figsize=(13, 4.2))
     else:
-        fig, ax_tok = plt.subplots(figsize=(7.5, 4.2))
+        fig, ax_tok = figures.plt.subplots(figsize=(7.5, 4.2))
     for run in runs:
         ax_tok.plot(
-            *elapsed(run, "tokens_per_s"),
+            *figures.elapsed(run, "tokens_per_s"),
             color=color[run.label],
             lw=1.2,
             drawstyle="steps-pre",
@@ -172,7 +199,7 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         )
         if any_mfu:
             ax_mfu.plot(
-                *elapsed(run, "mfu", 100.0),
+                *figures.elapsed(run, "mfu", 100.0),
                 color=color[run.label],
                 lw=1.2,
                 drawstyle="steps-pre",
@@ -187,23 +214,30 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         ax_mfu.set_title("MFU (% of the GPU's dense bf16 peak)")
         axes.append(ax_mfu)
     for ax in axes:
-        ax.set_xlabel(time_label)
+        ax.set_xlabel(figures.time_label)
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
-    if several:
+    if figures.several:
         ax_tok.legend(fontsize=8)
-    save(fig, "throughput.png")
+    figures.save(fig, "throughput.png")
 
-    # ---- learning rate and gradient norm against steps
+
+def _plot_lr_and_grad_norm(figures: _Figures) -> None:
+    """lr.png and grad_norm.png: the learning rate and the gradient norm against steps."""
     for key, name, title, log_y in (
         ("lr", "lr.png", "learning rate (at each log step)", False),
         ("grad_norm", "grad_norm.png", "gradient norm before clipping (at each log step)", True),
     ):
-        fig, ax = plt.subplots(figsize=(7.5, 4.2))
-        for run in runs:
+        fig, ax = figures.plt.subplots(figsize=(7.5, 4.2))
+        for run in figures.runs:
             xs, ys = run.series("step", key)
             ax.plot(
-                xs, ys, marker="." if len(xs) <= 60 else None, color=color[run.label], lw=1.2, label=run.label
+                xs,
+                ys,
+                marker="." if len(xs) <= 60 else None,
+                color=figures.color[run.label],
+                lw=1.2,
+                label=run.label,
             )
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -213,14 +247,17 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         else:
             ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3, which="both")
-        if several:
+        if figures.several:
             ax.legend(fontsize=8)
-        save(fig, name)
+        figures.save(fig, name)
 
-    # ---- memory
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+
+def _plot_memory(figures: _Figures) -> None:
+    """memory.png: peak memory (and, on GPUs with NVML, device memory in use) against steps."""
+    runs, color = figures.runs, figures.color
+    fig, ax = figures.plt.subplots(figsize=(7.5, 4.2))
     for run in runs:
-        prefix = f"{run.label} " if several else ""
+        prefix = figures.prefix(run)
         ax.plot(*run.series("step", "peak_mem_gb"), color=color[run.label], lw=1.5, label=f"{prefix}peak")
         xs, ys = run.series("step", "gpu_mem_gb")
         if xs:
@@ -233,31 +270,31 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     ax.set_ylim(0, 1.15 * highest if highest > 0 else 1.0)  # a flat line must not sit on the frame
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    save(fig, "memory.png")
+    figures.save(fig, "memory.png")
 
-    # ---- the GPU's state, when the monitor recorded it
-    if any(run.series("elapsed_s", "gpu_util")[0] for run in runs):
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-        for ax, (key, title) in zip(
-            axes,
-            (
-                ("gpu_util", "GPU utilisation (%)"),
-                ("gpu_power_w", "power (W)"),
-                ("gpu_temp_c", "temperature (C)"),
-            ),
-            strict=True,
-        ):
-            for run in runs:
-                ax.plot(*elapsed(run, key), color=color[run.label], lw=1.2, label=run.label)
-            ax.set_title(title)
-            ax.set_xlabel(time_label)
-            ax.grid(alpha=0.3)
-        axes[0].set_ylim(0, 105)  # a percentage: 95-99% must not look like a cliff
-        axes[1].set_ylim(bottom=0)
-        if several:
-            axes[0].legend(fontsize=8)
-        save(fig, "gpu.png")
-    return written
+
+def _plot_gpu(figures: _Figures) -> None:
+    """gpu.png: the GPU's utilisation, power and temperature against wall time, as the monitor recorded them."""
+    fig, axes = figures.plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, (key, title) in zip(
+        axes,
+        (
+            ("gpu_util", "GPU utilisation (%)"),
+            ("gpu_power_w", "power (W)"),
+            ("gpu_temp_c", "temperature (C)"),
+        ),
+        strict=True,
+    ):
+        for run in figures.runs:
+            ax.plot(*figures.elapsed(run, key), color=figures.color[run.label], lw=1.2, label=run.label)
+        ax.set_title(title)
+        ax.set_xlabel(figures.time_label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylim(0, 105)  # a percentage: 95-99% must not look like a cliff
+    axes[1].set_ylim(bottom=0)
+    if figures.several:
+        axes[0].legend(fontsize=8)
+    figures.save(fig, "gpu.png")
 
 
 def _draw_forecast(ax, run: Run, color: str, prefix: str) -> None:

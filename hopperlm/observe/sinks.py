@@ -18,11 +18,14 @@ import math
 import os
 import secrets
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Protocol
 
-from hopperlm.config import Config
+import yaml
+
+from hopperlm.config import LogConfig
 from hopperlm.diskspace import append_line, write_failure
 from hopperlm.errors import ConfigError
 from hopperlm.files import write_atomic
@@ -255,7 +258,8 @@ class WandbSink:
 
     name = "wandb"
 
-    def __init__(self, run_dir: Path, cfg: Config) -> None:
+    def __init__(self, run_dir: Path, lc: LogConfig, config: dict[str, Any]) -> None:
+        """`lc`: the project and mode; `config`: the whole run config as a dict, which W&B records."""
         try:
             import wandb
         except ImportError:
@@ -269,13 +273,13 @@ class WandbSink:
             run_id = secrets.token_hex(4)
             id_file.write_text(run_id + "\n")
         self.run = wandb.init(
-            project=cfg.log.wandb_project,
+            project=lc.wandb_project,
             name=Path(run_dir).name,
             id=run_id,
             resume="allow",
             dir=str(run_dir),
-            mode=cfg.log.wandb_mode,
-            config=cfg.to_dict(),
+            mode=lc.wandb_mode,
+            config=config,
         )
 
     def write(self, record: dict[str, Any]) -> None:
@@ -288,16 +292,24 @@ class WandbSink:
         self.run.finish()
 
 
-def open_sinks(cfg: Config, run_dir: Path, start_step: int, config_text: str, log) -> list[Sink]:
-    """metrics.jsonl first (the CSV is rebuilt from it), then the optional sinks the config asks for."""
+def open_sinks(
+    lc: LogConfig,
+    run_dir: Path,
+    start_step: int,
+    config: dict[str, Any],
+    log: Callable[[str], None],
+) -> list[Sink]:
+    """metrics.jsonl first (the CSV is rebuilt from it), then the optional sinks the log section asks for.
+    `config`: the whole run config as a dict (Config.to_dict()), which TensorBoard and W&B record."""
     sinks: list[Sink] = [JsonlSink(run_dir, start_step)]
-    if cfg.log.csv:
+    if lc.csv:
         sinks.append(CsvSink(run_dir, start_step))
-    if cfg.log.tensorboard:
+    if lc.tensorboard:
+        config_text = yaml.safe_dump(config, sort_keys=False)
         try:
             sinks.append(TensorBoardSink(run_dir, start_step, config_text))
         except ImportError:
             log("tensorboard: off (the tensorboard package is not installed: pip install tensorboard)")
-    if cfg.log.wandb:
-        sinks.append(WandbSink(run_dir, cfg))
+    if lc.wandb:
+        sinks.append(WandbSink(run_dir, lc, config))
     return sinks

@@ -15,6 +15,10 @@ checksums.json last and renames the directory; a failure on any rank leaves the 
 were and every rank goes on; --resume verifies the checksums (each rank a share) and falls back to the
 checkpoint before a corrupt one. The run directory must be on a filesystem that every node sees.
 The files themselves are hopperlm/checkpoint/'s (layout.py, single.py, sharded.py); here the ranks take turns.
+
+The `Checkpointer` owns what a checkpoint holds: set-up builds it once with the model, optimizer, loss scaler,
+the run's state (train/state.py's TrainState), the tokenizer and the keep policy, and the loop calls
+`save(step)`, `latest()`, `load(path)` (a resume) and `roll_back(path, bad_step)`, nothing else passed.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -105,14 +109,49 @@ def latest_valid(run_dir: Path, rt: Runtime, log: Callable[[str], None]) -> Path
     return None
 
 
-class Checkpointer:
-    """Saves (in the format the run's strategy calls for) and loads (either format) the training state."""
+class RunState(Protocol):
+    """What a run changes as it goes, saved as state.json: train/state.py's TrainState (a layer above this
+    one, so named here by the three calls the checkpointer makes on it)."""
 
-    def __init__(self, rt: Runtime, strategy: str, cfg: ParallelConfig, log: Callable[[str], None]) -> None:
-        self.rt, self.strategy, self.log = rt, strategy, log
+    def state_dict(self, world_size: int) -> dict[str, Any]: ...
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None: ...
+
+    def roll_back(self, saved: dict[str, Any], bad_step: int) -> None: ...
+
+
+class Checkpointer:
+    """A run's checkpoints: saved in the format its strategy calls for, loaded from either. Built once with
+    every part a checkpoint holds, so saving is `save(step)` and resuming `load(path)`."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        *,
+        run_dir: Path,
+        strategy: str,
+        cfg: ParallelConfig,
+        model: nn.Module,
+        model_cfg: ModelConfig,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler | None,
+        state: RunState,
+        tokenizer_dir: Path | None,
+        keep_last: int,
+        keep_every: int = 0,
+    ) -> None:
+        """`model`: the unwrapped model (not the DDP wrapper; FSDP shards it in place), whose weights are
+        saved and loaded. `optimizer`: the run's (train/optim.py's OptimizerPair saves both of its own).
+        `tokenizer_dir`: copied into every checkpoint. `keep_last`, `keep_every`: train's keep policy, applied
+        after each save (the newest keep_last, and every keep_every-th step for good)."""
+        self.rt, self.strategy, self.log = rt, strategy, rt.log
+        self.run_dir, self.tokenizer_dir = run_dir, tokenizer_dir
+        self.model, self.model_cfg, self.optimizer, self.scaler = model, model_cfg, optimizer, scaler
+        self.state = state
+        self.keep_last, self.keep_every = keep_last, keep_every
         self.format = checkpoint_format(cfg, strategy)
         self.async_save = cfg.async_checkpoint
-        self._pending: tuple | None = None
+        self._pending: tuple | None = None  # a background save: (its future, temporary dir, final dir)
         self._group = None
         if self.async_save and not rt.active:  # the background writer would say so on every save
             warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninit")
@@ -123,40 +162,37 @@ class Checkpointer:
             self._group = dist.new_group(backend="gloo")
 
     # ---- saving ----------------------------------------------------------------------------------------------
-    def save(
-        self,
-        run_dir: Path,
-        step: int,
-        *,
-        model: nn.Module,
-        model_cfg: ModelConfig,
-        optimizer,
-        scaler,
-        state: dict[str, Any],
-        tokenizer_dir: Path | None,
-        keep_last: int,
-        keep_every: int = 0,
-    ) -> Path:
-        """As checkpoint/single.py's save_checkpoint; every rank calls it. CheckpointSaveError on every rank when
-        any rank could not write its part (the previous checkpoints are untouched)."""
-        self.finish()
+    def save(self, step: int, *, wait: bool = False) -> Path:
+        """A checkpoint of the run as it stands, as step `step`; every rank calls it. CheckpointSaveError on
+        every rank when any rank could not write its part (the previous checkpoints are untouched). An async
+        save returns once the state is copied and completes at the next save, `finish()` or `latest()`;
+        `wait`: complete it before returning (the run's end)."""
+        with self.rt.long_phase("checkpoint"):  # collectives get the start-up limit while it writes
+            path = self._save(step)
+            if wait:
+                self.finish()
+        return path
+
+    def _save(self, step: int) -> Path:
         rt = self.rt
+        record = self.state.state_dict(rt.world_size)  # (read before an earlier background save completes)
+        self.finish()
         rank_rng = rt.all_gather_object(rng_state()[1]) if rt.world_size > 1 else None
         if self.format == "single":  # rank 0 holds the whole state (one process, DDP) and writes it
             error = None
             if rt.is_main:
                 try:
                     save_checkpoint(
-                        run_dir,
+                        self.run_dir,
                         step,
-                        model=model,
-                        model_cfg=model_cfg,
-                        optimizer=optimizer,
-                        scaler=scaler,
-                        state=state,
-                        tokenizer_dir=tokenizer_dir,
-                        keep_last=keep_last,
-                        keep_every=keep_every,
+                        model=self.model,
+                        model_cfg=self.model_cfg,
+                        optimizer=self.optimizer,
+                        scaler=self.scaler,
+                        state=record,
+                        tokenizer_dir=self.tokenizer_dir,
+                        keep_last=self.keep_last,
+                        keep_every=self.keep_every,
                         rank_rng=rank_rng,
                     )
                 except CheckpointSaveError as e:
@@ -165,40 +201,14 @@ class Checkpointer:
             if error:
                 message, latest, needed = error
                 raise CheckpointSaveError(message, latest=latest, needed=needed)
-            return checkpoint_dir(run_dir, step)
-        return self._save_sharded(
-            run_dir,
-            step,
-            model=model,
-            model_cfg=model_cfg,
-            optimizer=optimizer,
-            scaler=scaler,
-            state=state,
-            tokenizer_dir=tokenizer_dir,
-            rank_rng=rank_rng,
-            keep_last=keep_last,
-            keep_every=keep_every,
-        )
+            return checkpoint_dir(self.run_dir, step)
+        return self._save_sharded(step, record, rank_rng)
 
-    def _save_sharded(
-        self,
-        run_dir: Path,
-        step: int,
-        *,
-        model: nn.Module,
-        model_cfg: ModelConfig,
-        optimizer,
-        scaler,
-        state: dict[str, Any],
-        tokenizer_dir: Path | None,
-        rank_rng: list | None,
-        keep_last: int,
-        keep_every: int,
-    ) -> Path:
+    def _save_sharded(self, step: int, record: dict[str, Any], rank_rng: list | None) -> Path:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        rt = self.rt
+        rt, run_dir, model, model_cfg, scaler = self.rt, self.run_dir, self.model, self.model_cfg, self.scaler
         final = checkpoint_dir(run_dir, step)
         tmp = final.parent / f"{final.name}.tmp-sharded"
         error = None
@@ -208,12 +218,12 @@ class Checkpointer:
                 for stale in final.parent.glob(f"{PREFIX}*.tmp-*"):  # left by a save that was killed
                     shutil.rmtree(stale, ignore_errors=True)
                 tmp.mkdir()
-                write_model_config(tmp, model_cfg, tokenizer_dir, lora_record(model, model_cfg))
+                write_model_config(tmp, model_cfg, self.tokenizer_dir, lora_record(model, model_cfg))
                 plain_rng, tensor_rng = rng_state()
                 torch.save({**tensor_rng, "ranks": rank_rng} if rank_rng else tensor_rng, tmp / RNG_FILE)
                 scaler_state = scaler.state_dict() if scaler is not None else None
                 record = {
-                    **state,
+                    **record,
                     "step": step,
                     "rng": plain_rng,
                     "scaler": scaler_state,
@@ -226,7 +236,7 @@ class Checkpointer:
                     raise
         self._raise_if_any(rt.broadcast_object(error), tmp, run_dir, final)
         model_sd, optim_sd = get_state_dict(
-            model, optimizers_of(optimizer), options=state_dict_options(model)
+            model, optimizers_of(self.optimizer), options=state_dict_options(model)
         )
         content = {"model": model_sd, "optim": optim_sd}
         alone = {} if rt.active else {"no_dist": True}  # (passed only when needed: older torch lacks it)
@@ -236,7 +246,7 @@ class Checkpointer:
                     future = dcp.async_save(
                         content, checkpoint_id=tmp / SHARDED_DIR, process_group=self._group, **alone
                     )
-                self._pending = (future, tmp, final, run_dir, keep_last, keep_every)
+                self._pending = (future, tmp, final)
                 return final
             with single_process_ok():
                 dcp.save(content, checkpoint_id=tmp / SHARDED_DIR, **alone)
@@ -244,11 +254,11 @@ class Checkpointer:
             if isinstance(e, KeyboardInterrupt | SystemExit):  # (its CheckpointException is a BaseException)
                 raise
             self._raise_if_any(write_failure(e) or first_line(e), tmp, run_dir, final)
-        return self._complete(tmp, final, run_dir, keep_last, keep_every)
+        return self._complete(tmp, final)
 
-    def _complete(self, tmp: Path, final: Path, run_dir: Path, keep_last: int, keep_every: int) -> Path:
+    def _complete(self, tmp: Path, final: Path) -> Path:
         """Every rank hashes and fsyncs its share of the files; rank 0 writes checksums.json and renames."""
-        rt = self.rt
+        rt, run_dir = self.rt, self.run_dir
         names = None
         if rt.is_main:
             names = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
@@ -269,7 +279,7 @@ class Checkpointer:
                 fsync_path(tmp / CHECKSUM_FILE)
                 for directory in sorted({(tmp / n).parent for n in names} | {tmp}):
                     fsync_path(directory)
-                publish_checkpoint(tmp, final, run_dir, keep_last, keep_every)
+                publish_checkpoint(tmp, final, run_dir, self.keep_last, self.keep_every)
             except OSError as e:
                 error = write_failure(e) or e.strerror or str(e)
         self._raise_if_any(rt.broadcast_object(error), tmp, run_dir, final)
@@ -286,7 +296,8 @@ class Checkpointer:
         """Complete a background save (waits for its files); every rank calls it at the same point."""
         if self._pending is None:
             return
-        future, tmp, final, run_dir, keep_last, keep_every = self._pending
+        future, tmp, final = self._pending
+        run_dir = self.run_dir
         self._pending = None
         try:
             future.result()
@@ -295,17 +306,36 @@ class Checkpointer:
             if isinstance(e, KeyboardInterrupt | SystemExit):
                 raise
             self._raise_if_any(write_failure(e) or first_line(e), tmp, run_dir, final)
-        self._complete(tmp, final, run_dir, keep_last, keep_every)
+        self._complete(tmp, final)
         self.log(f"checkpoint: {final} complete (written in the background)")
 
     # ---- loading ---------------------------------------------------------------------------------------------
-    def latest_valid(self, run_dir: Path, log: Callable[[str], None]) -> Path | None:
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint of the run whose files verify (None: there is none); a background
+        save completes first. Every rank calls it and gets the same answer."""
         self.finish()
-        return latest_valid(run_dir, self.rt, log)
+        return latest_valid(self.run_dir, self.rt, self.log)
 
-    def load(self, ckpt: Path, model: nn.Module, optimizer, scaler) -> dict[str, Any]:
+    def load(self, path: Path) -> dict[str, Any]:
+        """Resume from the checkpoint `path` (either format, any world size): weights, optimizer, scaler and
+        RNG states into the run's parts, and state.json into its state (its `load_state_dict`). Returns
+        state.json."""
+        saved = self._load_parts(path)
+        self.state.load_state_dict(saved)
+        return saved
+
+    def roll_back(self, path: Path, bad_step: int) -> dict[str, Any]:
+        """Back to the checkpoint `path` after divergence at `bad_step`: the parts as `load` restores them,
+        the state through its `roll_back` (the guard's counters and the data stream go on). Returns
+        state.json."""
+        saved = self._load_parts(path)
+        self.state.roll_back(saved, bad_step)
+        return saved
+
+    def _load_parts(self, ckpt: Path) -> dict[str, Any]:
         """Weights, optimizer, scaler and RNG states from either format into this run's (possibly sharded)
-        model; returns state.json. `model` is the unwrapped model (not the DDP wrapper)."""
+        model; returns state.json."""
+        model, optimizer, scaler = self.model, self.optimizer, self.scaler
         if is_sharded(ckpt):
             state = self._load_sharded(ckpt, model, optimizer, scaler)
         elif self.strategy in SHARDED:

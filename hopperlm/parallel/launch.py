@@ -101,6 +101,7 @@ def sbatch_script(
     gpus_per_node: int,
     run_dir: str,
     overrides: list[str] | None = None,
+    *,
     time_limit: str = "24:00:00",
     job_name: str | None = None,
     partition: str | None = None,
@@ -114,8 +115,59 @@ def sbatch_script(
     """An sbatch script: `nodes` x `gpus_per_node` ranks, checkpoint + requeue at the time-limit warning."""
     if nodes < 1 or gpus_per_node < 1:
         raise ConfigError(f"--nodes {nodes} and --gpus-per-node {gpus_per_node} must be at least 1")
-    name = job_name or f"hopperlm-{Path(config).stem}"
+    options = _sbatch_options(
+        job_name or f"hopperlm-{Path(config).stem}",
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        time_limit=time_limit,
+        run_dir=run_dir,
+        cpus_per_task=cpus_per_task,
+        partition=partition,
+        account=account,
+    )
     config_path = str(Path(config).resolve()) if Path(config).is_file() else config
+    inner = _launch_on_each_node(
+        config_path,
+        gpus_per_node=gpus_per_node,
+        python=python,
+        port=port,
+        max_restarts=max_restarts,
+        overrides=overrides or [],
+    )
+    threads = max(1, (cpus_per_task or 8 * gpus_per_node) // gpus_per_node)
+    lines = [
+        "#!/bin/bash",
+        f"# Written by `hopperlm slurm` (hopperlm {__version__}). Submit with: sbatch {script_path or 'THIS_FILE'}",
+        f"# {nodes} node(s) x {gpus_per_node} GPU(s) = {nodes * gpus_per_node} ranks of `hopperlm launch {config}`"
+        + (f", restarted up to {max_restarts} time(s) after a failure." if max_restarts else "."),
+        f"# {WARNING_SECONDS} s before the time limit SLURM sends USR1 to this script, which forwards it to every",
+        "# training rank: they checkpoint at their next log step and exit, and this script requeues the job,",
+        "# which resumes from that checkpoint. The run dir must be on a filesystem every node sees.",
+        *(f"#SBATCH {o}" for o in options),
+        "",
+        "set -uo pipefail",
+        f"mkdir -p {shlex.quote(run_dir)}",
+        "",
+        *_environment(threads),
+        "",
+        *_run_and_requeue(inner),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _sbatch_options(
+    name: str,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    time_limit: str,
+    run_dir: str,
+    cpus_per_task: int | None,
+    partition: str | None,
+    account: str | None,
+) -> list[str]:
+    """The script's `#SBATCH` options: one task per node, the warning signal, requeue, one appended log."""
     options = [
         f"--job-name={name}",
         f"--nodes={nodes}",
@@ -133,6 +185,13 @@ def sbatch_script(
         options.append(f"--partition={partition}")
     if account:
         options.append(f"--account={account}")
+    return options
+
+
+def _launch_on_each_node(
+    config_path: str, *, gpus_per_node: int, python: str, port: int, max_restarts: int, overrides: list[str]
+) -> str:
+    """The `hopperlm launch` command each node's srun task runs, quoted for the inner `bash -c "..."`."""
     # `hopperlm launch` on each node: torchrun's agent under the supervisor (a frozen rank ends or restarts the
     # job within its limit; a failure is one line in the log), restarting up to max_restarts times in place
     launch = [
@@ -152,34 +211,33 @@ def sbatch_script(
         *(["--max-restarts", str(max_restarts)] if max_restarts else []),
         "--resume",
         "auto",
-        *(overrides or []),
+        *overrides,
     ]
     # quoted for the inner `bash -c "..."`; $VARIABLES are expanded by this script's shell
     inner = " ".join(a if "$" in a else shlex.quote(a) for a in launch)
-    inner = inner.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
-    lines = [
-        "#!/bin/bash",
-        f"# Written by `hopperlm slurm` (hopperlm {__version__}). Submit with: sbatch {script_path or 'THIS_FILE'}",
-        f"# {nodes} node(s) x {gpus_per_node} GPU(s) = {nodes * gpus_per_node} ranks of `hopperlm launch {config}`"
-        + (f", restarted up to {max_restarts} time(s) after a failure." if max_restarts else "."),
-        f"# {WARNING_SECONDS} s before the time limit SLURM sends USR1 to this script, which forwards it to every",
-        "# training rank: they checkpoint at their next log step and exit, and this script requeues the job,",
-        "# which resumes from that checkpoint. The run dir must be on a filesystem every node sees.",
-        *(f"#SBATCH {o}" for o in options),
-        "",
-        "set -uo pipefail",
-        f"mkdir -p {shlex.quote(run_dir)}",
-        "",
+    return inner.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+
+
+def _environment(omp_threads: int) -> list[str]:
+    """The script's environment: NCCL's logging and error handling, threads per rank, and the signals
+    torchrun's agent handles."""
+    return [
         "# NCCL: warnings only; a collective that times out aborts its process (no hung job).",
         "export NCCL_DEBUG=${NCCL_DEBUG:-WARN}",
         "export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-3}",
         "# Site-specific: the network interface and InfiniBand adapters between nodes, e.g.",
         "# export NCCL_SOCKET_IFNAME=ib0",
         "# export NCCL_IB_HCA=mlx5",
-        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{max(1, (cpus_per_task or 8 * gpus_per_node) // gpus_per_node)}}}",
+        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{omp_threads}}}",
         "export PYTHONUNBUFFERED=1",
         f"export TORCHELASTIC_SIGNALS_TO_HANDLE={AGENT_SIGNALS}",
-        "",
+    ]
+
+
+def _run_and_requeue(inner: str) -> list[str]:
+    """The script's body: srun starts `inner` on every node; at the time-limit warning every rank is signalled
+    to checkpoint, and the job is requeued once srun has ended."""
+    return [
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "requeue=0",
         "on_warning() {",
@@ -202,6 +260,4 @@ def sbatch_script(
         '  scontrol requeue "$SLURM_JOB_ID"',
         "fi",
         'exit "$rc"',
-        "",
     ]
-    return "\n".join(lines)

@@ -26,14 +26,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from hopperlm.errors import ConfigError, HopperError
+from hopperlm.errors import ConfigError, HopperError, first_line
 from hopperlm.parallel.watchdog import Watchdog, restart_count, supervised
 from hopperlm.plan import Plan, World
+
+if TYPE_CHECKING:
+    from hopperlm.config import Config
 
 FIRST_ERROR_KEY = "hopperlm/first_error"
 STRATEGIES_NEEDING_A_GROUP = ("ddp", "fsdp", "hsdp")
@@ -163,8 +166,7 @@ class Runtime:
     def fail(self, exc: BaseException) -> BaseException | None:
         """Publish this rank's error unless another rank's came first; return the error this rank should
         raise instead of its own (PeerFailed naming the first one), or None to raise its own."""
-        line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        mine = f"rank {self.rank}: {type(exc).__name__}" + (f": {line}" if line else "")
+        mine = f"rank {self.rank}: {first_line(exc)}"
         first = mine
         try:
             from torch.distributed.distributed_c10d import _get_default_store
@@ -315,8 +317,9 @@ def current() -> Runtime:
 
 
 @contextmanager
-def session(cfg, log: Callable[[str], None] = print) -> Iterator[Runtime]:
-    """The process group for one run (re-entrant: an inner session reuses the outer one)."""
+def session(cfg: Config, log: Callable[[str], None] = print) -> Iterator[Runtime]:
+    """The process group for one run (re-entrant: an inner session reuses the outer one). Reads three
+    sections: parallel (strategy, the two limits), train.device and run.out_dir (the heartbeats)."""
     global _current
     if _current is not None:
         yield _current

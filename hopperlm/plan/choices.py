@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from hopperlm.config import Config, ModelConfig
+from hopperlm.config import LoRAConfig, ModelConfig, OptimConfig, TrainConfig
 from hopperlm.errors import ConfigError
 from hopperlm.hardware import Hardware
 from hopperlm.model.lora import count_trainable
@@ -25,10 +25,8 @@ AUTOTUNE_NOT_WORTH = (
 )
 
 
-def choose_precision(
-    cfg: Config, model_cfg: ModelConfig, hw: Hardware, why: dict
-) -> tuple[str, torch.dtype | None]:
-    want = cfg.train.precision
+def choose_precision(tc: TrainConfig, hw: Hardware, why: dict) -> tuple[str, torch.dtype | None]:
+    want = tc.precision
     if hw.device_type != "cuda":
         if want in ("bf16", "fp16"):
             raise ConfigError(f"train.precision={want} needs a CUDA GPU; on CPU use --train.precision fp32")
@@ -47,16 +45,23 @@ def choose_precision(
 
 
 def choose_fp8(
-    cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: Precision, compiled: bool, why: dict
+    tc: TrainConfig,
+    lc: LoRAConfig,
+    model_cfg: ModelConfig,
+    hw: Hardware,
+    *,
+    precision: Precision,
+    compiled: bool,
+    why: dict,
 ) -> str:
     """float8 for the large linear layers, or "off" with the reason. Never an error: an explicit request that
     cannot run here (a GPU without fp8 tensor cores, torchao missing) falls back to bf16 with one line."""
 
-    want = cfg.train.fp8
+    want = tc.fp8
     if want == "off":
         why["fp8"] = "off (set by train.fp8)"
         return "off"
-    if cfg.lora.enabled:
+    if lc.enabled:
         why["fp8"] = "off: LoRA's large matrices are frozen (float8 training is for weights that learn)"
         return "off"
     asked = "" if want == "auto" else f" (train.fp8={want} asked for it)"
@@ -95,17 +100,17 @@ def choose_fp8(
     return want
 
 
-def choose_fused_loss(cfg: Config, model_cfg: ModelConfig, hw: Hardware, why: dict) -> bool:
+def choose_fused_loss(tc: TrainConfig, model_cfg: ModelConfig, hw: Hardware, why: dict) -> bool:
     """The chunked loss saves the logits' memory and costs ~1% speed (measured on an H200, h100-350m at
     16 x 1024: 193.8K vs 195.8K tokens/s, bench/results/2026-11-22-h200): worth it only where the logits of
     one sequence are a noticeable share of the memory budget (a large vocabulary, a long context, a small
     device)."""
-    want, vocab = cfg.train.fused_loss, model_cfg.vocab_size or 0
+    want, vocab = tc.fused_loss, model_cfg.vocab_size or 0
     if want is not None:
         why["loss"] = f"{'fused chunked' if want else 'standard'} cross-entropy (set by train.fused_loss)"
         return want
-    budget = cfg.train.memory_target * (hw.free_memory if hw.device_type == "cuda" else hw.ram * 0.5)
-    per_seq = LOGIT_BYTES * cfg.train.seq_len * vocab
+    budget = tc.memory_target * (hw.free_memory if hw.device_type == "cuda" else hw.ram * 0.5)
+    per_seq = LOGIT_BYTES * tc.seq_len * vocab
     share = per_seq / budget if budget else 1.0
     if share >= FUSED_LOSS_SHARE:
         why["loss"] = (
@@ -120,8 +125,7 @@ def choose_fused_loss(cfg: Config, model_cfg: ModelConfig, hw: Hardware, why: di
     return False
 
 
-def choose_optimizer(cfg: Config, cuda: bool, why: dict) -> tuple[str, bool]:
-    oc = cfg.optim
+def choose_optimizer(oc: OptimConfig, cuda: bool, why: dict) -> tuple[str, bool]:
     fused = oc.fused if oc.fused is not None else cuda and oc.name == "adamw"
     if oc.name == "paged_adamw8bit":
         if not cuda:
@@ -157,9 +161,9 @@ def choose_optimizer(cfg: Config, cuda: bool, why: dict) -> tuple[str, bool]:
 
 
 def choose_attention(
-    cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: Precision, why: dict
+    tc: TrainConfig, model_cfg: ModelConfig, hw: Hardware, precision: Precision, why: dict
 ) -> str:
-    want = cfg.train.attention
+    want = tc.attention
     if hw.device_type != "cuda":
         if want not in ("auto", "math"):
             raise ConfigError(f"train.attention={want} needs a CUDA GPU; on CPU use auto or math")
@@ -186,10 +190,9 @@ def choose_attention(
     return "auto"
 
 
-def choose_compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | None, str]:
-    tc = cfg.train
+def choose_compile(tc: TrainConfig, lc: LoRAConfig, hw: Hardware, why: dict) -> tuple[bool, str | None, str]:
     on = tc.compile if tc.compile is not None else hw.device_type == "cuda"
-    if on and tc.compile is None and cfg.lora.quantize == "nf4":
+    if on and tc.compile is None and lc.quantize == "nf4":
         why["compile"] = (
             "off (QLoRA: bitsandbytes' 4-bit layers are not traced reliably; train.compile true to try)"
         )
@@ -215,9 +218,8 @@ def choose_compile(cfg: Config, hw: Hardware, why: dict) -> tuple[bool, str | No
     return True, mode, scope
 
 
-def choose_lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: Precision, why: dict) -> str:
+def choose_lora(lc: LoRAConfig, model_cfg: ModelConfig, hw: Hardware, precision: Precision, why: dict) -> str:
     """LoRA/QLoRA: what is adapted and how the frozen base is kept; QLoRA refuses a CPU up front."""
-    lc = cfg.lora
     if not lc.enabled:
         return "none"
 
@@ -247,11 +249,11 @@ def choose_lora(cfg: Config, model_cfg: ModelConfig, hw: Hardware, precision: Pr
 BUSY_LOAD = 0.5  # a 1-minute load average above this (before we start) means another process uses the cores
 
 
-def choose_threads(cfg: Config, hw: Hardware, why: dict) -> int | None:
+def choose_threads(tc: TrainConfig, hw: Hardware, why: dict) -> int | None:
     """torch's CPU threads: train.threads, else torch's default (every core), with a warning when the load
     average says other processes already use the cores. Never chosen from the load itself: the thread count
     changes the order of float reductions, and a resumed run must compute exactly what the first did."""
-    want = cfg.train.threads
+    want = tc.threads
     if want is not None:
         why["threads"] = f"{want} (set by train.threads)"
         return want

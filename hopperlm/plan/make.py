@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hopperlm.config import Config, ModelConfig
+from hopperlm.config import Config, LoRAConfig, ModelConfig, TrainConfig
 from hopperlm.data.sft import describe as describe_sft
 from hopperlm.data.train_data import describe as describe_data
 from hopperlm.errors import ConfigError
@@ -46,11 +46,10 @@ Finder = Callable[[ModelConfig, Plan, int], tuple[int, str]]
 
 
 def _micro_batch(
-    cfg: Config, plan: Plan, hw: Hardware, model_cfg: ModelConfig, finder: Finder | None
+    tc: TrainConfig, plan: Plan, hw: Hardware, model_cfg: ModelConfig, finder: Finder | None
 ) -> tuple[int, int, str]:
     """(micro-batch per rank, accumulation steps, reason)."""
-    tc = cfg.train
-    seqs = _per_rank(cfg, plan.world_size)
+    seqs = _per_rank(tc, plan.world_size)
     est = plan.memory
     if hw.device_type == "cuda":
         budget = tc.memory_target * hw.free_memory
@@ -110,25 +109,24 @@ def fewest_accumulation_steps(seqs: int, fit: int) -> int:
     return seqs // accum
 
 
-def _per_rank(cfg: Config, world_size: int) -> int | None:
+def _per_rank(tc: TrainConfig, world_size: int) -> int | None:
     """Sequences per step on each rank: the global batch split evenly (None: one micro-batch per rank)."""
-    seqs = cfg.train.batch_seqs
+    seqs = tc.batch_seqs
     if seqs is None or world_size == 1:
         return seqs
     if seqs % world_size:
         raise ConfigError(
-            f"train.batch_tokens={cfg.train.batch_tokens} is {seqs} sequences, which {world_size} ranks cannot "
-            f"share equally; use a multiple of {world_size * cfg.train.seq_len} tokens"
+            f"train.batch_tokens={tc.batch_tokens} is {seqs} sequences, which {world_size} ranks cannot "
+            f"share equally; use a multiple of {world_size * tc.seq_len} tokens"
         )
     return seqs // world_size
 
 
 def _checkpointing(
-    cfg: Config, plan: Plan, model_cfg: ModelConfig, hw: Hardware
+    tc: TrainConfig, lc: LoRAConfig, plan: Plan, model_cfg: ModelConfig, hw: Hardware
 ) -> tuple[str, str, MemoryEstimate]:
     """(mode, reason, memory estimate): activation checkpointing none when one sequence's activations fit the
     memory target, else the lightest mode that makes them fit (selective-op, then full)."""
-    tc = cfg.train
     budget = tc.memory_target * (hw.free_memory if hw.device_type == "cuda" else hw.ram * 0.5)
 
     def estimate(mode: str) -> MemoryEstimate:
@@ -141,7 +139,7 @@ def _checkpointing(
             optimizer=plan.optimizer,
             every=tc.ac_every,
             shards=plan.dp_shard,
-            lora=cfg.lora,
+            lora=lc,
         )
 
     if tc.activation_checkpointing != "auto":
@@ -174,9 +172,9 @@ def make_plan(
     tc = cfg.train
     world = world or World()
     why: dict[str, str] = {"device": hw.summary()[0].removeprefix("device: ")}
-    precision, autocast_dtype = choose_precision(cfg, model_cfg, hw, why)
+    precision, autocast_dtype = choose_precision(tc, hw, why)
     cuda = hw.device_type == "cuda"
-    lora = choose_lora(cfg, model_cfg, hw, precision, why)
+    lora = choose_lora(cfg.lora, model_cfg, hw, precision, why)
     tf32 = tc.tf32 if tc.tf32 is not None else hw.tf32
     if cuda:
         why["tf32"] = ("on" if tf32 else "off") + (
@@ -184,12 +182,12 @@ def make_plan(
             if tc.tf32 is not None
             else f" ({hw.sm} {'has' if hw.tf32 else 'lacks'} TF32)"
         )
-    attention = choose_attention(cfg, model_cfg, hw, precision, why)
-    compile_on, compile_mode, compile_scope = choose_compile(cfg, hw, why)
-    fp8 = choose_fp8(cfg, model_cfg, hw, precision, compile_on, why)
-    fused_loss = choose_fused_loss(cfg, model_cfg, hw, why)
-    optimizer, fused = choose_optimizer(cfg, cuda, why)
-    threads = choose_threads(cfg, hw, why)
+    attention = choose_attention(tc, model_cfg, hw, precision, why)
+    compile_on, compile_mode, compile_scope = choose_compile(tc, cfg.lora, hw, why)
+    fp8 = choose_fp8(tc, cfg.lora, model_cfg, hw, precision=precision, compiled=compile_on, why=why)
+    fused_loss = choose_fused_loss(tc, model_cfg, hw, why)
+    optimizer, fused = choose_optimizer(cfg.optim, cuda, why)
+    threads = choose_threads(tc, hw, why)
     pin = tc.pin_memory if tc.pin_memory is not None else cuda
     why["data"] = describe_data(cfg.data, hw.device, model_cfg.dropout) + (
         ", pinned host memory + non-blocking copies" if pin else ""
@@ -209,7 +207,7 @@ def make_plan(
         optimizer=optimizer,
         budget=budget,
     )
-    why["parallel"] += lora_parallel_note(cfg, model_cfg, strategy, precision)
+    why["parallel"] += lora_parallel_note(cfg.lora, model_cfg, strategy, precision)
     if world.size > 1:
         why["timeouts"] = describe_limits(cfg.parallel.startup_timeout_s, cfg.parallel.step_timeout_s)
     fp8_all_gather = fp8 == "tensorwise" and strategy in SHARDED
@@ -242,17 +240,17 @@ def make_plan(
         threads=threads,
         reasons=why,
     )
-    mode, ac_reason, memory = _checkpointing(cfg, plan, model_cfg, hw)
+    mode, ac_reason, memory = _checkpointing(tc, cfg.lora, plan, model_cfg, hw)
     plan = plan.replace(
         activation_checkpointing=mode, memory=memory, reasons={"activation_checkpointing": ac_reason}
     )
-    micro, accum, mb_reason = _micro_batch(cfg, plan, hw, model_cfg, finder)
+    micro, accum, mb_reason = _micro_batch(tc, plan, hw, model_cfg, finder)
     plan = plan.replace(micro_batch=micro, grad_accum=accum, reasons={"micro_batch": mb_reason})
-    plan = _cuda_graphs(cfg, plan, model_cfg)
+    plan = _cuda_graphs(tc, plan, model_cfg)
     return plan.replace(reasons={"memory": f"estimated {plan.memory.describe(plan.micro_batch)}"})
 
 
-def _cuda_graphs(cfg: Config, plan: Plan, model_cfg: ModelConfig) -> Plan:
+def _cuda_graphs(tc: TrainConfig, plan: Plan, model_cfg: ModelConfig) -> Plan:
     """CUDA graphs (compile mode reduce-overhead) when a micro-batch is so small that launching its kernels
     takes longer than running them; shapes are static here (fixed windows), which graphs need. Only where they
     are safe: on CUDA, with one micro-batch per step. An explicit reduce-overhead that meets accumulation
@@ -262,7 +260,7 @@ def _cuda_graphs(cfg: Config, plan: Plan, model_cfg: ModelConfig) -> Plan:
     if not plan.compile:
         return plan
     scope = f"scope {plan.compile_scope}"
-    if cfg.train.compile_mode == "reduce-overhead":
+    if tc.compile_mode == "reduce-overhead":
         if plan.device.type != "cuda":
             why = "CUDA graphs need a CUDA device; this run is on the CPU"
         elif plan.grad_accum > 1:
@@ -276,7 +274,7 @@ def _cuda_graphs(cfg: Config, plan: Plan, model_cfg: ModelConfig) -> Plan:
             return plan.replace(reasons={"compile": reason})
         reason = f"on, mode default (train.compile_mode reduce-overhead asked for it, but {why}), {scope}"
         return plan.replace(compile_mode="default", reasons={"compile": reason})
-    if cfg.train.compile_mode != "auto" or plan.device.type != "cuda" or plan.fp8 != "off":
+    if tc.compile_mode != "auto" or plan.device.type != "cuda" or plan.fp8 != "off":
         return plan
     if plan.world_size > 1:
         return plan  # (several ranks: graphs would capture the gradient collectives too; not attempted)

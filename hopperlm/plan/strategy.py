@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hopperlm.config import Config, ModelConfig
+from hopperlm.config import Config, LoRAConfig, ModelConfig
 from hopperlm.config.run import STEP_LIMIT_FACTOR, STEP_LIMIT_FLOOR_S
 from hopperlm.errors import ConfigError
 from hopperlm.memory import estimate_memory
@@ -30,16 +30,18 @@ class World:
         return max(1, self.size // max(1, self.local_size))
 
 
-def lora_parallel_note(cfg: Config, model_cfg: ModelConfig, strategy: Strategy, precision: Precision) -> str:
+def lora_parallel_note(
+    lc: LoRAConfig, model_cfg: ModelConfig, strategy: Strategy, precision: Precision
+) -> str:
     """What DDP or FSDP2 does with a LoRA model, for the plan's parallel line ("" when not LoRA on ranks)."""
-    if not cfg.lora.enabled or strategy == "none":
+    if not lc.enabled or strategy == "none":
         return ""
     if strategy == "ddp":
-        trainable = count_trainable(model_cfg, cfg.lora)
+        trainable = count_trainable(model_cfg, lc)
         return f"; LoRA: only the adapters' gradients ({4 * trainable / 1e6:,.0f} MB fp32) cross ranks"
     compute = "fp32" if precision == "fp32" else precision
     nf4_rule = ""
-    if cfg.lora.quantize == "nf4":
+    if lc.quantize == "nf4":
         nf4_rule = f"the NF4 data stored as {compute} (FSDP2's parameter dtype: gathered without a cast), "
     return (
         f"; LoRA: {nf4_rule}base and adapters sharded, gathered in {compute} per block; fp32 adapter shards for "

@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 import torch
 
+from hopperlm.errors import first_line
 from hopperlm.plan import Plan
 from hopperlm.plan.record import Float8
-from hopperlm.speed.checkpointing import apply_activation_checkpointing
+from hopperlm.speed.activation_checkpointing import apply_activation_checkpointing
 from hopperlm.speed.compile import apply_compile
 from hopperlm.speed.float8 import Float8NativeLinear, apply_fp8
 
@@ -37,7 +38,7 @@ def apply_speedups(model: torch.nn.Module, plan: Plan, log: Callable[[str], None
             unverified = _probe(model, plan)
         except Exception as e:  # ImportError, a CUDA capability error, a shape error: all mean bf16
             _undo_fp8(model)
-            log(f"fp8: off ({fp8} failed at start-up: {_first_line(e)}); training continues in bf16")
+            log(f"fp8: off ({fp8} failed at start-up: {first_line(e)}); training continues in bf16")
             fp8 = "off"
         else:
             done = f"fp8: {n} linear layers in float8 ({fp8})"
@@ -78,14 +79,8 @@ def _probe(model: torch.nn.Module, plan: Plan) -> str | None:
         # says nothing about float8, and bf16 would need more memory, not less: float8 stays on
         if plan.device.type == "cuda":
             torch.cuda.empty_cache()
-        return f"the start-up check ran out of memory ({_first_line(e)})"
+        return f"the start-up check ran out of memory ({first_line(e)})"
     return None
-
-
-def _first_line(e: BaseException) -> str:
-    """The exception's type and the first line of its message: enough to tell a missing kernel from a bug."""
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def _is_float8(module: torch.nn.Module) -> bool:

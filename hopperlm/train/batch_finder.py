@@ -20,6 +20,7 @@ import torch
 
 from hopperlm.config import ModelConfig, OptimConfig
 from hopperlm.data.loader import Batch
+from hopperlm.errors import first_line
 from hopperlm.files import write_atomic
 from hopperlm.model.transformer import build_model
 from hopperlm.parallel.runtime import Runtime
@@ -92,10 +93,6 @@ def _memory_error(e: RuntimeError) -> bool:
     return "out of memory" in text.lower() or "ALLOC_FAILED" in text
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
-
-
 def _read_cache(path: Path) -> dict:
     try:
         return json.loads(path.read_text()) if path.is_file() else {}
@@ -155,7 +152,7 @@ def make_gpu_finder(
                 # half-freed allocator): that size does not fit. Before any, it is a real error: raised.
                 if not (failed_once or _memory_error(e)):
                     raise
-                failed_once, note = True, f" ({_first_line(e)})"
+                failed_once, note = True, f" ({first_line(e, type_name=False)[:120]})"
             finally:
                 batch = None
                 parts.optimizer.zero_grad(set_to_none=True)

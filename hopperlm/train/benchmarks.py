@@ -12,19 +12,26 @@ limit (parallel/watchdog.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from hopperlm.checkpoint.single import rng_state, set_rng_state
+from hopperlm.config import EvalConfig
 from hopperlm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hopperlm.parallel.runtime import Runtime
 
 
 class Benchmarks:
-    def __init__(self, cfg, run_dir: Path, rt, strategy: str, log) -> None:
+    def __init__(
+        self, ec: EvalConfig, run_dir: Path, rt: Runtime, strategy: str, log: Callable[[str], None]
+    ) -> None:
         from hopperlm.eval.harness import task_manager
 
-        ec = cfg.eval
         self.tasks = [t.strip() for t in ec.tasks.split(",") if t.strip()]
         self.cfg, self.run_dir, self.rt, self.log = ec, Path(run_dir), rt, log
         if strategy in ("fsdp", "hsdp"):

@@ -60,7 +60,6 @@ def check_tokenizer(spec: str | None, manifest: dict, data_dir: Path) -> None:
 class RunData:
     """Pretraining shards (one dataset or a mixture) or instruction rows, behind one interface."""
 
-    cfg: Config
     datasets: list[Dataset]
     val_sets: list[ValSet]
     _open: Callable[..., BatchSource]
@@ -90,13 +89,20 @@ def open_run_data(cfg: Config, run_dir: Path, log: Callable[[str], None], *, wri
     writes the run's files (rank 0); every rank reads the same data."""
     tc = cfg.train
     if cfg.sft.path:
-        sft = open_sft_data(cfg, run_dir, log, sft_tokenizer_path(cfg), save_tokenizer=writer)
+        sft = open_sft_data(
+            cfg.sft,
+            tc,
+            run_dir,
+            log,
+            tokenizer_path=sft_tokenizer_path(cfg.sft, cfg.model),
+            save_tokenizer=writer,
+        )
 
         def sft_batches(layout: BatchLayout, *, pin: bool, prefetch: int) -> BatchSource:
             # (rows are built in the loop's thread: no pinning or prefetch thread for instruction data)
             return sft.batches(layout, seed=tc.seed)
 
-        data = RunData(cfg, sft.datasets, sft.val_sets, sft_batches, sft.tokenizer)
+        data = RunData(sft.datasets, sft.val_sets, sft_batches, sft.tokenizer)
     else:
         datasets = resolve_datasets(cfg.data)  # data.path, or data.mixture's datasets
         shards = open_train_shards(datasets, tc.seq_len, cfg.data.verify)
@@ -114,7 +120,7 @@ def open_run_data(cfg: Config, run_dir: Path, log: Callable[[str], None], *, wri
                 prefetch=prefetch,
             )
 
-        data = RunData(cfg, datasets, val_sets, pretraining_batches)
+        data = RunData(datasets, val_sets, pretraining_batches)
     check_tokenizer(cfg.data.tokenizer, data.manifest, data.data_dir)
     if tc.target_loss is not None and not data.val_sets:
         raise ConfigError(

@@ -70,7 +70,7 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
     if stopped_by:
         run.log(f"nothing to do: the run already reached its {stopped_by} budget at step {s.step}")
     elif run.cfg.guard.policy == "rollback" and not list_checkpoints(run.run_dir):
-        save_checkpoint(run)  # rollback needs a good checkpoint to return to, even before the first log step
+        checkpoint_now(run)  # rollback needs a good checkpoint to return to, even before the first log step
     pending: list[StepResult] = []  # the steps since the last log step
     interval, lr = Interval(), 0.0
     run.model.train()
@@ -127,7 +127,7 @@ def stop_mid_step(
     stopped_by = f"signal {signal}"
     if pending:  # the steps since the last log step are logged (and validated) first
         return log_step(run, pending, interval, lr, stopped_by) or stopped_by
-    save_checkpoint(run)
+    checkpoint_now(run)
     return stopped_by
 
 
@@ -152,7 +152,7 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
     if verdict is not None:
         action, bad_step = verdict
         if action == "stop":
-            save_checkpoint(run)  # the bad update never reached the weights: this checkpoint is good
+            checkpoint_now(run)  # the bad update never reached the weights: this checkpoint is good
             run.guard.event(bad_step, "non-finite loss or gradient norm", "stopped (guard.policy stop)")
             raise GuardStop(
                 f"non-finite loss or gradient at step {bad_step}; stopped with a checkpoint "
@@ -204,7 +204,7 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
         )
         s.preflight_checked = True
     if (tc.ckpt_every and s.step % tc.ckpt_every == 0) or stopped_by:
-        save_checkpoint(run)
+        checkpoint_now(run)
     return stopped_by
 
 
@@ -265,13 +265,12 @@ def rollback(run: Run, bad_step: int) -> None:
     """Back to the latest valid checkpoint, past the data of the bad steps, at a lower LR (guard.py)."""
     s = run.state
     with run.rt.long_phase("rollback"):
-        ckpt = run.checkpointer.latest_valid(run.run_dir, run.log)
+        ckpt = run.checkpointer.latest()
         if ckpt is None:
             raise GuardStop(
                 f"step {bad_step}: the run diverged and there is no valid checkpoint to roll back to"
             )
-        restored = run.checkpointer.load(ckpt, run.model, run.parts.optimizer, run.parts.scaler)
-    s.roll_back(restored, bad_step)
+        restored = run.checkpointer.roll_back(ckpt, bad_step)  # the parts, and the state's step and tokens
     run.guard.event(
         bad_step,
         "divergence (bad steps or loss spike)",
@@ -281,38 +280,19 @@ def rollback(run: Run, bad_step: int) -> None:
     run.observer.restart_at(s.step, s.tokens, run.elapsed())  # the curve restarts; events.jsonl keeps why
 
 
-def save_checkpoint(run: Run) -> None:
-    """A checkpoint of the run's state. A save that cannot be written (a full disk, a quota) leaves every
-    earlier checkpoint as it was; train.on_disk_full decides what happens next (train/disk_full.py)."""
+def checkpoint_now(run: Run) -> None:
+    """A checkpoint of the step the run has reached. A save that cannot be written (a full disk, a quota)
+    leaves every earlier checkpoint as it was; train.on_disk_full decides what happens next
+    (train/disk_full.py)."""
+    save = partial(run.checkpointer.save, run.state.step)
     try:
-        path = write_checkpoint(run)
+        path = save()
     except CheckpointSaveError as e:
-        path = run.disk_full.failed(e, run.state.step, retry=partial(write_checkpoint, run))
+        path = run.disk_full.failed(e, run.state.step, retry=save)
         if path is None:  # continue: the run trains on without it
             return
     run.disk_full.saved()
     run.log(f"checkpoint: {path}")
-
-
-def write_checkpoint(run: Run, *, complete: bool = False) -> Path:
-    """`complete`: wait for a background save to finish (the run's end)."""
-    s, rt = run.state, run.rt
-    with run.rt.long_phase("checkpoint"):
-        path = run.checkpointer.save(
-            run.run_dir,
-            s.step,
-            model=run.model,
-            model_cfg=run.model_cfg,
-            optimizer=run.parts.optimizer,
-            scaler=run.parts.scaler,
-            state=s.state_dict(rt.world_size),
-            tokenizer_dir=run.run_dir / "tokenizer",
-            keep_last=run.cfg.train.keep_last,
-            keep_every=run.cfg.train.keep_every,
-        )
-        if complete:
-            run.checkpointer.finish()
-    return path
 
 
 def finish(run: Run, stopped_by: str, preemption: Preemption | None = None) -> TrainResult:
@@ -322,7 +302,7 @@ def finish(run: Run, stopped_by: str, preemption: Preemption | None = None) -> T
         with run.rt.long_phase("finishing"):
             run.checkpointer.finish()  # a background checkpoint completes before the run ends
     except CheckpointSaveError as e:  # it failed in the background: as any failed save
-        path = run.disk_full.failed(e, s.step, retry=partial(write_checkpoint, run, complete=True))
+        path = run.disk_full.failed(e, s.step, retry=partial(run.checkpointer.save, s.step, wait=True))
         if path is not None:
             run.disk_full.saved()
     total = run.elapsed()

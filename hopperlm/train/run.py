@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 
 from hopperlm.checkpoint import layout as ckpt_io
-from hopperlm.config import Config, ModelConfig, TrainConfig, save_config
+from hopperlm.config import Config, ModelConfig, OptimConfig, TrainConfig, save_config
 from hopperlm.config.training import BUDGET_KEYS, checkpoint_budget
 from hopperlm.data.batches import BatchLayout, BatchSource
 from hopperlm.data.tokenizer import load_tokenizer
@@ -127,25 +127,39 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     data = open_run_data(cfg, run_dir, log, writer=rt.is_main)
     model_cfg = resolve_model_config(cfg.model, data.manifest["vocab_size"])
     saved = ckpt_io.read_state(resume_from) if resume_from is not None else None
-    cfg = keep_checkpoint_batch(cfg, saved, rt)
+    kept = keep_checkpoint_batch(cfg.train, saved, rt)
+    cfg = cfg if kept is cfg.train else dataclasses.replace(cfg, train=kept)
     hw = detect_for(cfg.train.device)
     cache_dir = run_dir if rt.world_size == 1 else run_dir / "ranks" / str(rt.rank)
     plan = plan_run(cfg, model_cfg, hw, world=rt.world, cache_dir=cache_dir, log=log, rt=rt)
     plan.apply_runtime_settings(log)
 
-    model, embed_warmup = build_model(cfg, model_cfg, plan, data, rt, resume_from)
+    model, embed_warmup = model_for_run(cfg, model_cfg, plan=plan, data=data, rt=rt, resume_from=resume_from)
     parts, fp8 = build_step(model, plan, cfg.optim, log=log, rt=rt)
-    checkpointer = dist_ckpt.Checkpointer(rt, plan.strategy, cfg.parallel, log)
     guard = Guard(cfg.guard, run_dir / "events.jsonl" if rt.is_main else Path(os.devnull), log)
     # each rank reads its block of every global micro-batch
     layout = BatchLayout(plan.micro_batch, plan.grad_accum, rt.rank, rt.world_size)
     batches = data.batches(layout, pin=plan.pin_memory, prefetch=default_prefetch(cfg.data, plan.device))
     state = TrainState(plan.micro_batch, plan.grad_accum, fp8, guard=guard, batches=batches)
     state.run_record = {"config": cfg.to_dict(), "data_manifest_tokenizer": data.manifest["tokenizer"]}
+    # built once with everything a checkpoint holds: the loop then calls save(step), latest(), roll_back()
+    checkpointer = dist_ckpt.Checkpointer(
+        rt,
+        run_dir=run_dir,
+        strategy=plan.strategy,
+        cfg=cfg.parallel,
+        model=model,
+        model_cfg=model_cfg,
+        optimizer=parts.optimizer,
+        scaler=parts.scaler,
+        state=state,
+        tokenizer_dir=run_dir / "tokenizer",  # (prepare_run_dir writes it)
+        keep_last=cfg.train.keep_last,
+        keep_every=cfg.train.keep_every,
+    )
     elapsed_before = 0.0
     if resume_from is not None:
-        # weights, optimizer, scaler and RNGs into the model; state.json (as `saved`, with the step) back
-        state.load_state_dict(checkpointer.load(resume_from, model, parts.optimizer, parts.scaler))
+        checkpointer.load(resume_from)  # weights, optimizer, scaler and RNGs into the parts; the state
         elapsed_before = saved["elapsed_s"]
 
     fpt = training_flops_per_token(model_cfg, cfg.train.seq_len, cfg.lora)  # LoRA: no frozen weight grads
@@ -175,7 +189,9 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         predicted=predicted,
     )
     log(room_line)
-    state.schedule_budget = schedule_budget(cfg, saved, state, elapsed_before, log)
+    state.schedule_budget = schedule_budget(
+        cfg.train, cfg.optim, saved=saved, state=state, elapsed_s=elapsed_before, log=log
+    )
     state.clock = rt.start_clock(elapsed_before)  # several ranks: rank 0's clock, agreed on log steps
     observer = open_observer(
         cfg,
@@ -206,14 +222,22 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         disk_full=disk_full,
         flops_per_token=fpt,
         predicted=predicted,
-        benchmarks=Benchmarks(cfg, run_dir, rt, plan.strategy, log) if cfg.eval.tasks else None,
+        benchmarks=Benchmarks(cfg.eval, run_dir, rt, plan.strategy, log) if cfg.eval.tasks else None,
     )
 
 
-def build_model(
-    cfg: Config, model_cfg: ModelConfig, plan: Plan, data: RunData, rt: Runtime, resume_from: Path | None
+def model_for_run(
+    cfg: Config,
+    model_cfg: ModelConfig,
+    *,
+    plan: Plan,
+    data: RunData,
+    rt: Runtime,
+    resume_from: Path | None,
 ) -> tuple[torch.nn.Module, EmbedWarmup | None]:
-    """The model the run trains, the same on every rank (a checkpoint's weights are loaded after)."""
+    """The model the run trains, the same on every rank: seeded, built by `build_train_model` (from scratch,
+    `init_from`, LoRA) on the plan's device, and checked against the checkpoint it resumes from, whose weights
+    are loaded after. (`model.transformer.build_model` builds the bare network from a ModelConfig.)"""
     torch.manual_seed(cfg.train.seed)
     model, embed_warmup = build_train_model(
         cfg,
@@ -268,11 +292,16 @@ def open_observer(
 
 
 def schedule_budget(
-    cfg: Config, saved: dict | None, state: TrainState, elapsed_s: float, log: Callable[[str], None]
+    tc: TrainConfig,
+    oc: OptimConfig,
+    *,
+    saved: dict | None,
+    state: TrainState,
+    elapsed_s: float,
+    log: Callable[[str], None],
 ) -> TrainConfig:
     """The budget the LR schedule is laid over: the run's own, or, when a resumed run changed it and
     optim.resume_horizon is keep, the checkpoint's. Says in one line how the LR changes at the resume step."""
-    tc, oc = cfg.train, cfg.optim
     # the budget the checkpoint's schedule was laid over (a run resumed with keep remembers its original)
     original = checkpoint_budget(saved, tc)
     if original is None:
@@ -304,13 +333,13 @@ def schedule_budget(
     return chosen
 
 
-def keep_checkpoint_batch(cfg: Config, saved: dict | None, rt: Runtime) -> Config:
+def keep_checkpoint_batch(tc: TrainConfig, saved: dict | None, rt: Runtime) -> TrainConfig:
     """The data of step s depends on the micro-batch: keep the checkpoint's (measured, or halved after an
     out-of-memory error) rather than planning anew. It is saved for all ranks together (one global
-    micro-batch per micro-step), so any world size that divides it reads the same windows."""
+    micro-batch per micro-step), so any world size that divides it reads the same windows. Returns `tc`
+    itself when there is nothing to keep."""
     if saved is None or not saved.get("micro_batch"):
-        return cfg
-    tc = cfg.train
+        return tc
     micro, accum = saved["micro_batch"], saved["grad_accum"]
     per_rank = micro // rt.world_size if micro % rt.world_size == 0 else None
     if (per_rank, micro * accum * tc.seq_len) != (tc.micro_batch, tc.batch_tokens):
@@ -320,8 +349,7 @@ def keep_checkpoint_batch(cfg: Config, saved: dict | None, rt: Runtime) -> Confi
             f"resume: {micro} sequences per micro-step do not split over {rt.world_size} ranks; the global "
             "batch is kept but the remaining steps read other windows than an uninterrupted run would"
         )
-    tc = dataclasses.replace(tc, micro_batch=per_rank, batch_tokens=micro * accum * tc.seq_len)
-    return dataclasses.replace(cfg, train=tc)
+    return dataclasses.replace(tc, micro_batch=per_rank, batch_tokens=micro * accum * tc.seq_len)
 
 
 def prepare_run_dir(cfg: Config, rt: Runtime, data_dir: Path) -> None:

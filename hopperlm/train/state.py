@@ -10,8 +10,10 @@
     batches                     the position of the data stream (data/batches.py)
 
 The weights, the optimizer's and loss scaler's state and the RNGs travel beside state.json in the same
-checkpoint; the checkpointer (parallel/checkpoint.py) writes and loads those. What state.json records of the
-run for the checks a resume makes (its config, its data's tokenizer) is `run_record`, set once at set-up.
+checkpoint. The checkpointer (parallel/checkpoint.py) is built at set-up with this state and those parts,
+and makes the three calls: its `save(step)`, `load(path)` and `roll_back(path, bad_step)`. What state.json
+records of the run for the checks a resume makes (its config, its data's tokenizer) is `run_record`, set once
+at set-up.
 """
 
 from __future__ import annotations
