@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-DATA = Path(os.environ.get("HOPPERLM_DATA", "/work/shared/data"))
+DATA = Path(os.environ.get("HOPPERLM_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 TEXTS = {
     "shakespeare": [DATA / "tinyshakespeare" / "input.txt"],
     "gutenberg": [

@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -37,7 +40,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("HOPPERLM_DATA", REPO.parent / "shared" / "data"))
+DATA = Path(os.environ.get("HOPPERLM_DATA_DIR") or REPO.parent / "shared" / "data")
 BOOKS = 30  # the first 30 Gutenberg books by file name: 17.7 MB, ~5.2M tokens
 VOCAB = 4096
 SEQ_LEN = 256
@@ -78,6 +81,16 @@ LADDER: list[tuple[str, dict]] = [
     ("+micro-batch 8", {"train": {"micro_batch": 8}}),
 ]
 KEPT = ("+lr 2e-3", "+wsd", "+untied", "+muon", "+lr 4e-3", "+decay to 0")
+
+# The race's LR grids: each baseline gets its published 6e-4 and a factor-2 grid around the best AdamW LR a
+# reviewer found (4e-3), hopperlm the same factor-2 grid; every (LR, seed) is a finished run.
+LRS = {
+    "users-start": (6e-4, 1e-3, 2e-3, 4e-3),
+    "nanogpt": (1e-3, 2e-3, 4e-3, 8e-3),
+    "hopperlm": (2e-3, 4e-3, 8e-3),
+}
+SHARES = (0.3, 0.5)  # hopperlm's shorter budgets, as shares of the baselines'
+SMOKE_LRS, SMOKE_SHARES = {"users-start": (2e-3,), "nanogpt": (2e-3,), "hopperlm": (2e-3,)}, (0.5,)
 
 
 def merged(base: dict, change: dict) -> dict:
@@ -170,19 +183,28 @@ def train(cfg: dict, cache: Path, reuse: bool = False) -> dict:
 
 
 def probe_speed(recipes: dict, data: Path, cache: Path, threads: int) -> dict[int, float]:
-    """tokens/s of each micro-batch size the recipes use, from 6 training steps (the first is warm-up)."""
+    """The ladder's probe: tokens/s of each micro-batch size the recipes use (6 steps, as `probe` reads them)."""
     speeds = {}
     for micro in sorted({r["train"]["micro_batch"] for r in recipes.values()}):
         recipe = {"model": {}, "optim": {"lr": 1e-3}, "train": {"micro_batch": micro}, "warmup": 0.0}
-        cfg = run_config(recipe, data, cache / "probe" / f"mb{micro}", seconds=3600, steps=6, seed=0,
-                         threads=threads, eval_windows=1)  # fmt: skip
-        cfg["train"].update(max_hours=None, max_steps=6, eval_every=0, log_every=3)
-        out = Path(cfg["run"]["out_dir"])
-        train(cfg, cache)
-        last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-        speeds[micro] = last["tokens_per_s"]
+        speeds[micro] = probe(recipe, data, cache / "probe" / f"mb{micro}", threads=threads, steps=6)
         print(f"probe: micro-batch {micro}: {speeds[micro]:,.0f} tokens/s", flush=True)
     return speeds
+
+
+def probe(recipe: dict, data: Path, out: Path, *, threads: int, steps: int) -> float:
+    """tokens/s of `recipe` (its model, optimizer and batch layout) alone on `threads` threads: the CPU time of a
+    run of `steps` steps less that of a run of steps // 4 (start-up and first steps cancel), so another process
+    on the machine does not change a recipe's budget (its wall time would)."""
+    cpu = []
+    for n in (steps // 4, steps):
+        cfg = run_config(recipe, data, out, seconds=3600, steps=n, seed=0, threads=threads, eval_windows=1)
+        cfg["train"].update(max_hours=None, max_steps=n, eval_every=0, log_every=n)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        train(cfg, out.parent)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return (steps - steps // 4) * batch_tokens(recipe) / threads / (cpu[1] - cpu[0])
 
 
 def steps_for(recipe: dict, seconds: float, speeds: dict[int, float]) -> int:
@@ -190,39 +212,194 @@ def steps_for(recipe: dict, seconds: float, speeds: dict[int, float]) -> int:
     return max(10, int(seconds * speeds[recipe["train"]["micro_batch"]] / batch_tokens(recipe)))
 
 
-def time_to_target(rows: list[dict]) -> dict:
-    """The best baseline's final loss and the first moment a hopperlm run's validation reached it."""
-    baselines = [r for r in rows if r["role"] == "baseline"]
-    best = min(baselines, key=lambda r: r["final_val_loss"])
-    target = best["final_val_loss"]
-    reached = [
-        seconds for r in rows if r["role"] == "hopperlm" for seconds, loss in r["curve"] if loss <= target
+def params_of(recipe: dict) -> dict[str, int]:
+    """The recipe's parameter counts: total and without the input embedding."""
+    from hopperlm.config import ModelConfig
+    from hopperlm.model.transformer import count_params
+
+    counts = count_params(ModelConfig(**{**MODEL, **recipe["model"], "vocab_size": VOCAB}))
+    return {"params": counts["total"], "non_embedding_params": counts["non_embedding"]}
+
+
+def sweep_recipe(name: str, recipe: dict, *, lrs, seeds, steps: int, seconds_per_step: float, data: Path,
+                 out: Path, eval_windows: int, jobs: int) -> list[dict]:  # fmt: skip
+    """Train `recipe` for `steps` at every LR and seed with hopperlm's sweep machinery (train/sweep.py: one
+    `hopperlm train` per run, `jobs` side by side on one thread each); a row per run with its curve. Finished
+    runs of the same YAML in the cache are read back instead of retrained (a longer grid trains its new LRs)."""
+    from hopperlm.train import sweep
+
+    cfg = run_config(recipe, data, out / "runs", seconds=3600, steps=steps, seed=0, threads=1,
+                     eval_windows=eval_windows)  # fmt: skip
+    cfg["train"].update(max_hours=None, max_steps=steps)
+    spec, text = out / "recipe.yaml", yaml.safe_dump(cfg, sort_keys=False)
+    if not (spec.is_file() and spec.read_text() == text):
+        shutil.rmtree(
+            out, ignore_errors=True
+        )  # the bench's own cache: another budget or recipe, train afresh
+        out.mkdir(parents=True)
+        spec.write_text(text)
+    runs = [
+        sweep.SweepRun(lr, seed, str(out / f"lr-{sweep.lr_text(lr)}-seed-{seed}"))
+        for lr in lrs
+        for seed in seeds
     ]
-    seconds = min(reached) if reached else None
+    missing = sorted({r.lr for r in runs if not (Path(r.run_dir) / "result.json").is_file()})
+    for r in runs:
+        if r.lr in missing:
+            shutil.rmtree(r.run_dir, ignore_errors=True)  # a run cut off mid-way starts again
+    if missing:
+        sweep.run_sweep(spec, [], lrs=missing, seeds=list(seeds), out_dir=out, jobs=jobs,
+                        log=lambda line: print(f"{name}: {line}", flush=True))  # fmt: skip
+    rows = []
+    for r in runs:
+        run_dir = Path(r.run_dir)
+        result = json.loads((run_dir / "result.json").read_text())
+        records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        rows.append({
+            "recipe": name, "role": recipe["role"], "lr": r.lr, "seed": r.seed, "steps": result["step"],
+            "seconds": round(result["step"] * seconds_per_step, 1), "wall_s": round(result["elapsed_s"], 1),
+            "final_val_loss": round(result["val_loss"], 4) if result.get("val_loss") is not None else None,
+            "curve": [[x["step"], round(x["step"] * seconds_per_step, 1), round(x["val_loss"], 4)]
+                      for x in records if "val_loss" in x],
+            **params_of(recipe),
+        })  # fmt: skip
+    return rows
+
+
+def mean_loss(rows: list[dict]) -> float:
+    """The mean final loss over seeds; a failed or diverged seed makes it infinite."""
+    losses = [r["final_val_loss"] for r in rows]
+    return math.inf if any(v is None or not math.isfinite(v) for v in losses) else statistics.fmean(losses)
+
+
+def best_of(rows: list[dict], recipe: str) -> tuple[float, float]:
+    """(the recipe's best LR, its mean final loss over seeds) among the rows of its LR sweep."""
+    sweep_rows = [r for r in rows if r["recipe"] == recipe and r.get("budget_share", 1.0) == 1.0]
+    means = {lr: mean_loss([r for r in sweep_rows if r["lr"] == lr]) for lr in {r["lr"] for r in sweep_rows}}
+    lr = min(means, key=means.get)
+    return lr, means[lr]
+
+
+def time_to_target(rows: list[dict], recipe: str = "hopperlm") -> dict:
+    """The target is the best tuned baseline's final loss (mean over seeds at its best LR); hopperlm's time to
+    it is the shortest budget whose finished runs (mean over seeds, at hopperlm's best LR) end at or below it,
+    and, between the budgets tried, the log-linear interpolation of the mean final loss against the seconds.
+    Seconds are each row's steps at its recipe's probed seconds per step. The earliest point of the full-budget
+    runs' curves that reaches the target is reported beside it: it is the middle of a longer schedule, not a
+    finished run, so it is not the claim."""
+    baselines = sorted({r["recipe"] for r in rows if r["role"] == "baseline"})
+    tuned = {name: best_of(rows, name) for name in baselines}
+    best = min(tuned, key=lambda name: tuned[name][1])
+    target = tuned[best][1]
+    baseline_rows = [r for r in rows if r["recipe"] == best and r["lr"] == tuned[best][0]]
+    baseline_s = statistics.fmean(r["seconds"] for r in baseline_rows)
+    lr = best_of(rows, recipe)[0]
+    mine = [r for r in rows if r["recipe"] == recipe and r["lr"] == lr]
+    budgets = []  # (mean seconds, mean final loss) per budget share, shortest first
+    for share in sorted({r.get("budget_share", 1.0) for r in mine}):
+        runs = [r for r in mine if r.get("budget_share", 1.0) == share]
+        budgets.append((statistics.fmean(r["seconds"] for r in runs), mean_loss(runs), share))
+    reached = next((i for i, (_, loss, _) in enumerate(budgets) if loss <= target), None)
+    seconds = interpolated = None
+    if reached is not None:
+        seconds = interpolated = budgets[reached][0]  # reached at the shortest budget tried: at most this
+        if reached > 0:
+            (t0, a, _), (t1, b, _) = (
+                budgets[reached - 1],
+                budgets[reached],
+            )  # a above the target, b at or below
+            x = (a - target) / (a - b)
+            interpolated = math.exp(math.log(t0) + x * (math.log(t1) - math.log(t0)))
+    full = [r for r in mine if r.get("budget_share", 1.0) == 1.0]
+    mid = [min((s for _, s, v in r["curve"] if v <= target), default=None) for r in full]
     return {
-        "best_baseline": best["recipe"],
-        "target_val_loss": target,
-        "baseline_wall_s": best["wall_s"],
-        "hopperlm_s": seconds,
-        "ratio": None if seconds is None else round(seconds / best["wall_s"], 3),
-        "met": seconds is not None and seconds <= 0.67 * best["wall_s"],
+        "recipe": recipe,
+        "best_baseline": best,
+        "best_baseline_lr": tuned[best][0],
+        "tuned_baselines": {
+            name: {"lr": v[0], "mean_final_val_loss": round(v[1], 4)} for name, v in tuned.items()
+        },
+        "target_val_loss": round(target, 4),
+        "baseline_s": round(baseline_s, 1),
+        "lr": lr,
+        "budgets": [
+            {"budget_share": f, "seconds": round(t, 1), "mean_final_val_loss": round(v, 4)}
+            for t, v, f in budgets
+        ],  # fmt: skip
+        "hopperlm_s": None if seconds is None else round(seconds, 1),
+        "ratio_reached": None if seconds is None else round(seconds / baseline_s, 3),
+        "ratio_interpolated": None if interpolated is None else round(interpolated / baseline_s, 3),
+        "curve_ratio_full_run": None if None in mid else round(max(mid) / baseline_s, 3),
+        "params": mine[0]["params"],
+        "baseline_params": baseline_rows[0]["params"],
+        "met": seconds is not None and seconds <= 0.67 * baseline_s,
     }
 
 
-def race(data: Path, cache: Path, seconds: float, seed: int, threads: int, eval_windows: int,
-         speeds: dict[int, float]) -> list[dict]:  # fmt: skip
-    entries = [(name, RECIPES[name], seconds) for name in RECIPES]
-    entries.append(("hopperlm-short", RECIPES["hopperlm"], SHORT * seconds))
+def reprice(result: dict, speeds: dict[str, float], recipes: dict) -> dict:
+    """The race's result with every row's seconds (and its curve's) from `speeds` (tokens/s per recipe, e.g. a
+    probe on a quiet machine after the race), and the time to target read again."""
+    per_step = {name: batch_tokens(recipes[name]) / speeds[name] for name in speeds}
     rows = []
-    for name, recipe, budget in entries:
-        cfg = run_config(recipe, data, cache / "race" / name, seconds=budget, seed=seed, threads=threads,
-                         steps=steps_for(recipe, budget, speeds), eval_windows=eval_windows)  # fmt: skip
-        row = {"recipe": name, "role": recipe["role"], "seed": seed, "budget_s": round(budget, 1)}
-        row.update(train(cfg, cache), config=cfg)
-        rows.append(row)
-        print(f"{name:<15} {row['steps']:>5} steps {row['wall_s']:>6.1f} s  val {row['final_val_loss']:.4f}",
-              flush=True)  # fmt: skip
-    return rows
+    for r in result["rows"]:
+        t = per_step[r["recipe"]]
+        curve = [[step, round(step * t, 1), v] for step, _, v in r["curve"]]
+        rows.append({**r, "seconds": round(r["steps"] * t, 1), "curve": curve})
+    out = {**result, "tokens_per_s_probed": speeds, "seconds_per_step": per_step, "rows": rows,
+           "time_to_target": time_to_target(rows, "hopperlm")}  # fmt: skip
+    if any(r["recipe"] == "hopperlm-tied" for r in rows):
+        out["time_to_target_equal_params"] = time_to_target(rows, "hopperlm-tied")
+    return out
+
+
+def race_recipes() -> dict:
+    """The race's recipes: the baselines, hopperlm, and hopperlm tied (the baselines' parameter count)."""
+    return {**RECIPES, "hopperlm-tied": merged(RECIPES["hopperlm"], {"model": {"tie_embeddings": True}})}
+
+
+def probe_all(data: Path, cache: Path, smoke: bool, *, again: bool = False) -> dict[str, float]:
+    """Every race recipe's tokens/s alone on one thread (its steps for a budget, its seconds per step), kept in
+    the cache so a race that is run again trains the same steps (`again`: probe anew, for --reprice)."""
+    saved = cache / "probe" / "speeds.json"
+    if saved.is_file() and not again and not smoke:
+        speeds = json.loads(saved.read_text())
+        print(f"probe: the speeds in {saved}: {speeds}", flush=True)
+        return speeds
+    speeds = {}
+    for name, recipe in race_recipes().items():
+        speeds[name] = 5e3 if smoke else probe(recipe, data, cache / "probe" / name, threads=1, steps=16)
+        print(f"probe: {name}: {speeds[name]:,.0f} tokens/s on one thread", flush=True)
+    if not smoke and not again:
+        saved.write_text(json.dumps(speeds))
+    return speeds
+
+
+def race(data: Path, cache: Path, *, seconds: float, seeds: list[int], lrs: dict, shares: list[float],
+         eval_windows: int, jobs: int, smoke: bool) -> dict:  # fmt: skip
+    """Every recipe's LR tuned on the full budget, then hopperlm's best LR on shorter budgets (both hopperlm
+    variants: untied, and tied at the baselines' parameter count)."""
+    recipes = race_recipes()
+    speeds = probe_all(data, cache, smoke)
+    per_step = {name: batch_tokens(recipes[name]) / speeds[name] for name in recipes}
+    rows: list[dict] = []
+
+    def run(name: str, grid, share: float) -> None:
+        steps = max(2 if smoke else 10, int(share * seconds / per_step[name]))
+        got = sweep_recipe(name, recipes[name], lrs=grid, seeds=seeds, steps=steps, seconds_per_step=per_step[name],
+                           data=data, out=cache / "race" / f"{name}-x{share:g}", eval_windows=eval_windows,
+                           jobs=jobs)  # fmt: skip
+        rows.extend({**r, "budget_share": share} for r in got)
+
+    for name in ("users-start", "nanogpt", "hopperlm"):
+        run(name, lrs[name], 1.0)
+    lr = best_of(rows, "hopperlm")[0]
+    run("hopperlm-tied", [lr], 1.0)  # at hopperlm's tuned LR: the tied variant is not tuned on its own
+    for share in shares:
+        for name in ("hopperlm", "hopperlm-tied"):
+            run(name, [lr], share)
+    return {"tokens_per_s_probed": speeds, "seconds_per_step": per_step, "rows": rows,
+            "time_to_target": time_to_target(rows, "hopperlm"),
+            "time_to_target_equal_params": time_to_target(rows, "hopperlm-tied")}  # fmt: skip
 
 
 def ablate(data: Path, cache: Path, seconds: float, seeds: list[int], jobs: int, eval_windows: int,
@@ -264,51 +441,78 @@ def ablate(data: Path, cache: Path, seconds: float, seeds: list[int], jobs: int,
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seconds", type=float, default=200.0, help="wall-clock budget of each race run")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2, help="torch threads of each race run")
+    p.add_argument("--seconds", type=float, default=100.0, help="budget of each full race run, in seconds of "
+                   "one-thread training at the recipe's probed speed")  # fmt: skip
     p.add_argument("--cache", default="/tmp/time-to-target", help="prepared data and runs (reused)")
     p.add_argument("--ablate", action="store_true", help="the ablation ladder instead of the race")
-    p.add_argument("--seeds", default="0,1", help="--ablate: comma-separated seeds")
-    p.add_argument("--jobs", type=int, default=2, help="--ablate: runs side by side, one thread each")
-    p.add_argument("--smoke", action="store_true", help="a few seconds per run on 3 books: checks the script")
+    p.add_argument("--seeds", default="0,1", help="comma-separated seeds")
+    p.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
+    p.add_argument("--smoke", action="store_true", help="a few steps per run on 3 books: checks the script")
     p.add_argument("--save", help="write the rows and the result as JSON here")
+    p.add_argument("--reprice", metavar="FILE", help="probe every recipe again (on a quiet machine) and read the "
+                   "time to target of a finished race's FILE with those speeds; the first probe is kept beside")  # fmt: skip
     args = p.parse_args(argv)
     cache = Path(args.cache).resolve()
     cache.mkdir(parents=True, exist_ok=True)
     books, eval_windows, seconds = (3, 8, 2.0) if args.smoke else (BOOKS, 96, args.seconds)
+    seeds = [int(s) for s in args.seeds.split(",")]
     start = time.perf_counter()
     data = prepare_data(cache, books)
     result: dict = {"command": " ".join(["python3", "bench/time_to_target.py", *(argv or sys.argv[1:])])}
-    threads = 1 if args.ablate else args.threads
-    # smoke: an assumed speed instead of the probe (the warm-ups it sets do not matter there)
-    saved = cache / "ablate" / "speeds.json"  # the ladder's configs (warm-ups) stay the same across reruns
-    if args.smoke:
-        speeds = {8: 5e3, 16: 5e3}
-    elif args.ablate and saved.is_file():
-        speeds = {int(k): v for k, v in json.loads(saved.read_text()).items()}
-    else:
-        speeds = probe_speed(RECIPES, data, cache, threads)
-        if args.ablate:
+    if args.reprice:
+        raced = json.loads(Path(args.reprice).read_text())
+        first = {"tokens_per_s_probed": raced["tokens_per_s_probed"], "command": raced["command"]}
+        result = {**reprice(raced, probe_all(data, cache, args.smoke, again=True), race_recipes()), "race": first,
+                  "command": result["command"]}  # fmt: skip
+        report(result)
+    elif args.ablate:
+        saved = cache / "ablate" / "speeds.json"  # the ladder's warm-ups stay the same across reruns
+        if args.smoke:
+            speeds = {8: 5e3, 16: 5e3}  # an assumed speed instead of the probe
+        elif saved.is_file():
+            speeds = {int(k): v for k, v in json.loads(saved.read_text()).items()}
+        else:
+            speeds = probe_speed(RECIPES, data, cache, 1)
             saved.parent.mkdir(parents=True, exist_ok=True)
             saved.write_text(json.dumps(speeds))
-    result["tokens_per_s_probed"] = speeds
-    if args.ablate:
-        seeds = [int(s) for s in args.seeds.split(",")]
+        result["tokens_per_s_probed"] = speeds
         result["ablation"] = ablate(data, cache, seconds, seeds, args.jobs, eval_windows, speeds)
     else:
-        rows = race(data, cache, seconds, args.seed, threads, eval_windows, speeds)
-        result.update(rows=rows, time_to_target=time_to_target(rows))
-        t = result["time_to_target"]
-        reached = "never" if t["hopperlm_s"] is None else f"after {t['hopperlm_s']:.0f} s (x{t['ratio']:.2f})"
-        print(f"\nbest baseline {t['best_baseline']}: val {t['target_val_loss']:.4f} in {t['baseline_wall_s']:.0f} s; "
-              f"hopperlm reached it {reached}: target x0.67 {'met' if t['met'] else 'NOT met'}")  # fmt: skip
+        lrs, shares = (SMOKE_LRS, SMOKE_SHARES) if args.smoke else (LRS, SHARES)
+        result.update(race(data, cache, seconds=seconds, seeds=seeds[:1] if args.smoke else seeds, lrs=lrs,
+                           shares=shares, eval_windows=eval_windows, jobs=args.jobs, smoke=args.smoke))  # fmt: skip
+        report(result)
     result["bench_wall_s"] = round(time.perf_counter() - start, 1)
     if args.save:
         from hopperlm.provenance import save_result
 
         save_result(result, args.save)
     return result
+
+
+def report(result: dict) -> None:
+    """The sweeps' table and the two time-to-target readings."""
+    rows = result["rows"]
+    print(f"\n{'recipe':<15}{'params':>10}{'lr':>9}{'budget':>8}  mean final val loss (seeds)")
+    for name in dict.fromkeys(r["recipe"] for r in rows):
+        for share in sorted({r["budget_share"] for r in rows if r["recipe"] == name}, reverse=True):
+            for lr in sorted({r["lr"] for r in rows if r["recipe"] == name and r["budget_share"] == share}):
+                sel = [
+                    r for r in rows if r["recipe"] == name and r["budget_share"] == share and r["lr"] == lr
+                ]
+                seeds = ", ".join(
+                    "-" if r["final_val_loss"] is None else f"{r['final_val_loss']:.4f}" for r in sel
+                )
+                print(
+                    f"{name:<15}{sel[0]['params']:>10,}{lr:>9.1e}{share:>8.2f}  {mean_loss(sel):.4f} ({seeds})"
+                )
+    for key in ("time_to_target", "time_to_target_equal_params"):
+        t = result[key]
+        reached = (f"reached it with {t['ratio_reached']:.2f}x the budget (interpolated {t['ratio_interpolated']:.2f}x)"
+                   if t["ratio_reached"] is not None else "did not reach it")  # fmt: skip
+        print(f"{t['recipe']} ({t['params']:,} params, lr {t['lr']:.1e}) against {t['best_baseline']} "
+              f"({t['baseline_params']:,} params, tuned lr {t['best_baseline_lr']:.1e}, val {t['target_val_loss']:.4f}): "
+              f"{reached}")  # fmt: skip
 
 
 if __name__ == "__main__":

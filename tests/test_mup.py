@@ -61,7 +61,10 @@ def test_learning_rates_weight_decay_and_init_equal_microsoft_mups(n_kv_heads):
     assert model.output_mult == pytest.approx(64 / 256)
 
 
-def test_mup_at_its_base_width_is_standard():
+@pytest.mark.parametrize("adjust", ["match_rms_adamw", "spectral"])
+def test_mup_at_its_base_width_is_standard(adjust):
+    """So a recipe can turn mup on at its own width (owt-350m-h100: base_dim 1024, spectral) and train exactly
+    as before, while a narrower proxy's LR now transfers to it."""
     tokens = torch.randint(0, 512, (4, 33), generator=torch.Generator().manual_seed(0))
     losses = {}
     for parametrization in ("standard", "mup"):
@@ -70,7 +73,8 @@ def test_mup_at_its_base_width_is_standard():
             base_dim=64 if parametrization == "mup" else None,
         )  # fmt: skip
         model = build_model(cfg, seed=0)
-        opt = build_optimizer(model, OptimConfig(lr=3e-3), fused=False, name="muon")
+        rule = adjust if parametrization == "mup" else "match_rms_adamw"
+        opt = build_optimizer(model, OptimConfig(lr=3e-3, muon_lr_adjust=rule), fused=False, name="muon")
         run = []
         for _ in range(3):
             set_lr(opt, 3e-3)

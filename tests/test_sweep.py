@@ -54,9 +54,8 @@ def recipe(shakespeare_bytes, tmp_path) -> Path:
 @pytest.mark.slow
 def test_sweep_trains_the_proxy_picks_the_best_lr_and_writes_the_recipe(recipe, tmp_path):
     out = tmp_path / "sweep"
-    done = hopperlm(
-        "sweep", recipe, "--lr", "3e-3,1e-2,3e-4", "--dim", "32", "--max-steps", "5", "--out", out
-    )
+    done = hopperlm("sweep", recipe, "--lr", "3e-3,1e-2,3e-4", "--dim", "32", "--max-steps", "5", "--out", out,
+                    "--widths", "16,32,48")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((out / "sweep.json").read_text())
     rows = record["rows"]
@@ -74,11 +73,34 @@ def test_sweep_trains_the_proxy_picks_the_best_lr_and_writes_the_recipe(recipe, 
     assert "# optim.lr" in text and "hopperlm sweep" in text and "# a tiny mup recipe" in text
     cfg = load_config(tuned, [])
     assert cfg.optim.lr == pytest.approx(best) and cfg.model.dim == 64  # the target's width, the proxy's LR
+    # --widths: each width trained at the best LR and the recipe's tokens per parameter (6 steps x 512 tokens),
+    # the forecast written, and the tuned recipe pointing at it; diagnose shows it beside the budget
+    forecast = json.loads((out / "forecast.json").read_text())
+    assert cfg.train.forecast_from == str((out / "forecast.json").resolve())
+    assert [(p["width"], p["final_val_loss"] is not None) for p in forecast["points"]] == [
+        (16, True), (32, True), (48, True)
+    ]  # fmt: skip
+    tpp = 6 * 512 / forecast["target_params"]
+    assert forecast["tokens_per_param"] == pytest.approx(tpp)
+    for point in forecast["points"]:
+        run = Path(out / f"width-{point['width']}" / f"lr-{best:.3g}-seed-1337")
+        assert (
+            json.loads((run / "result.json").read_text())["step"]
+            == point["steps"]
+            == max(1, round(tpp * point["params"] / 512))
+        )
+    assert forecast["low"] <= forecast["final_val_loss"] <= forecast["high"]
+    shown = hopperlm("diagnose", tuned, "--train.max_steps", "12")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    line = next(x for x in shown.stdout.splitlines() if x.startswith("forecast from proxies"))
+    assert f"{forecast['final_val_loss']:.3f}" in line and "not the proxies'" in line  # twice the tokens
 
 
 def test_bad_sweeps_are_one_line_each(recipe, tmp_path):
     standard = tmp_path / "standard.yaml"
     standard.write_text(recipe.read_text().replace("parametrization: mup", "parametrization: standard"))
+    hours = tmp_path / "hours.yaml"
+    hours.write_text(recipe.read_text().replace("max_steps: 6", "max_hours: 1.5"))
     for args, message in (
         ([recipe, "--lr", "1e-3,2e-3"], "give at least 3 distinct positive learning rates"),
         ([recipe, "--lr", "1e-3,2e-3,x"], "write positive numbers separated by commas"),
@@ -88,6 +110,17 @@ def test_bad_sweeps_are_one_line_each(recipe, tmp_path):
             "--dim 128 is wider than the recipe's model.dim 64",
         ),
         ([recipe, "--lr", "1e-3,2e-3,4e-3", "--dim", "24"], "not a positive multiple of the head size 16"),
+        ([recipe, "--lr", "1e-3,2e-3,4e-3", "--widths", "16,32"], "give at least 3 widths, all narrower"),
+        (
+            [recipe, "--lr", "1e-3,2e-3,4e-3", "--widths", "16,32,64"],
+            "all narrower than the recipe's model.dim 64",
+        ),
+        ([recipe, "--lr", "1e-3,2e-3,4e-3", "--widths", "16,32,x"], "write widths separated by commas"),
+        (
+            [recipe, "--lr", "1e-3,2e-3,4e-3", "--widths", "16,24,32"],
+            "not a positive multiple of the head size",
+        ),
+        ([hours, "--lr", "1e-3,2e-3,4e-3", "--widths", "16,32,48"], "give --target-tokens N"),
     ):
         done = hopperlm("sweep", *args, "--out", tmp_path / "never")
         lines = done.stderr.strip().splitlines()

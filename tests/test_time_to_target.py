@@ -60,25 +60,80 @@ def test_hopperlms_recipe_is_nanogpt_with_the_kept_rungs():
     assert {section: hopper[section] for section in expected} == expected
 
 
-def row(recipe, role, wall, curve):
-    return {"recipe": recipe, "role": role, "wall_s": wall, "final_val_loss": curve[-1][1], "curve": curve}
+def row(recipe, role, lr, seed, loss, *, share=1.0, seconds=100.0, curve=None, params=1_000):
+    return {"recipe": recipe, "role": role, "lr": lr, "seed": seed, "final_val_loss": loss, "budget_share": share,
+            "seconds": seconds * share, "curve": curve or [[10, seconds * share, loss]], "params": params}  # fmt: skip
 
 
-def test_time_to_target_is_the_first_hopperlm_point_at_the_best_baselines_loss():
+def race_rows(short_losses=(5.0, 4.9)):
+    """Two tuned baselines (nanogpt's best LR 2e-3 has the lower mean: 5.05), hopperlm's sweep (best 4e-3) and
+    its shorter budgets; `short_losses` are hopperlm's two seeds at 0.5 of the budget."""
     rows = [
-        row("users-start", "baseline", 200.0, [[100, 6.0], [200, 5.5]]),
-        row("nanogpt", "baseline", 198.0, [[100, 5.4], [198, 5.0]]),
-        row("hopperlm", "hopperlm", 200.0, [[50, 5.2], [150, 4.99], [200, 4.5]]),
-        row("hopperlm-short", "hopperlm", 120.0, [[60, 5.1], [120, 4.9]]),
+        row("users-start", "baseline", lr, s, v)
+        for lr, s, v in [
+            (1e-3, 0, 5.6),
+            (1e-3, 1, 5.5),
+            (2e-3, 0, 5.3),
+            (2e-3, 1, 5.2),
+            (4e-3, 0, 5.4),
+            (4e-3, 1, None),
+        ]
     ]
-    got = ttt.time_to_target(rows)
-    assert got["best_baseline"] == "nanogpt" and got["target_val_loss"] == 5.0
-    assert got["hopperlm_s"] == 120 and got["ratio"] == pytest.approx(120 / 198, abs=1e-3) and got["met"]
-    rows[-1] = row("hopperlm-short", "hopperlm", 120.0, [[60, 5.1], [120, 5.01]])
-    got = ttt.time_to_target(rows)
-    assert got["hopperlm_s"] == 150 and not got["met"]
-    rows[2] = row("hopperlm", "hopperlm", 200.0, [[200, 5.2]])
-    assert ttt.time_to_target(rows)["hopperlm_s"] is None and not ttt.time_to_target(rows)["met"]
+    rows += [
+        row("nanogpt", "baseline", lr, s, v)
+        for lr, s, v in [
+            (1e-3, 0, 5.2),
+            (1e-3, 1, 5.3),
+            (2e-3, 0, 5.0),
+            (2e-3, 1, 5.1),
+            (4e-3, 0, 5.3),
+            (4e-3, 1, 5.2),
+        ]
+    ]
+    rows += [row("hopperlm", "hopperlm", 2e-3, s, 4.9) for s in (0, 1)]
+    rows += [
+        row("hopperlm", "hopperlm", 4e-3, s, v, curve=[[5, 40.0, 5.5], [8, 70.0, v + 0.4], [10, 100.0, v]])
+        for s, v in ((0, 4.6), (1, 4.7))
+    ]
+    rows += [row("hopperlm", "hopperlm", 4e-3, s, v, share=0.25) for s, v in ((0, 5.3), (1, 5.2))]
+    rows += [
+        row("hopperlm", "hopperlm", 4e-3, s, v, share=0.5) for s, v in zip((0, 1), short_losses, strict=True)
+    ]
+    return rows  # fmt: skip
+
+
+def test_a_slower_recipe_pays_in_seconds_and_a_quiet_probe_reprices_the_race():
+    rows = race_rows()
+    # the same steps, repriced: hopperlm at twice the seconds per step of before, the baselines as they were
+    speeds = {"users-start": 1.0, "nanogpt": 1.0, "hopperlm": 0.5}
+    recipes = {name: {"train": {"micro_batch": 1, "batch_tokens": 1}} for name in speeds}
+    for r in rows:
+        r["steps"] = round(r["seconds"])  # 1 s per step at a speed of one token per step per second
+        r["curve"] = [[round(s), s, v] for _, s, v in r["curve"]]
+    got = ttt.reprice({"rows": rows}, speeds, recipes)["time_to_target"]
+    assert got["ratio_reached"] == pytest.approx(1.0) and got["hopperlm_s"] == pytest.approx(100.0)
+    assert not got["met"] and got["baseline_s"] == pytest.approx(100.0)
+
+
+def test_the_target_is_the_best_tuned_baseline_and_the_time_is_a_finished_runs():
+    got = ttt.time_to_target(race_rows())
+    # a failed seed rules users-start's 4e-3 out; each baseline at its own best LR; nanogpt's 2e-3 is the best
+    assert got["tuned_baselines"]["users-start"] == {"lr": 2e-3, "mean_final_val_loss": 5.25}
+    assert got["best_baseline"] == "nanogpt" and got["best_baseline_lr"] == 2e-3
+    assert got["target_val_loss"] == pytest.approx(5.05) and got["lr"] == 4e-3
+    # 0.25 of the budget ends at 5.25 (above), 0.5 at 4.95 (below): reached at 0.5, interpolated between them
+    assert got["ratio_reached"] == 0.5 and got["met"] and got["hopperlm_s"] == pytest.approx(50.0)
+    t = (5.25 - 5.05) / (5.25 - 4.95)
+    assert got["ratio_interpolated"] == pytest.approx(0.25 * 2**t, abs=1e-3)
+    assert [b["budget_share"] for b in got["budgets"]] == [0.25, 0.5, 1.0]
+    # the full run's curve crossed the target at 70 s on seed 0, and only at its end (100 s) on seed 1
+    assert got["curve_ratio_full_run"] == pytest.approx(1.0)
+    # a shorter budget that misses on average does not count, whatever one seed did
+    got = ttt.time_to_target(race_rows(short_losses=(5.0, 5.2)))
+    assert got["ratio_reached"] == 1.0 and not got["met"]
+    worse = [r if r["recipe"] != "hopperlm" else {**r, "final_val_loss": 5.5} for r in race_rows()]
+    got = ttt.time_to_target(worse)
+    assert got["ratio_reached"] is None and got["hopperlm_s"] is None and not got["met"]
 
 
 @pytest.mark.slow
@@ -86,8 +141,14 @@ def test_the_race_runs_end_to_end_in_smoke_mode(tmp_path):
     out = tmp_path / "race.json"
     result = ttt.main(["--smoke", "--cache", str(tmp_path / "cache"), "--save", str(out)])
     assert json.loads(out.read_text())["rows"] == result["rows"]
-    assert [r["recipe"] for r in result["rows"]] == ["users-start", "nanogpt", "hopperlm", "hopperlm-short"]
+    seen = {(r["recipe"], r["budget_share"]) for r in result["rows"]}
+    assert seen == {("users-start", 1.0), ("nanogpt", 1.0), ("hopperlm", 1.0), ("hopperlm-tied", 1.0),
+                    ("hopperlm", 0.5), ("hopperlm-tied", 0.5)}  # fmt: skip
     for r in result["rows"]:
-        assert r["role"] in ("baseline", "hopperlm") and r["wall_s"] > 0 and r["curve"]
-        assert r["curve"][-1][1] == r["final_val_loss"] and all(s > 0 and v > 0 for s, v in r["curve"])
-    assert set(result["time_to_target"]) >= {"best_baseline", "target_val_loss", "hopperlm_s", "ratio", "met"}
+        assert r["role"] in ("baseline", "hopperlm") and r["wall_s"] > 0 and r["curve"] and r["params"] > 0
+        assert r["curve"][-1][2] == r["final_val_loss"] and r["curve"][-1][0] == r["steps"]
+    assert {r["params"] for r in result["rows"] if r["recipe"] in ("nanogpt", "hopperlm-tied")} == {1_377_408}
+    for key in ("time_to_target", "time_to_target_equal_params"):
+        assert {"best_baseline", "target_val_loss", "ratio_reached", "ratio_interpolated", "met"} <= set(
+            result[key]
+        )

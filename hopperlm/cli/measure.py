@@ -102,7 +102,7 @@ def budget_lines(cfg: Config, model_cfg: ModelConfig, plan: Plan, hw: Hardware) 
     from hopperlm.train.banner import budget_line, predicted_tokens_per_s
 
     if not cfg.train.max_hours:
-        return []
+        return [] if not cfg.train.forecast_from else ["== budget", proxy_line(cfg, model_cfg, plan, None)]
     fpt = flops_per_token(model_cfg, cfg.train.seq_len)
     if hw.peak_16bit:
         tok_s = hw.peak_16bit * ASSUMED_GPU_MFU / fpt * plan.world_size
@@ -113,6 +113,8 @@ def budget_lines(cfg: Config, model_cfg: ModelConfig, plan: Plan, hw: Hardware) 
         "== budget",
         budget_line(cfg.train, params=count_params(model_cfg)["total"], tokens_per_s=tok_s, speed=speed),
     ]
+    if cfg.train.forecast_from:
+        lines.append(proxy_line(cfg, model_cfg, plan, tok_s))
     run_dir = Path(cfg.run.out_dir)
     if (run_dir / "metrics.jsonl").is_file():
         from hopperlm.observe.forecast import forecast_run
@@ -122,6 +124,14 @@ def budget_lines(cfg: Config, model_cfg: ModelConfig, plan: Plan, hw: Hardware) 
         except ConfigError as e:  # too few evaluations yet: say so, the plan is still right
             lines.append(f"forecast: none yet ({e})")
     return lines
+
+
+def proxy_line(cfg: Config, model_cfg: ModelConfig, plan: Plan, tokens_per_s: float | None) -> str:
+    from hopperlm.model.transformer import count_params
+    from hopperlm.train.banner import proxy_forecast_line
+
+    return proxy_forecast_line(cfg.train, params=count_params(model_cfg)["total"],
+                               tokens_per_step=plan.tokens_per_step, tokens_per_s=tokens_per_s)  # fmt: skip
 
 
 def cmd_bench(args: argparse.Namespace) -> None:

@@ -23,6 +23,7 @@ from hopperlm.errors import ConfigError
 from hopperlm.files import write_atomic
 
 if TYPE_CHECKING:  # (the CLI imports torch only when a verb needs it)
+    from hopperlm.config import Config
     from hopperlm.train.run import Resume
 
 DEMO_RECIPE = "shakespeare-char"
@@ -35,7 +36,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
         train_until_done(cfg, args.resume)
 
 
-def train_until_done(cfg, resume: Resume) -> None:
+def train_until_done(cfg: Config, resume: Resume) -> None:
     """`train` and `finetune`: `--resume` as train/run.py's `resolve_resume` reads it (`auto`: continue the
     run if it has checkpoints, else start it: a (re)queued job); a preemption signal exits with
     train.requeue_exit_code so the scheduler may requeue us."""
@@ -59,9 +60,10 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.max_hours is not None:
         extra += ["--train.max_hours", str(args.max_hours), "--train.max_steps", "null"]
     cfg = run_config(str(recipe), extra)
-    proxy = sweep.proxy_overrides(cfg, args.dim)
+    proxy = sweep.proxy_overrides(cfg.model, args.dim)
     run_config(str(recipe), extra + proxy)  # the proxy is a valid config before anything trains
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [cfg.train.seed]
+    widths = forecast_widths(args, recipe, list(overrides)) if args.widths else None
     out = Path(args.out or f"runs/sweep-{recipe.stem}")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(
@@ -89,10 +91,60 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
         f"(mean final val loss {means[best]:.4f} over seeds {', '.join(map(str, seeds))}): `{command}`, "
         f"{time.strftime('%Y-%m-%d')}"
     )
-    tuned = write_atomic(
-        out / f"{recipe.stem}.tuned.yaml", sweep.tuned_recipe_text(recipe.read_text(), best, note)
-    )
+    text = sweep.tuned_recipe_text(recipe.read_text(), best, note)
+    if widths:
+        saved = forecast_big_run(
+            recipe, list(overrides), widths, lr=best, seeds=seeds, out=out, jobs=args.jobs
+        )
+        text = sweep.set_key(text, "train", "forecast_from", str(saved.resolve()), comment=f"`{command}`")
+    tuned = write_atomic(out / f"{recipe.stem}.tuned.yaml", text)
     log(f"best lr {sweep.lr_text(best)}; the recipe with it: {tuned} ({out}/sweep.json, {out}/plots)")
+
+
+def forecast_widths(args: argparse.Namespace, recipe: Path, overrides: list[str]) -> dict:
+    """--widths checked before anything trains: at least three proxies, each narrower than the recipe and a
+    valid proxy of it, and the big run's budget in tokens known; {widths, tokens, params, tokens_per_param}."""
+    from hopperlm.observe.width_forecast import MIN_WIDTHS
+    from hopperlm.train import sweep
+
+    try:
+        widths = sorted({int(w) for w in args.widths.split(",") if w.strip()})
+    except ValueError:
+        raise ConfigError(
+            f"--widths {args.widths!r}: write widths separated by commas, e.g. 64,128,256"
+        ) from None
+    target = run_config(str(recipe), overrides)  # the big run as the recipe says, not the LR sweep's budget
+    if len(widths) < MIN_WIDTHS or widths[-1] >= target.model.dim:
+        raise ConfigError(
+            f"--widths {args.widths!r}: give at least {MIN_WIDTHS} widths, all narrower than the recipe's "
+            f"model.dim {target.model.dim}, e.g. {target.model.dim // 8},{target.model.dim // 4},{target.model.dim // 2}"
+        )
+    for w in widths:
+        run_config(str(recipe), overrides + sweep.proxy_overrides(target.model, w))
+    tokens = sweep.budget_tokens(target.train, args.target_tokens)
+    sweep.tokens_per_step(target.train)
+    params = sweep.model_params(target.model, target.data)
+    return {"widths": widths, "tokens": tokens, "params": params, "tokens_per_param": tokens / params}
+
+
+def forecast_big_run(
+    recipe: Path, overrides: list[str], plan: dict, *, lr: float, seeds, out: Path, jobs: int
+):
+    """Train the proxies of `plan` at the best LR and the big run's tokens per parameter, and forecast its final
+    validation loss (observe/width_forecast.py); the forecast's file."""
+    from hopperlm.observe.width_forecast import forecast
+    from hopperlm.train import sweep
+
+    log(f"forecast: widths {', '.join(map(str, plan['widths']))} at lr {sweep.lr_text(lr)} and "
+        f"{plan['tokens_per_param']:.3g} tokens per parameter (the recipe's {plan['tokens']:,} tokens / "
+        f"{plan['params']:,} parameters)")  # fmt: skip
+    points = sweep.run_widths(recipe, overrides, widths=plan["widths"], lr=lr, seeds=seeds,
+                              tokens_per_param=plan["tokens_per_param"], out_dir=out, jobs=jobs, log=log)  # fmt: skip
+    result = forecast(points, target_params=plan["params"], tokens_per_param=plan["tokens_per_param"])
+    path = out / "forecast.json"
+    result.save(path)
+    log(result.line())
+    return path
 
 
 def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -244,6 +296,7 @@ def cmd_forecast(args: argparse.Namespace) -> None:
 
 
 def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
+    """The training verbs, in the order `hopperlm --help` lists them."""
     recipe = "YAML recipe, or a name from configs/ (e.g. shakespeare-char)"
     p = add_verb(
         verbs,
@@ -269,6 +322,24 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         print_config=True,
     )
 
+    add_sweep_parser(verbs, common, recipe)
+    add_launch_parsers(verbs, common, recipe)
+    add_verb(
+        verbs,
+        common,
+        "finetune",
+        cmd_finetune,
+        "instruction/chat fine-tuning (sft section; LoRA/QLoRA with the lora section)",
+        overrides="the recipe, e.g. --lora.rank 8",
+        config="YAML recipe with an sft section, or a name from configs/",
+        resume=True,
+        print_config=True,
+    )
+
+    add_forecast_parser(verbs, common)
+
+
+def add_sweep_parser(verbs, common: argparse.ArgumentParser, recipe: str) -> None:
     p = add_verb(
         verbs,
         common,
@@ -293,7 +364,20 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--jobs", type=int_at_least(1), default=1, help="runs side by side (default 1)")
     p.add_argument("--out", help="sweep folder (default runs/sweep-RECIPE)")
+    p.add_argument(
+        "--widths",
+        help="then train the recipe at these narrower widths (at least 3, comma-separated) at the best LR and "
+        "the recipe's tokens per parameter, and forecast its final loss (train.forecast_from in the tuned recipe)",
+    )
+    p.add_argument(
+        "--target-tokens",
+        type=int_at_least(1),
+        help="--widths: the big run's training tokens, where its budget is in hours",
+    )
 
+
+def add_launch_parsers(verbs, common: argparse.ArgumentParser, recipe: str) -> None:
+    """`launch` (torchrun) and `slurm` (an sbatch script)."""
     p = add_verb(
         verbs,
         common,
@@ -342,18 +426,8 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         help="restart the group in place after a failure, up to N times (then the job fails)",
     )
 
-    add_verb(
-        verbs,
-        common,
-        "finetune",
-        cmd_finetune,
-        "instruction/chat fine-tuning (sft section; LoRA/QLoRA with the lora section)",
-        overrides="the recipe, e.g. --lora.rank 8",
-        config="YAML recipe with an sft section, or a name from configs/",
-        resume=True,
-        print_config=True,
-    )
 
+def add_forecast_parser(verbs, common: argparse.ArgumentParser) -> None:
     p = add_verb(
         verbs,
         common,

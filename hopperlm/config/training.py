@@ -110,6 +110,9 @@ class TrainConfig:
     """Stop at this wall-clock budget; the LR schedule is laid over it so the decay lands at the deadline."""
     target_loss: float | None = None
     """Stop as soon as a validation loss at or below this is measured."""
+    forecast_from: str | None = None
+    """A forecast of this run's final validation loss from proxy runs at several widths (the forecast.json that
+    `hopperlm sweep --widths` writes); the banner and `hopperlm diagnose` show it beside the budget."""
     eval_every: int = 250
     """Validation every this many steps (and at the end); 0 = only at the end."""
     eval_windows: int = 200

@@ -70,6 +70,8 @@ def print_banner(
     )
     if bought:
         log(bought + "; the first log step measures the real speed")
+    if tc.forecast_from:
+        log(proxy_forecast_line(tc, params=counts["total"], tokens_per_step=plan.tokens_per_step))
     warning = long_step_warning(plan, tc, tok_s)
     if warning:
         log(warning)
@@ -89,6 +91,25 @@ def budget_line(tc, *, params: int, tokens_per_s: float, speed: str) -> str | No
         f"{human_count(tokens)} tokens, {tokens / params:.1f} per parameter "
         f"(compute-optimal is about {CHINCHILLA_TOKENS_PER_PARAM})"
     )
+
+
+def proxy_forecast_line(tc, *, params: int, tokens_per_step: int, tokens_per_s: float | None = None) -> str:
+    """train.forecast_from's forecast, beside the tokens this run's budget buys (its steps or tokens; a
+    wall-clock budget at `tokens_per_s`, where known)."""
+    from hopperlm.errors import ConfigError
+    from hopperlm.observe.width_forecast import load
+
+    try:
+        result = load(tc.forecast_from)
+    except ConfigError as e:  # a lost forecast file costs the line, never the run (a resume reads it again)
+        return f"forecast from proxies: none ({e})"
+    tokens = tc.max_tokens or (tc.max_steps * tokens_per_step if tc.max_steps else None)
+    if tokens is None and tc.max_hours and tokens_per_s:
+        tokens = tc.max_hours * 3600 * tokens_per_s
+    line = result.line(tokens)
+    if result.target_params != params:
+        line += f" (made for {result.target_params:,} parameters; this model has {params:,})"
+    return line
 
 
 LONG_STEP_CPU_S = (

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hopperlm.config import Config
+from hopperlm.config import DataConfig, ModelConfig, TrainConfig
 from hopperlm.errors import ConfigError
 from hopperlm.files import write_atomic
 
@@ -58,10 +58,9 @@ def parse_lrs(text: str) -> list[float]:
     return lrs
 
 
-def proxy_overrides(cfg: Config, dim: int | None) -> list[str]:
+def proxy_overrides(model: ModelConfig, dim: int | None) -> list[str]:
     """The --model.* overrides that make the recipe its proxy at width `dim` (none for the recipe's own width);
     ConfigError for a recipe whose best LR does not transfer, or a proxy that is not narrower."""
-    model = cfg.model
     if model.parametrization != "mup":
         raise ConfigError(
             "the recipe uses model.parametrization standard, under which the best LR moves with width: a proxy's "
@@ -132,6 +131,79 @@ def run_sweep(
         return list(pool.map(train, runs))
 
 
+def model_params(model: ModelConfig, data: DataConfig) -> int:
+    """The recipe's parameter count with the vocabulary its prepared data gives it (as `train` builds it)."""
+    from hopperlm.data.train_data import resolve_datasets
+    from hopperlm.model.transformer import count_params
+    from hopperlm.train.data_and_plan import resolve_model_config
+
+    vocab = resolve_datasets(data)[0].manifest["vocab_size"]
+    return count_params(resolve_model_config(model, vocab))["total"]
+
+
+def tokens_per_step(tc: TrainConfig) -> int:
+    """Tokens per optimizer step as the recipe fixes them; ConfigError where the plan would choose them."""
+    if tc.batch_tokens or tc.micro_batch:
+        return tc.batch_tokens or tc.micro_batch * tc.seq_len
+    raise ConfigError(
+        "--widths: the recipe leaves train.batch_tokens and train.micro_batch to the plan, so the proxies' tokens "
+        "per parameter cannot be set; give train.batch_tokens"
+    )
+
+
+def budget_tokens(tc: TrainConfig, target_tokens: int | None) -> int:
+    """The training tokens of the run a forecast is for: --target-tokens, else the recipe's own budget."""
+    if target_tokens:
+        return target_tokens
+    if tc.max_tokens:
+        return tc.max_tokens
+    if tc.max_steps and (tc.batch_tokens or tc.micro_batch):
+        return tc.max_steps * tokens_per_step(tc)
+    raise ConfigError(
+        "--widths: the recipe's budget in tokens is not known (a train.max_hours budget, or no train.batch_tokens);"
+        " give --target-tokens N, the tokens the big run will train on (`hopperlm diagnose RECIPE` says what its "
+        "budget buys)"
+    )
+
+
+def run_widths(
+    recipe: Path,
+    overrides: list[str],
+    *,
+    widths: list[int],
+    lr: float,
+    seeds: list[int],
+    tokens_per_param: float,
+    out_dir: Path,
+    jobs: int = 1,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
+    """The recipe at each width (proxy_overrides) and `lr`, trained for `tokens_per_param` tokens per parameter,
+    every seed; a point per run: {width, params, seed, final_val_loss, steps} (loss None where it failed)."""
+    from hopperlm.config import load_config
+
+    points = []
+    for width in widths:
+        proxy = proxy_overrides(load_config(recipe, overrides).model, width)
+        cfg = load_config(recipe, overrides + proxy)
+        params = model_params(cfg.model, cfg.data)
+        steps = max(1, round(tokens_per_param * params / tokens_per_step(cfg.train)))
+        budget = ["--train.max_steps", str(steps), "--train.max_hours", "null", "--train.max_tokens", "null"]
+        runs = run_sweep(recipe, overrides + proxy + budget, lrs=[lr], seeds=seeds, out_dir=out_dir / f"width-{width}",
+                         jobs=jobs, log=lambda line, w=width: log(f"width {w}: {line}"))  # fmt: skip
+        points += [
+            {
+                "width": width,
+                "params": params,
+                "seed": r.seed,
+                "steps": steps,
+                "final_val_loss": r.final_val_loss,
+            }
+            for r in runs
+        ]
+    return points
+
+
 def best_lr(runs: list[SweepRun]) -> tuple[float | None, dict[float, float]]:
     """(the LR with the lowest final validation loss averaged over its seeds, {lr: that mean}); an LR with a
     failed or diverged seed (no finite loss) counts as infinitely bad."""
@@ -168,25 +240,39 @@ def table(runs: list[SweepRun], means: dict[float, float], best: float | None) -
 
 def tuned_recipe_text(text: str, lr: float, note: str) -> str:
     """The recipe's YAML with optim.lr set to `lr` and a comment above it, everything else as written."""
+    return set_key(text, "optim", "lr", lr_text(lr), comment=note)
+
+
+def set_key(text: str, section: str, key: str, value: str, *, comment: str | None = None) -> str:
+    """The YAML text with `section.key` set to `value` (replacing the key's line where the section has it,
+    else first in the section, or a new section at the end), `comment` above it; every other line as written."""
     lines = text.splitlines()
-    comment = f"# {note}"
-    section = next((i for i, line in enumerate(lines) if re.match(r"^optim:\s*(#.*)?$", line)), None)
-    if section is None:
-        return text.rstrip("\n") + f"\noptim:\n  {comment}\n  lr: {lr_text(lr)}\n"
+    head = f"{section}:"
+    start = next((i for i, line in enumerate(lines) if re.match(rf"^{section}:\s*(#.*)?$", line)), None)
+    if start is None:
+        return (
+            text.rstrip("\n")
+            + f"\n{head}\n"
+            + (f"  # {comment}\n" if comment else "")
+            + f"  {key}: {value}\n"
+        )
     end = next(
         (
             i
-            for i in range(section + 1, len(lines))
+            for i in range(start + 1, len(lines))
             if lines[i] and not lines[i][0].isspace() and not lines[i].startswith("#")
         ),
         len(lines),
     )
-    for i in range(section + 1, end):
-        m = re.match(r"^(\s+)lr:\s*[^#\s]+(.*)$", lines[i])
+    for i in range(start + 1, end):
+        m = re.match(rf"^(\s+){key}:\s*[^#\s]*(.*)$", lines[i])
         if m:
-            lines[i : i + 1] = [f"{m.group(1)}{comment}", f"{m.group(1)}lr: {lr_text(lr)}"]
+            lines[i : i + 1] = [
+                *([f"{m.group(1)}# {comment}"] if comment else []),
+                f"{m.group(1)}{key}: {value}",
+            ]
             return "\n".join(lines) + "\n"
-    lines[section + 1 : section + 1] = [f"  {comment}", f"  lr: {lr_text(lr)}"]
+    lines[start + 1 : start + 1] = [*([f"  # {comment}"] if comment else []), f"  {key}: {value}"]
     return "\n".join(lines) + "\n"
 
 

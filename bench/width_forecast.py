@@ -1,0 +1,161 @@
+"""How well do proxy runs forecast the big run? `hopperlm sweep --widths` on a small μP recipe, then the big run
+itself, and the forecast's error.
+
+The recipe: 2 blocks, heads of 32, context 64, 256 tokens per step, Muon (spectral rule) with AdamW for the
+rest, μP with base width 64, WSD schedule; Gutenberg books from ../shared/data with a 1,024-piece BPE (the
+transfer benchmark's data). The big run is width 512 at TOKENS_PER_PARAM tokens per parameter; the sweep picks
+the LR on a width-64 proxy (3 LRs x 2 seeds), trains widths 64-256 at that LR and the big run's tokens per
+parameter (2 seeds each), and writes the forecast (hopperlm/observe/width_forecast.py); then the big run trains
+(2 seeds) with the tuned recipe, and the script reports the forecast against the mean of its seeds, the
+interval, and what each law would have said. Goal (issue 39): error <= 1%.
+
+    python3 bench/width_forecast.py --save bench/results/DATE-width-forecast-cpu.json     (~25 min on 2 cores)
+    python3 bench/width_forecast.py --smoke                                               (CI: a minute)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from transfer import prepare_data  # noqa: E402  (the same books and tokenizer as the transfer benchmark)
+
+FULL = {"target": 512, "widths": "64,96,128,192,256", "tokens_per_param": 0.08, "lrs": "8e-3,1.6e-2,3.2e-2",
+        "seeds": "1,2", "sweep_steps": 60}  # fmt: skip
+SMOKE = {"target": 128, "widths": "32,64,96", "tokens_per_param": 0.02, "lrs": "8e-3,1.6e-2,3.2e-2",
+         "seeds": "1", "sweep_steps": 3}  # fmt: skip
+
+
+def recipe(data: Path, width: int, steps: int) -> dict:
+    return {
+        "model": {
+            "dim": width,
+            "n_layers": 2,
+            "n_heads": width // 32,
+            "max_seq_len": 64,
+            "parametrization": "mup",
+            "base_dim": 64,
+        },  # fmt: skip
+        "data": {"path": str(data)},
+        "optim": {
+            "name": "muon",
+            "muon_lr_adjust": "spectral",
+            "lr": 1.6e-2,
+            "schedule": "wsd",
+            "decay_fraction": 0.4,
+            "min_lr_ratio": 0.0,
+            "warmup_steps": 10,
+            "weight_decay": 0.0,
+        },  # fmt: skip
+        "train": {
+            "seq_len": 64,
+            "micro_batch": 4,
+            "batch_tokens": 256,
+            "max_steps": steps,
+            "eval_every": 0,
+            "eval_windows": 256,
+            "log_every": 50,
+            "ckpt_every": 0,
+            "device": "cpu",
+            "compile": False,
+        },  # fmt: skip
+        "log": {"report": False, "tensorboard": False},
+    }
+
+
+def hopperlm(*args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "hopperlm", *args], capture_output=True, text=True)
+    print(done.stdout[-4000:], flush=True)
+    if done.returncode:
+        sys.exit(f"hopperlm {args[0]} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--work", default="/tmp/width-forecast", help="data, runs (a fresh sweep folder each time)"
+    )
+    p.add_argument("--smoke", action="store_true", help="tiny widths and budgets: checks the script")
+    p.add_argument("--save", help="write the result as JSON here")
+    args = p.parse_args(argv)
+    spec = SMOKE if args.smoke else FULL
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    data = prepare_data(work, args.smoke)
+    from hopperlm.config import load_config
+    from hopperlm.train.sweep import model_params
+
+    path = work / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe(data, spec["target"], 1), sort_keys=False))
+    cfg = load_config(path)
+    params = model_params(cfg.model, cfg.data)
+    steps = round(spec["tokens_per_param"] * params / 256)  # the big run's budget: tokens per parameter
+    path.write_text(yaml.safe_dump(recipe(data, spec["target"], steps), sort_keys=False))
+    sweep = work / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    hopperlm("sweep", str(path), "--lr", spec["lrs"], "--dim", spec["widths"].split(",")[0],
+             "--widths", spec["widths"], "--seeds", spec["seeds"], "--jobs", "2",
+             "--max-steps", str(spec["sweep_steps"]), "--out", str(sweep))  # fmt: skip
+    tuned = sweep / "recipe.tuned.yaml"
+    forecast = json.loads((sweep / "forecast.json").read_text())
+    big = []
+    procs = []
+    for seed in spec["seeds"].split(","):
+        out = sweep / f"big-seed-{seed}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "hopperlm",
+            "train",
+            str(tuned),
+            "--train.seed",
+            seed,
+            "--run.out_dir",
+            str(out),
+        ]
+        procs.append((out, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                            env={**os.environ, "OMP_NUM_THREADS": "1"})))  # fmt: skip
+    for out, proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode:
+            sys.exit(f"the big run failed:\n{err[-3000:]}")
+        big.append(json.loads((out / "result.json").read_text())["val_loss"])
+    actual = statistics.fmean(big)
+    error = forecast["final_val_loss"] / actual - 1
+    result = {
+        "command": " ".join(
+            ["python3", "bench/width_forecast.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "smoke": args.smoke,
+        "spec": spec,
+        "target_params": params,
+        "target_steps": steps,
+        "forecast": forecast,
+        "big_run_final_val_loss": big,
+        "big_run_mean": round(actual, 4),
+        "error": round(error, 5),
+        "inside_interval": forecast["low"] <= actual <= forecast["high"],
+        "minutes": round((time.perf_counter() - start) / 60, 1),
+    }
+    print(f"forecast {forecast['final_val_loss']:.4f} ({forecast['low']:.4f}-{forecast['high']:.4f}, "
+          f"{forecast['law']} law) vs the big run {actual:.4f} (seeds {', '.join(f'{v:.4f}' for v in big)}): "
+          f"error {error:+.2%}, goal 1%: {'met' if abs(error) <= 0.01 else 'missed'}")  # fmt: skip
+    if args.save:
+        from hopperlm.provenance import save_result
+
+        save_result(result, args.save)
+    return result
+
+
+if __name__ == "__main__":
+    main()
