@@ -1,25 +1,32 @@
-"""Time to target at CPU scale: hopperlm's pretraining recipe against the recipes our users start from.
+"""Time to target at CPU scale: hopperlm's pretraining recipe against the recipes our users start from, every
+recipe's learning rate tuned.
 
 Every recipe trains the same model shape on the same real English text (Gutenberg books from ../shared/data,
-a 4096-piece BPE tokenizer trained on them, whole books held out for validation) for the same wall-clock
-budget, one after another with the machine to itself:
-  (a) users-start   AdamW lr 6e-4, cosine, warm-up 1000 of the 1.5-hour run's ~15.7K steps (6.4% of the
-                    steps), micro-batch 8 x accumulation 16; what the optimizer and model do not name keeps
-                    torch's AdamW defaults (beta2 0.999, weight decay 0.01) and hopperlm's model defaults
-  (b) nanogpt       nanoGPT / llm.c GPT-2: AdamW lr 6e-4, beta2 0.95, weight decay 0.1, cosine to 10%, warm-up
-                    700 of llm.c's 19,073 steps (3.7% of the steps), tied embeddings, a small batch
-  (c) hopperlm      hopperlm's recipe: nanogpt plus every change the ablation ladder kept (LADDER, KEPT)
-and hopperlm's recipe once more on a shorter budget (SHORT of the others'), so "reaches the best baseline's
-loss in less time" is a finished run's final loss, not a point in the middle of a longer schedule.
-A recipe's warm-up is a share of its steps; the steps a budget buys come from a 6-step speed probe of each
-batch layout before the race.
+a 4096-piece BPE tokenizer trained on them, whole books held out for validation):
+  (a) users-start   AdamW, cosine, warm-up 1000 of the 1.5-hour run's ~15.7K steps (6.4% of the steps),
+                    micro-batch 8 x accumulation 16; torch's AdamW defaults (beta2 0.999, weight decay 0.01)
+                    and hopperlm's model defaults (an untied head)
+  (b) nanogpt       nanoGPT / llm.c GPT-2: AdamW, beta2 0.95, weight decay 0.1, cosine to 10%, warm-up 700 of
+                    llm.c's 19,073 steps (3.7% of the steps), tied embeddings, a small batch
+  (c) hopperlm      hopperlm's recipe: nanogpt plus every change the ablation ladder kept (LADDER, KEPT): Muon,
+                    WSD to zero, an untied head
+  (d) hopperlm-tied hopperlm's recipe with nanogpt's tied embeddings: the baselines' parameter count
+Each recipe's LR is tuned with hopperlm's sweep machinery (train/sweep.py: a `hopperlm train` per run, two side
+by side on one thread each) over LRS, 2 seeds, on the same budget: SECONDS of one-thread training at the
+recipe's own speed, which a probe measures from CPU time before the race (so the other process beside a run
+does not change its budget); a run trains the steps that buys. The target is the best tuned baseline's mean final
+loss; hopperlm (at its best LR) then trains shorter budgets (SHARES), and its time to the target is the shortest
+budget whose finished runs end at or below it on the mean of the seeds (and the interpolation between the
+budgets tried): a finished run's final loss, not a point in the middle of a longer schedule.
 
-    python3 bench/time_to_target.py --save bench/results/DATE-time-to-target-cpu.json      (~13 minutes)
+    python3 bench/time_to_target.py --save bench/results/DATE-time-to-target-cpu.json        (~40 minutes)
+    python3 bench/time_to_target.py --reprice FILE --save FILE2     (a quiet probe reprices a finished race)
     python3 bench/time_to_target.py --ablate --seeds 0,1 --save FILE   (the ladder behind bench/NOTES.md)
     python3 bench/time_to_target.py --smoke                            (seconds: tests run it)
 
-The JSON holds `rows`: {recipe, role, seed, wall_s, final_val_loss, curve: [[seconds, val_loss], ...]}, and
-`time_to_target`: the best baseline's final loss, the first time a hopperlm row reached it, and the ratio.
+The JSON holds `rows`: {recipe, role, lr, seed, budget_share, steps, seconds, wall_s, params, final_val_loss,
+curve: [[step, seconds, val_loss], ...]}, and `time_to_target` (hopperlm) and `time_to_target_equal_params`
+(hopperlm-tied): the tuned baselines, the target, hopperlm's budgets and the ratios.
 """
 
 from __future__ import annotations
@@ -82,14 +89,14 @@ LADDER: list[tuple[str, dict]] = [
 ]
 KEPT = ("+lr 2e-3", "+wsd", "+untied", "+muon", "+lr 4e-3", "+decay to 0")
 
-# The race's LR grids: each baseline gets its published 6e-4 and a factor-2 grid around the best AdamW LR a
-# reviewer found (4e-3), hopperlm the same factor-2 grid; every (LR, seed) is a finished run.
+# The race's LR grids, a factor of 2 apart around the best AdamW LR a reviewer found (4e-3), users-start's also
+# with its published 6e-4; every (LR, seed) is a finished run, and a grid whose best is at its edge says so.
 LRS = {
-    "users-start": (6e-4, 1e-3, 2e-3, 4e-3),
+    "users-start": (6e-4, 1e-3, 2e-3, 4e-3, 8e-3),
     "nanogpt": (1e-3, 2e-3, 4e-3, 8e-3),
     "hopperlm": (2e-3, 4e-3, 8e-3),
 }
-SHARES = (0.3, 0.5)  # hopperlm's shorter budgets, as shares of the baselines'
+SHARES = (0.15, 0.2, 0.3, 0.5)  # hopperlm's shorter budgets, as shares of the baselines'
 SMOKE_LRS, SMOKE_SHARES = {"users-start": (2e-3,), "nanogpt": (2e-3,), "hopperlm": (2e-3,)}, (0.5,)
 
 
@@ -280,6 +287,12 @@ def best_of(rows: list[dict], recipe: str) -> tuple[float, float]:
     return lr, means[lr]
 
 
+def at_edge(rows: list[dict], recipe: str) -> bool:
+    """Whether the recipe's best LR is the smallest or largest of its sweep: the true best may lie beyond."""
+    grid = {r["lr"] for r in rows if r["recipe"] == recipe and r.get("budget_share", 1.0) == 1.0}
+    return len(grid) > 1 and best_of(rows, recipe)[0] in (min(grid), max(grid))
+
+
 def time_to_target(rows: list[dict], recipe: str = "hopperlm") -> dict:
     """The target is the best tuned baseline's final loss (mean over seeds at its best LR); hopperlm's time to
     it is the shortest budget whose finished runs (mean over seeds, at hopperlm's best LR) end at or below it,
@@ -317,8 +330,10 @@ def time_to_target(rows: list[dict], recipe: str = "hopperlm") -> dict:
         "best_baseline": best,
         "best_baseline_lr": tuned[best][0],
         "tuned_baselines": {
-            name: {"lr": v[0], "mean_final_val_loss": round(v[1], 4)} for name, v in tuned.items()
-        },
+            name: {"lr": v[0], "mean_final_val_loss": round(v[1], 4), "at_grid_edge": at_edge(rows, name)}
+            for name, v in tuned.items()
+        },  # fmt: skip
+        "lr_at_grid_edge": at_edge(rows, recipe),
         "target_val_loss": round(target, 4),
         "baseline_s": round(baseline_s, 1),
         "lr": lr,
@@ -367,7 +382,9 @@ def probe_all(data: Path, cache: Path, smoke: bool, *, again: bool = False) -> d
         return speeds
     speeds = {}
     for name, recipe in race_recipes().items():
-        speeds[name] = 5e3 if smoke else probe(recipe, data, cache / "probe" / name, threads=1, steps=16)
+        # (not a folder named `hopperlm` where the probe runs `python -m hopperlm`: it would shadow the package)
+        out = cache / "probe" / f"recipe-{name}"
+        speeds[name] = 5e3 if smoke else probe(recipe, data, out, threads=1, steps=16)
         print(f"probe: {name}: {speeds[name]:,.0f} tokens/s on one thread", flush=True)
     if not smoke and not again:
         saved.write_text(json.dumps(speeds))
@@ -506,7 +523,13 @@ def report(result: dict) -> None:
                 print(
                     f"{name:<15}{sel[0]['params']:>10,}{lr:>9.1e}{share:>8.2f}  {mean_loss(sel):.4f} ({seeds})"
                 )
+    edges = [n for n, v in result["time_to_target"]["tuned_baselines"].items() if v["at_grid_edge"]]
+    edges += ["hopperlm"] if result["time_to_target"]["lr_at_grid_edge"] else []
+    for name in edges:
+        print(f"warning: {name}'s best LR is at the edge of its grid; a wider grid may find a better one")
     for key in ("time_to_target", "time_to_target_equal_params"):
+        if key not in result:
+            continue
         t = result[key]
         reached = (f"reached it with {t['ratio_reached']:.2f}x the budget (interpolated {t['ratio_interpolated']:.2f}x)"
                    if t["ratio_reached"] is not None else "did not reach it")  # fmt: skip

@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> dict:
         big.append(json.loads((out / "result.json").read_text())["val_loss"])
     actual = statistics.fmean(big)
     error = forecast["final_val_loss"] / actual - 1
+    from hopperlm.observe.width_forecast import LAWS, mean_by_width
+
+    n, losses = mean_by_width(forecast["points"])  # what each law would have forecast from every proxy
+    each = {name: round(float(fit(n, losses)(params)), 4) for name, fit in LAWS.items()}
     result = {
         "command": " ".join(
             ["python3", "bench/width_forecast.py", *(argv if argv is not None else sys.argv[1:])]
@@ -145,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
         "big_run_mean": round(actual, 4),
         "error": round(error, 5),
         "inside_interval": forecast["low"] <= actual <= forecast["high"],
+        "each_law": each,
+        "each_law_error": {name: round(v / actual - 1, 5) for name, v in each.items()},
         "minutes": round((time.perf_counter() - start) / 60, 1),
     }
     print(f"forecast {forecast['final_val_loss']:.4f} ({forecast['low']:.4f}-{forecast['high']:.4f}, "

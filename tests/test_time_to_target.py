@@ -68,28 +68,12 @@ def row(recipe, role, lr, seed, loss, *, share=1.0, seconds=100.0, curve=None, p
 def race_rows(short_losses=(5.0, 4.9)):
     """Two tuned baselines (nanogpt's best LR 2e-3 has the lower mean: 5.05), hopperlm's sweep (best 4e-3) and
     its shorter budgets; `short_losses` are hopperlm's two seeds at 0.5 of the budget."""
-    rows = [
-        row("users-start", "baseline", lr, s, v)
-        for lr, s, v in [
-            (1e-3, 0, 5.6),
-            (1e-3, 1, 5.5),
-            (2e-3, 0, 5.3),
-            (2e-3, 1, 5.2),
-            (4e-3, 0, 5.4),
-            (4e-3, 1, None),
-        ]
-    ]
-    rows += [
-        row("nanogpt", "baseline", lr, s, v)
-        for lr, s, v in [
-            (1e-3, 0, 5.2),
-            (1e-3, 1, 5.3),
-            (2e-3, 0, 5.0),
-            (2e-3, 1, 5.1),
-            (4e-3, 0, 5.3),
-            (4e-3, 1, 5.2),
-        ]
-    ]
+    sweeps = {  # (lr, seed 0's loss, seed 1's): a failed seed is None
+        "users-start": [(1e-3, 5.6, 5.5), (2e-3, 5.3, 5.2), (4e-3, 5.4, None)],
+        "nanogpt": [(1e-3, 5.2, 5.3), (2e-3, 5.0, 5.1), (4e-3, 5.3, 5.2)],
+    }
+    rows = [row(name, "baseline", lr, s, v) for name, grid in sweeps.items() for lr, *seeds in grid
+            for s, v in enumerate(seeds)]  # fmt: skip
     rows += [row("hopperlm", "hopperlm", 2e-3, s, 4.9) for s in (0, 1)]
     rows += [
         row("hopperlm", "hopperlm", 4e-3, s, v, curve=[[5, 40.0, 5.5], [8, 70.0, v + 0.4], [10, 100.0, v]])
@@ -118,7 +102,12 @@ def test_a_slower_recipe_pays_in_seconds_and_a_quiet_probe_reprices_the_race():
 def test_the_target_is_the_best_tuned_baseline_and_the_time_is_a_finished_runs():
     got = ttt.time_to_target(race_rows())
     # a failed seed rules users-start's 4e-3 out; each baseline at its own best LR; nanogpt's 2e-3 is the best
-    assert got["tuned_baselines"]["users-start"] == {"lr": 2e-3, "mean_final_val_loss": 5.25}
+    assert got["tuned_baselines"]["users-start"] == {
+        "lr": 2e-3,
+        "mean_final_val_loss": 5.25,
+        "at_grid_edge": False,
+    }
+    assert got["lr_at_grid_edge"]  # hopperlm's best, 4e-3, is the largest LR it tried: said, not hidden
     assert got["best_baseline"] == "nanogpt" and got["best_baseline_lr"] == 2e-3
     assert got["target_val_loss"] == pytest.approx(5.05) and got["lr"] == 4e-3
     # 0.25 of the budget ends at 5.25 (above), 0.5 at 4.95 (below): reached at 0.5, interpolated between them

@@ -115,7 +115,8 @@ def load(path: str | Path) -> WidthForecast:
         ) from None
 
 
-def _mean_by_width(points: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+def mean_by_width(points: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(each width's parameters, its mean final loss over seeds), narrowest first."""
     widths = sorted({p["width"] for p in points})
     n = np.array([next(p["params"] for p in points if p["width"] == w) for w in widths], dtype=float)
     loss = np.array(
@@ -128,7 +129,7 @@ def forecast(points: list[dict], *, target_params: int, tokens_per_param: float)
     """The big run's final validation loss from proxy runs: `points` are {width, params, seed, final_val_loss}
     of finished runs at `tokens_per_param` (failed runs left out by the caller)."""
     points = [p for p in points if p["final_val_loss"] is not None and math.isfinite(p["final_val_loss"])]
-    n, loss = _mean_by_width(points)
+    n, loss = mean_by_width(points)
     if len(n) < MIN_WIDTHS:
         raise ConfigError(
             f"a forecast needs finished runs at {MIN_WIDTHS} or more widths, got {len(n)}; "
@@ -156,7 +157,7 @@ def forecast(points: list[dict], *, target_params: int, tokens_per_param: float)
     choices = itertools.product(*[[p for p in points if p["width"] == w] for w in widths])
     spread = []
     for choice in itertools.islice(choices, MAX_SEED_CHOICES):
-        cn, cl = _mean_by_width(list(choice))
+        cn, cl = mean_by_width(list(choice))
         spread.append(LAWS[law](cn, cl)(target_params))
     half = max(max(spread) - center, center - min(spread), abs(errors[law]) * center)
     return WidthForecast(

@@ -119,6 +119,28 @@ class Run:
         return self.plan.tokens_per_step  # an out-of-memory halving keeps the global batch
 
 
+def checkpointer_for(
+    cfg: Config, rt: Runtime, plan: Plan, *, model, model_cfg: ModelConfig, parts, state: TrainState
+) -> dist_ckpt.Checkpointer:
+    """Built once with everything a checkpoint holds (the loop then calls save(step), latest(), roll_back()),
+    the format the plan's strategy calls for and train's keep policy."""
+    run_dir = Path(cfg.run.out_dir)
+    return dist_ckpt.Checkpointer(
+        rt,
+        run_dir=run_dir,
+        strategy=plan.strategy,
+        cfg=cfg.parallel,
+        model=model,
+        model_cfg=model_cfg,
+        optimizer=parts.optimizer,
+        scaler=parts.scaler,
+        state=state,
+        tokenizer_dir=run_dir / "tokenizer",  # (prepare_run_dir writes it)
+        keep_last=cfg.train.keep_last,
+        keep_every=cfg.train.keep_every,
+    )
+
+
 def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     """Everything before the first step: the checkpoint to start from, the data, the plan, the model and its
     step, the restored state, the run directory, the banner and the observer."""
@@ -142,21 +164,7 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     batches = data.batches(layout, pin=plan.pin_memory, prefetch=default_prefetch(cfg.data, plan.device))
     state = TrainState(plan.micro_batch, plan.grad_accum, fp8, guard=guard, batches=batches)
     state.run_record = {"config": cfg.to_dict(), "data_manifest_tokenizer": data.manifest["tokenizer"]}
-    # built once with everything a checkpoint holds: the loop then calls save(step), latest(), roll_back()
-    checkpointer = dist_ckpt.Checkpointer(
-        rt,
-        run_dir=run_dir,
-        strategy=plan.strategy,
-        cfg=cfg.parallel,
-        model=model,
-        model_cfg=model_cfg,
-        optimizer=parts.optimizer,
-        scaler=parts.scaler,
-        state=state,
-        tokenizer_dir=run_dir / "tokenizer",  # (prepare_run_dir writes it)
-        keep_last=cfg.train.keep_last,
-        keep_every=cfg.train.keep_every,
-    )
+    checkpointer = checkpointer_for(cfg, rt, plan, model=model, model_cfg=model_cfg, parts=parts, state=state)
     elapsed_before = 0.0
     if resume_from is not None:
         checkpointer.load(resume_from)  # weights, optimizer, scaler and RNGs into the parts; the state
