@@ -8,6 +8,9 @@ is not mup is refused. Each (LR, seed) trains as its own `hopperlm train` proces
 `--jobs` side by side (each with cores / jobs threads), into OUT/lr-LR-seed-S; the best LR has the lowest final
 validation loss averaged over seeds. The table, an overlay plot of the runs (OUT/plots) and OUT/sweep.json say
 what was measured; the recipe is written to OUT/RECIPE.tuned.yaml with the LR and a comment naming the sweep.
+With `--widths`, the recipe is then trained at each of those widths at the best LR and the recipe's own tokens per
+parameter (run_widths), and observe/width_forecast.py forecasts the recipe's final loss from them
+(OUT/forecast.json, named by train.forecast_from in the tuned recipe).
 """
 
 from __future__ import annotations
