@@ -92,12 +92,13 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
         f"{time.strftime('%Y-%m-%d')}"
     )
     text = sweep.tuned_recipe_text(recipe.read_text(), best, note)
+    tuned = write_atomic(out / f"{recipe.stem}.tuned.yaml", text)  # kept whatever the forecast's runs do
     if widths:
         saved = forecast_big_run(
             recipe, list(overrides), widths, lr=best, seeds=seeds, out=out, jobs=args.jobs
         )
         text = sweep.set_key(text, "train", "forecast_from", str(saved.resolve()), comment=f"`{command}`")
-    tuned = write_atomic(out / f"{recipe.stem}.tuned.yaml", text)
+        tuned = write_atomic(tuned, text)
     log(f"best lr {sweep.lr_text(best)}; the recipe with it: {tuned} ({out}/sweep.json, {out}/plots)")
 
 
