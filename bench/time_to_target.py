@@ -274,16 +274,21 @@ def sweep_recipe(name: str, recipe: dict, *, lrs, seeds, steps: int, seconds_per
 
 
 def mean_loss(rows: list[dict]) -> float:
-    """The mean final loss over seeds; a failed or diverged seed makes it infinite."""
-    losses = [r["final_val_loss"] for r in rows]
-    return math.inf if any(v is None or not math.isfinite(v) for v in losses) else statistics.fmean(losses)
+    """The mean final loss over seeds, as the sweep reads it (a failed or diverged seed makes it infinite)."""
+    from hopperlm.train.sweep import seed_mean
+
+    return seed_mean([r["final_val_loss"] for r in rows])
 
 
 def best_of(rows: list[dict], recipe: str) -> tuple[float, float]:
-    """(the recipe's best LR, its mean final loss over seeds) among the rows of its LR sweep."""
-    sweep_rows = [r for r in rows if r["recipe"] == recipe and r.get("budget_share", 1.0) == 1.0]
-    means = {lr: mean_loss([r for r in sweep_rows if r["lr"] == lr]) for lr in {r["lr"] for r in sweep_rows}}
-    lr = min(means, key=means.get)
+    """(the recipe's best LR, its mean final loss over seeds) among the rows of its LR sweep, chosen as
+    `hopperlm sweep` chooses (train/sweep.py's best_lr)."""
+    from hopperlm.train.sweep import SweepRun, best_lr
+
+    runs = [SweepRun(r["lr"], r["seed"], "", r["final_val_loss"]) for r in rows
+            if r["recipe"] == recipe and r.get("budget_share", 1.0) == 1.0]  # fmt: skip
+    best, means = best_lr(runs)
+    lr = best if best is not None else min(means)  # every LR failed: its loss is infinite, said as such
     return lr, means[lr]
 
 

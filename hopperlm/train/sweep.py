@@ -185,9 +185,9 @@ def run_widths(
     every seed; a point per run: {width, params, seed, final_val_loss, steps} (loss None where it failed)."""
     from hopperlm.config import load_config
 
-    points = []
+    points, model = [], load_config(recipe, overrides).model
     for width in widths:
-        proxy = proxy_overrides(load_config(recipe, overrides).model, width)
+        proxy = proxy_overrides(model, width)
         cfg = load_config(recipe, overrides + proxy)
         params = model_params(cfg.model, cfg.data)
         steps = max(1, round(tokens_per_param * params / tokens_per_step(cfg.train)))
@@ -207,14 +207,18 @@ def run_widths(
     return points
 
 
+def seed_mean(losses: list[float | None]) -> float:
+    """The mean final validation loss over seeds; a failed or diverged seed (no finite loss) makes it infinite."""
+    ok = all(v is not None and math.isfinite(v) for v in losses)
+    return statistics.fmean(losses) if ok else math.inf
+
+
 def best_lr(runs: list[SweepRun]) -> tuple[float | None, dict[float, float]]:
     """(the LR with the lowest final validation loss averaged over its seeds, {lr: that mean}); an LR with a
     failed or diverged seed (no finite loss) counts as infinitely bad."""
-    means = {}
-    for lr in sorted({r.lr for r in runs}):
-        losses = [r.final_val_loss for r in runs if r.lr == lr]
-        ok = all(v is not None and math.isfinite(v) for v in losses)
-        means[lr] = statistics.fmean(losses) if ok else math.inf
+    means = {
+        lr: seed_mean([r.final_val_loss for r in runs if r.lr == lr]) for lr in sorted({r.lr for r in runs})
+    }
     finite = {lr: v for lr, v in means.items() if math.isfinite(v)}
     return (min(finite, key=finite.get) if finite else None), means
 
