@@ -4,7 +4,7 @@
 # time, that the campaign runs under the GPU image's versions. Prints each part's size and the total.
 #   gpu-carry/whl/    torchao 0.18.0 (float8, 8-bit AdamW) and bitsandbytes 0.50.2 rebuilt with only its CUDA 13
 #                     and CPU libraries (41 MiB -> ~3.5 MiB: the image has CUDA 13; the others never load there)
-#   gpu-carry/data/   Tiny Shakespeare, TinyLlama's tokenizer, the Alpaca demo: what the GPU tests read
+#   gpu-carry/data/   Tiny Shakespeare, TinyLlama's tokenizer, the Alpaca demo, HornMT: what the GPU tests read
 #   gpu-carry/gutenberg-32k/  Gutenberg books prepared with TinyLlama's tokenizer.json (the Llama-2 vocabulary,
 #                     32,000 pieces): owt-350m and the profile train on it
 #   gpu-carry/COMMIT  the commit, and whether the tree had uncommitted changes
@@ -68,9 +68,9 @@ trimmed.replace(wheel)
 EOF
 }
 
-test_data() {  # DEST: what the GPU tests read from $HOPPERLM_DATA_DIR
+test_data() {  # DEST: what the GPU tests read from $HOPPERLM_DATA_DIR (tests/test_gpu_campaign.py checks the list)
   mkdir -p "$1/tokenizers"
-  cp -r "$DATA/tinyshakespeare" "$DATA/alpaca_gpt4_demo" "$1/"
+  cp -r "$DATA/tinyshakespeare" "$DATA/alpaca_gpt4_demo" "$DATA/hornmt" "$1/"
   cp -r "$DATA/tokenizers/tinyllama-1.1b-chat-v1.0" "$1/tokenizers/"
 }
 

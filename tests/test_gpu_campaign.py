@@ -159,6 +159,32 @@ def test_the_qlora_collector_accepts_exactly_the_cases_asked_for(tmp_path):
     assert not collect([], [])[0]
 
 
+def test_the_carry_holds_every_data_folder_the_gpu_tests_read():
+    """A GPU test reading a shared-data folder that scripts/gpu_carry.sh does not carry fails only on the GPU,
+    in device minutes (HornMT, 2026-11-26): every shared-data folder named after DATA_DIR or data_dir in the
+    files the gpu-tests stages run, and in conftest.py's fixtures, must be one the carry copies."""
+    import re
+
+    carry = (REPO / "scripts" / "gpu_carry.sh").read_text()
+    body = carry[carry.index("test_data() {") :]
+    body = body[: body.index("\n}\n")]
+    carried = set(re.findall(r'"\$DATA/([^"/]+)', body))
+    assert {"tinyshakespeare", "tokenizers"} <= carried, body
+    files = [
+        p for p in (REPO / "tests").glob("test_*.py") if re.search(r"@pytest\.mark\.gpu\b", p.read_text())
+    ]
+    files.append(REPO / "tests" / "conftest.py")
+    assert any(p.name == "test_document_attention.py" for p in files)
+    read = {
+        (p.name, name)
+        for p in files
+        for name in re.findall(r'(?:DATA_DIR|data_dir)\s*/\s*"([^"/]+)', p.read_text())
+    }
+    assert read, "no data reads found: the pattern no longer matches how the tests name their data"
+    missing = sorted(f"{file}: {name}" for file, name in read if name not in carried)
+    assert not missing, f"scripts/gpu_carry.sh's test_data does not carry: {missing}"
+
+
 def test_smoke_numbers_never_land_in_bench_results():
     done = campaign("--smoke", "--only", "gpu-tests", str(REPO / "bench" / "results" / "smoke"))
     assert done.returncode == 2 and "not measurements" in done.stderr

@@ -174,6 +174,18 @@ def test_a_failure_after_an_out_of_memory_error_is_a_failed_trial(fake_cuda, mon
         batch_finder.make_gpu_finder(tmp_path / "again", 1e9, lines.append)(model_cfg, plan, 64)
 
 
+def test_the_finder_leaves_the_peak_memory_reading_to_the_run(fake_cuda, monkeypatch, tmp_path):
+    """The run's `mem` reads the allocator's peak: a finder that tried 89 sequences must not leave its peak
+    behind for a run of 64 (an H100 read 75.9 GB measured against 55.9 estimated, 2026-11-26)."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a, **k: events.append("reset"))
+    monkeypatch.setattr(batch_finder, "train_step", lambda *a, **k: events.append("step"))
+    model_cfg, plan = _ddp_plan()
+    finder = batch_finder.make_gpu_finder(tmp_path, 1e9, lambda line: None)
+    finder(model_cfg, plan.replace(strategy="none", world_size=1), 8)
+    assert "step" in events and events[-1] == "reset", events
+
+
 # ---- f: compile mode --------------------------------------------------------------------------------------
 def test_no_run_autotunes_unless_asked():
     long = _plan("H200", preset="h100-350m", max_hours=1.5, seq_len=1024, batch_tokens=1024 * 512)

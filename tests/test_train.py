@@ -24,6 +24,16 @@ def debug_config(data_dir, run_dir, *overrides):
     return load_config(DEBUG, ["--data.path", str(data_dir), "--run.out_dir", str(run_dir), *overrides])
 
 
+def test_a_run_inside_its_first_log_interval_says_its_speed_includes_the_warm_up(shakespeare_bytes, tmp_path):
+    lines = []
+    cfg = debug_config(
+        shakespeare_bytes, tmp_path / "run", "--train.max_steps", "3", "--train.log_every", "10"
+    )
+    train(cfg, log=lines.append)
+    checks = [line for line in lines if line.startswith("preflight check: speed")]
+    assert len(checks) == 1 and "(over the first steps: compile and warm-up included)" in checks[0], lines
+
+
 def test_debug_preset_trains_and_val_loss_falls(shakespeare_bytes, tmp_path):
     lines = []
     cfg = debug_config(
@@ -49,7 +59,11 @@ def test_debug_preset_trains_and_val_loss_falls(shakespeare_bytes, tmp_path):
         "plan: 120 steps",
     ):
         assert word in banner, word
-    assert any(line.startswith("preflight check: speed") for line in lines)
+    # measured after warm-up: at the second log step, not the first (whose interval holds the compile)
+    checks = [i for i, line in enumerate(lines) if line.startswith("preflight check: speed")]
+    steps = [i for i, line in enumerate(lines) if line.startswith("step ")]
+    assert len(checks) == 1 and steps[1] < checks[0] < steps[2], lines
+    assert "warm-up included" not in lines[checks[0]]
     expected = {
         "step",
         "tokens",

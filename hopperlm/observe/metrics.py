@@ -77,8 +77,10 @@ class Interval:
 
     def __init__(self) -> None:
         self.reset()
+        self.cold = True  # holds the process's first steps: compile, autotuning and warm-up
 
     def reset(self) -> None:
+        self.cold = False
         self.start = time.perf_counter()
         self.steps = 0
         self.tokens = 0

@@ -144,15 +144,26 @@ def long_step_warning(plan: Plan, tc, tokens_per_s_bound: float) -> str | None:
 
 
 def print_preflight_check(
-    log, record: dict, plan: Plan, *, micro_batch: int, predicted: float, tc=None, params: int = 0
+    log,
+    record: dict,
+    plan: Plan,
+    *,
+    micro_batch: int,
+    predicted: float,
+    tc=None,
+    params: int = 0,
+    warm: bool = True,
 ) -> None:
-    """After the first log step: the measured numbers beside the preflight estimate (at the micro-batch the
-    run uses now: the plan's, or less after an out-of-memory error), and what a wall-clock budget buys at the
-    measured speed (`tc`, `params`)."""
+    """At the first log step after warm-up: the measured numbers beside the preflight estimate (at the
+    micro-batch the run uses now: the plan's, or less after an out-of-memory error), and what a wall-clock
+    budget buys at the measured speed (`tc`, `params`). `warm` False: the run ended within its first log
+    interval, whose speed includes the compile, and the lines say so."""
     per_rank = record.get("tokens_per_s_per_rank", record["tokens_per_s"])  # the prediction is per device
     speed = f"speed {human_count(per_rank)} tokens/s{' per rank' if 'world_size' in record else ''} = "
     speed += f"{per_rank / predicted:.0%} "
     speed += "of the matmul-bound prediction"
+    if not warm:
+        speed += " (over the first steps: compile and warm-up included)"
     if plan.device.type == "cuda":
         memory = (
             f"memory {record['peak_mem_gb']:.2f} GB measured vs {plan.memory.total(micro_batch) / 1e9:.2f}"
@@ -163,7 +174,10 @@ def print_preflight_check(
         memory += f" vs {plan.memory.total(micro_batch) / 1e9:.2f} GB estimated for the model"
     log(f"preflight check: {speed} | {memory}")
     bought = tc is not None and budget_line(
-        tc, params=params, tokens_per_s=record["tokens_per_s"], speed="measured at the first log step"
+        tc,
+        params=params,
+        tokens_per_s=record["tokens_per_s"],
+        speed="measured after warm-up" if warm else "measured over the first steps, compile included",
     )
     if bought:
         log(bought)

@@ -165,6 +165,7 @@ def make_gpu_finder(
             best = search_largest(fits, cap)
         model = parts = None  # free the trial model before the real one is built
         torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)  # the run's memory readings start from its own steps
         cache[key] = best
         _write_cache(cache_path, cache)
         seconds = time.perf_counter() - start
