@@ -7,4 +7,6 @@ bash scripts/setup.sh --dev
 export HOPPERLM_DATA_DIR=${HOPPERLM_DATA_DIR:-$(cd .. && pwd)/shared/data}
 "$PY" -m ruff check hopperlm tests bench
 "$PY" -m ruff format --check hopperlm tests bench
-"$PY" -m pytest -q --durations=15 "$@"  # the slowest tests, so CI time stays watched
+# two worker processes, each file's tests in one of them (module fixtures prepare once); HOPPERLM_TEST_WORKERS=0
+# runs in this process. --durations: the slowest tests, so CI time stays watched
+"$PY" -m pytest -q -n "${HOPPERLM_TEST_WORKERS:-2}" --dist loadfile --durations=15 "$@"

@@ -150,8 +150,8 @@ def test_float8_stays_close_to_bf16_and_trains(shakespeare_bytes, backend):
     assert (ga - gb).norm() / ga.norm() < 0.15  # e4m3/e5m2 rounding, not a different function
     losses = []
     opt = build_optimizer(fp8, OptimConfig(lr=3e-3, weight_decay=0.0), fused=False)
-    for i in range(25):
-        xb, yb = real_batch(shakespeare_bytes, start=i * 5000)
+    for i in range(12):  # 4 x 32 tokens: the CPU's e4m3 x e4m3 _scaled_mm is a slow reference loop
+        xb, yb = real_batch(shakespeare_bytes, batch=4, seq=32, start=i * 5000)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = fp8(xb, yb)
         loss.backward()
