@@ -249,6 +249,10 @@ def test_resuming_with_a_longer_budget_says_how_the_schedule_changes(shakespeare
 def test_threads_are_the_users_choice_and_a_busy_machine_is_named(monkeypatch):
     hw = detect_for("cpu")
     cfg = _config()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torch follows it; the plan says so, busy or not
+    monkeypatch.setattr("os.getloadavg", lambda: (hw.cpu_cores + 0.0, 0.0, 0.0))
+    assert make_plan(cfg, cfg.model, hw).reasons["threads"] == "1 (set by OMP_NUM_THREADS)"
+    monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setattr("os.getloadavg", lambda: (hw.cpu_cores + 0.0, 0.0, 0.0))
     plan = make_plan(cfg, cfg.model, hw)
     assert plan.threads is None and "load average is" in plan.reasons["threads"]

@@ -176,8 +176,9 @@ class TrainConfig:
     pin_memory: bool | None = None
     """Page-locked host batches for asynchronous copies; null = on for CUDA."""
     threads: int | None = None
-    """CPU threads for torch's operations; null = torch's default (every core). Set it when other processes
-    share the cores: two torch processes spinning on the same cores slow each other down many times over."""
+    """CPU threads for torch's operations; null = torch's default (`OMP_NUM_THREADS`, else every core). Set it
+    when other processes share the cores: two torch processes spinning on the same cores slow each other down
+    many times over."""
     device: str = "auto"
     """'auto', 'cpu', 'cuda' or 'cuda:N'."""
     seed: int = 1337

@@ -250,7 +250,7 @@ BUSY_LOAD = 0.5  # a 1-minute load average above this (before we start) means an
 
 
 def choose_threads(tc: TrainConfig, hw: Hardware, why: dict) -> int | None:
-    """torch's CPU threads: train.threads, else torch's default (every core), with a warning when the load
+    """torch's CPU threads: train.threads, else torch's default (OMP_NUM_THREADS, or every core), with a warning when the load
     average says other processes already use the cores. Never chosen from the load itself: the thread count
     changes the order of float reductions, and a resumed run must compute exactly what the first did."""
     want = tc.threads
@@ -258,6 +258,10 @@ def choose_threads(tc: TrainConfig, hw: Hardware, why: dict) -> int | None:
         why["threads"] = f"{want} (set by train.threads)"
         return want
     if hw.device_type == "cuda":
+        return None
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) > 0:  # torch already follows it: the user's choice, said as such
+        why["threads"] = f"{int(omp)} (set by OMP_NUM_THREADS)"
         return None
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     why["threads"] = f"{hw.cpu_cores} (torch's default: every core)"
