@@ -170,9 +170,11 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
             run.log("val by dataset: " + " | ".join(f"{k} {v:.4f}" for k, v in val_losses.items()))
         if tc.target_loss is not None and s.val_loss <= tc.target_loss and stopped_by is None:
             stopped_by = "target_loss"
-    if run.benchmarks is not None and run.benchmarks.due(s.step, stopped_by):
-        with run.rt.long_phase("benchmarks"):  # rank 0 runs lm-eval; the others wait at their next collective
-            tasks = run.benchmarks.run(run.model, s.step)
+    if run.eval_tasks is not None and run.eval_tasks.due(s.step, stopped_by):
+        with run.rt.long_phase(
+            "lm-eval tasks"
+        ):  # rank 0 runs lm-eval; the others wait at their next collective
+            tasks = run.eval_tasks.run(run.model, s.step)
         if tasks:
             record["tasks"] = tasks
     tok_s, step_s = interval.rates()

@@ -37,9 +37,9 @@ from hopperlm.parallel.watchdog import restart_count
 from hopperlm.plan import SHARDED, Plan
 from hopperlm.schedule import budget_progress, lr_at
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner
-from hopperlm.train.benchmarks import Benchmarks
 from hopperlm.train.data_and_plan import RunData, open_run_data, plan_run, resolve_model_config
 from hopperlm.train.disk_full import DiskFull
+from hopperlm.train.eval_tasks import EvalTasks
 from hopperlm.train.guard import Guard
 from hopperlm.train.initial_model import EmbedWarmup, build_train_model
 from hopperlm.train.state import TrainState
@@ -94,7 +94,7 @@ class Run:
     disk_full: DiskFull  # room checked before the first step; what a checkpoint that cannot be written does
     flops_per_token: int
     predicted: tuple[float, float]  # (tokens/s bound, matmul FLOP/s measured here)
-    benchmarks: Benchmarks | None = None  # lm-eval tasks during training (the eval section)
+    eval_tasks: EvalTasks | None = None  # lm-eval tasks during training (the eval section)
 
     @property
     def log(self) -> Callable[[str], None]:
@@ -230,7 +230,7 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         disk_full=disk_full,
         flops_per_token=fpt,
         predicted=predicted,
-        benchmarks=Benchmarks(cfg.eval, run_dir, rt, plan.strategy, log) if cfg.eval.tasks else None,
+        eval_tasks=EvalTasks(cfg.eval, run_dir, rt, plan.strategy, log) if cfg.eval.tasks else None,
     )
 
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from hopperlm.parallel.runtime import Runtime
 
 
-class Benchmarks:
+class EvalTasks:
     def __init__(
         self, ec: EvalConfig, run_dir: Path, rt: Runtime, strategy: str, log: Callable[[str], None]
     ) -> None:
