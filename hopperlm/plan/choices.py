@@ -250,9 +250,10 @@ BUSY_LOAD = 0.5  # a 1-minute load average above this (before we start) means an
 
 
 def choose_threads(tc: TrainConfig, hw: Hardware, why: dict) -> int | None:
-    """torch's CPU threads: train.threads, else torch's default (OMP_NUM_THREADS, or every core), with a warning when the load
-    average says other processes already use the cores. Never chosen from the load itself: the thread count
-    changes the order of float reductions, and a resumed run must compute exactly what the first did."""
+    """torch's CPU threads: train.threads, else torch's default (OMP_NUM_THREADS, or every core), with a
+    warning when the load average says other processes already use the cores. Never chosen from the load
+    itself: the thread count changes the order of float reductions, and a resumed run must compute exactly
+    what the first did."""
     want = tc.threads
     if want is not None:
         why["threads"] = f"{want} (set by train.threads)"

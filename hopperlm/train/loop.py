@@ -171,9 +171,8 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
         if tc.target_loss is not None and s.val_loss <= tc.target_loss and stopped_by is None:
             stopped_by = "target_loss"
     if run.eval_tasks is not None and run.eval_tasks.due(s.step, stopped_by):
-        with run.rt.long_phase(
-            "lm-eval tasks"
-        ):  # rank 0 runs lm-eval; the others wait at their next collective
+        # rank 0 runs lm-eval; the others wait at their next collective
+        with run.rt.long_phase("lm-eval tasks"):
             tasks = run.eval_tasks.run(run.model, s.step)
         if tasks:
             record["tasks"] = tasks
