@@ -284,9 +284,8 @@ def test_a_preemption_signal_ends_a_wait_for_room_promptly(shakespeare_bytes, tm
 
     with pytest.raises(DiskError) as e:
         train(debug_config(shakespeare_bytes, tmp_path / "run", *wait), log=log)
-    assert (
-        sent and time.monotonic() - sent[0] < 60
-    )  # the wait was for 600 s: the signal ended it, busy or not
+    # the wait was for 600 s: the signal ended it, busy or not
+    assert sent and time.monotonic() - sent[0] < 60
     line = str(e.value)
     assert "SIGTERM received after" in line and "train.on_disk_full wait" in line and "\n" not in line
     assert "could not write checkpoint step_000002" in line and "start again with: hopperlm train" in line

@@ -5,6 +5,7 @@ hopperlm rows died before any GPU work, and nothing ran the script to notice).""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -163,8 +164,6 @@ def test_the_carry_holds_every_data_folder_the_gpu_tests_read():
     """A GPU test reading a shared-data folder that scripts/gpu_carry.sh does not carry fails only on the GPU,
     in device minutes (HornMT, 2026-11-26): every shared-data folder named after DATA_DIR or data_dir in the
     files the gpu-tests stages run, and in conftest.py's fixtures, must be one the carry copies."""
-    import re
-
     carry = (REPO / "scripts" / "gpu_carry.sh").read_text()
     body = carry[carry.index("test_data() {") :]
     body = body[: body.index("\n}\n")]
