@@ -120,6 +120,29 @@ def test_without_lm_eval_or_with_an_unknown_task_one_line_says_what_to_do(lora_r
         require_lm_eval()
 
 
+def test_local_tasks_index_their_folder_alone_and_a_dataset_out_of_reach_is_one_line(
+    lora_run, task_dir, monkeypatch, capsys
+):
+    """Tasks all found in --include-path skip lm-eval's own index of ~14,000 YAMLs (about 10 s); a task's dataset
+    that is neither cached nor downloadable (datasets raises ConnectionError offline) is a one-line error."""
+    from hopperlm.eval.harness import task_manager
+
+    local = task_manager(["tir_news", "gsm8k_local"], str(task_dir))
+    assert set(local.all_tasks) == {"tir_news", "wikitext_paragraphs", "gsm8k_local"}
+
+    def offline(**kwargs):
+        raise ConnectionError("Couldn't reach 'EleutherAI/lambada_openai' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", offline)
+    run, _ = lora_run
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", str(run), "--tasks", "tir_news", "--include-path", str(task_dir), "--limit", "1"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not in the local cache and cannot be downloaded" in err[0], err
+    assert "HF_DATASETS_CACHE" in err[0] and "lambada_openai" in err[0]
+
+
 @pytest.mark.slow
 def test_tasks_during_training(shakespeare_bytes, task_dir, tmp_path, capsys, monkeypatch):
     """eval.tasks at log steps: the metrics in metrics.jsonl (equal to `hopperlm eval` of the checkpoint of

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hopperlm.cli import main
 from hopperlm.config import load_config
 from hopperlm.train.sweep import SweepRun, best_lr, tuned_recipe_text
 
@@ -96,7 +97,7 @@ def test_sweep_trains_the_proxy_picks_the_best_lr_and_writes_the_recipe(recipe, 
     assert f"{forecast['final_val_loss']:.3f}" in line and "not the proxies'" in line  # twice the tokens
 
 
-def test_bad_sweeps_are_one_line_each(recipe, tmp_path):
+def test_bad_sweeps_are_one_line_each(recipe, tmp_path, capsys):
     standard = tmp_path / "standard.yaml"
     standard.write_text(recipe.read_text().replace("parametrization: mup", "parametrization: standard"))
     hours = tmp_path / "hours.yaml"
@@ -121,10 +122,14 @@ def test_bad_sweeps_are_one_line_each(recipe, tmp_path):
             "not a positive multiple of the head size",
         ),
         ([hours, "--lr", "1e-3,2e-3,4e-3", "--widths", "16,32,48"], "give --target-tokens N"),
-    ):
-        done = hopperlm("sweep", *args, "--out", tmp_path / "never")
-        lines = done.stderr.strip().splitlines()
-        assert done.returncode == 2 and len(lines) == 1 and message in lines[0], (message, done.stderr)
+    ):  # in this process (a process each took 2 s), the first one also as the command a user runs
+        with pytest.raises(SystemExit) as exit_:
+            main(["sweep", *map(str, args), "--out", str(tmp_path / "never")])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and len(lines) == 1 and message in lines[0], (message, lines)
+    done = hopperlm("sweep", recipe, "--lr", "1e-3,2e-3", "--out", tmp_path / "never")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "at least 3 distinct" in lines[0], done.stderr
     assert not (tmp_path / "never").exists()
 
 
