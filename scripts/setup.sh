@@ -2,8 +2,6 @@
 # Install hopperlm (editable) and what it needs into the current Python. `--dev` adds the test tools.
 # torch is installed first and on purpose: without a GPU we take the CPU build (torch==2.13.0), so pip never
 # pulls the multi-GB CUDA build onto a machine that cannot use it. An installed torch >= 2.11 is kept.
-# --no-compile: pip would byte-compile every module of torch, transformers and the rest (about 50 s of a 2-minute
-# install on 2 cores); Python compiles the ones a program imports on first use, and keeps them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,17 +11,17 @@ extras=""
 if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 11))" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "setup: NVIDIA GPU found; installing torch with CUDA from the package index"
-    "$PY" -m pip install -q --no-compile "torch>=2.11"
+    "$PY" -m pip install -q "torch>=2.11"
   else
     echo "setup: no NVIDIA GPU found; installing the CPU build of torch 2.13.0"
-    "$PY" -m pip install -q --no-compile "torch==2.13.0"
+    "$PY" -m pip install -q "torch==2.13.0"
   fi
 fi
-"$PY" -m pip install -q --no-compile -e ".${extras}" 2>&1 | grep -v "Running pip as the 'root' user" || true
+"$PY" -m pip install -q -e ".${extras}" 2>&1 | grep -v "Running pip as the 'root' user" || true
 if [ -n "$extras" ]; then
   # Microsoft's mup, which tests/test_mup.py compares hopperlm's μP multipliers with: without its dependencies,
   # as its optimizers and shapes need only torch and pyyaml (its torchvision pin would replace the CPU torch)
-  "$PY" -m pip install -q --no-compile --no-deps "mup==1.0.0" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  "$PY" -m pip install -q --no-deps "mup==1.0.0" 2>&1 | grep -v "Running pip as the 'root' user" || true
 fi
 command -v pyenv >/dev/null 2>&1 && pyenv rehash 2>/dev/null || true  # make the `hopperlm` command visible
 "$PY" -c "import hopperlm, torch; print(f'setup: hopperlm {hopperlm.__version__} with torch {torch.__version__}')"

@@ -155,7 +155,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Build on the meta device and call `init_weights()` after `to_empty()`; `build_model` does both."""
+    """Build on the meta device and call `init_weights()` after `to_empty()`; `build_model` does both (weights
+    and RoPE tables are allocated here, never filled: `build_empty` fills only the tables)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -165,7 +166,10 @@ class Transformer(nn.Module):
             )
         self.cfg = cfg
         self.fused_loss = False  # chunked linear cross-entropy (model/loss.py), set from the plan
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        # the table without nn.Embedding's own random init, which init_weights() replaces anyway: normal_ on the
+        # meta device runs torch's Python reference, whose first call imports torch._dynamo (1.2 s of every
+        # `generate`, `eval` and `export` start, where no optimizer imports it; tests/test_model.py)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim, _weight=torch.empty(cfg.vocab_size, cfg.dim))
         self.drop = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
@@ -173,9 +177,11 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.output_mult = output_multiplier(cfg)  # μP's base_dim / dim on the head's input; 1 otherwise
-        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta, scaling=cfg.rope_scaling)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        # the RoPE tables' room: init_buffers() fills them once the model is on its device (arange on the meta
+        # device would import torch._dynamo, as normal_ would above)
+        table = (cfg.max_seq_len, cfg.head_dim)
+        self.register_buffer("rope_cos", torch.empty(table, dtype=torch.float32), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(table, dtype=torch.float32), persistent=False)
 
     @torch.no_grad()
     def init_buffers(self) -> None:
