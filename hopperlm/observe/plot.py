@@ -132,7 +132,7 @@ class _Figures:
     @staticmethod
     def subplots(*grid: int, **kwargs: Any) -> tuple[Any, Any]:
         """A figure and its axes, as pyplot.subplots makes them, on matplotlib's Figure alone: no pyplot, so no
-        GUI backend chosen, no global figure list to close, and no pyplot import (a third of a run's report)."""
+        GUI backend chosen, no global figure list to close, nothing shared between threads."""
         from matplotlib.figure import Figure
 
         figsize = kwargs.pop("figsize")
