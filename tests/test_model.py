@@ -172,8 +172,8 @@ def test_meta_construction_is_instant_for_8b():
 
 def test_loading_a_model_for_inference_does_not_import_dynamo():
     """`generate`, `eval` and `export` build an empty model and load weights: nothing there needs torch._dynamo,
-    whose import is 1.2 s of their start-up (a normal_ on the meta device, nn.Embedding's own init, imported
-    it). A fresh process, since this one has imported it already."""
+    whose import is 1.2 s of their start-up (nn.Embedding's own normal_ and the RoPE tables' arange on the meta
+    device imported it). A fresh process, since this one has imported it already."""
     code = (
         "import sys, torch\n"
         "from hopperlm.config import ModelConfig\n"

@@ -276,12 +276,13 @@ def task_manager(tasks: list[str], include_path: str | None):
     require_lm_eval()
     from lm_eval.tasks import TaskManager
 
-    manager = None
     if include_path:
-        local = TaskManager(include_path=include_path, include_defaults=False)
-        if all(t in local.all_tasks for t in tasks):
-            manager = local
-    manager = manager or (TaskManager(include_path=include_path) if include_path else TaskManager())
+        manager = TaskManager(include_path=include_path, include_defaults=False)
+        # some are lm-eval's own (or unknown): the full index
+        if not all(t in manager.all_tasks for t in tasks):
+            manager = TaskManager(include_path=include_path)
+    else:
+        manager = TaskManager()
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         where = (
