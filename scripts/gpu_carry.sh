@@ -9,7 +9,7 @@
 #                     32,000 pieces): owt-350m and the profile train on it
 #   gpu-carry/COMMIT  the commit, and whether the tree had uncommitted changes
 # Then (unless --no-drift-check) a throwaway venv with the GPU image's torch 2.11 and transformers 5.17 runs
-# `campaign.sh --smoke --call A` and `--call B`, and this script stops on any failure: what broke on 2.11 breaks
+# `campaign.sh --smoke` for calls A, B and D, and this script stops on any failure: what broke on 2.11 breaks
 # here, for free. (PyPI's torch 2.11 is the CUDA build; without a GPU it runs on the CPU, the same Python code.)
 #
 #   bash scripts/gpu_carry.sh [--books-mb MB] [--no-drift-check]
@@ -126,7 +126,7 @@ echo "gpu_carry: drift check: a venv with $GPU_IMAGE (about a minute to install)
 VPY=$VENV/venv/bin/python
 "$VPY" -m pip install -q -e ".[dev]" $GPU_IMAGE 2>&1 | grep -v "Running pip as the 'root' user" || true
 "$VPY" -c "import torch, transformers; print(f'gpu_carry: drift check with torch {torch.__version__}, transformers {transformers.__version__}')"
-for call in A B; do
+for call in A B D; do
   out=$VENV/smoke-$call
   if ! PYTHON=$VPY HOPPERLM_DATA_DIR=$DATA bash bench/gpu/campaign.sh --smoke --call $call "$out" > "$VENV/smoke-$call.log" 2>&1; then
     tail -n 30 "$VENV/smoke-$call.log"
@@ -136,4 +136,4 @@ for call in A B; do
   fi
   grep -E "stages ok" "$VENV/smoke-$call.log" | sed "s/^/gpu_carry: call $call smoke under torch 2.11: /"
 done
-echo "gpu_carry: ready: carry [\"gpu-carry\"] with both device calls (bench/gpu/README.md)"
+echo "gpu_carry: ready: carry [\"gpu-carry\"] with each device call (bench/gpu/README.md)"

@@ -20,6 +20,7 @@ CALLS = {
     "A": ["bench-h100-350m", "qlora", "owt-350m", "gpu-tests"],
     "B": ["lora", "gpu-tests-qlora", "flash-ac-finder", "cudagraphs-accum"],
     "C": ["bench-hf-compile", "profile-h100-350m", "bench-tinyllama-1.1b", "fsdp-overhead"],
+    "D": ["qlora-compile", "bench-h100-350m-mb32"],
 }
 
 
@@ -41,7 +42,7 @@ def stage(out: Path, name: str) -> dict:
 
 def test_the_plan_shows_each_call_fits_its_share_of_the_lease(tmp_path):
     sums = {}
-    for call, limit in (("A", 420), ("B", 220), ("C", 450)):
+    for call, limit in (("A", 420), ("B", 220), ("C", 450), ("D", 220)):
         done = campaign("--plan", "--call", call)
         assert done.returncode == 0, done.stderr
         listed = [line.split()[0] for line in done.stdout.splitlines()[1:-1]]
@@ -50,7 +51,7 @@ def test_the_plan_shows_each_call_fits_its_share_of_the_lease(tmp_path):
         assert sums[call] <= limit, done.stdout
     assert "device call timeout_s 450" in campaign("--plan", "--call", "A").stdout
     bad = campaign("--plan", "--call", "1")
-    assert bad.returncode == 2 and "--call takes A, B or C" in bad.stderr
+    assert bad.returncode == 2 and "--call takes A, B, C or D" in bad.stderr
 
 
 @pytest.mark.slow

@@ -171,6 +171,9 @@ def collect_qlora(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tupl
             key.append(
                 f"{kind.replace('q', 'Q').replace('lora', 'LoRA')} {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x hf"
             )
+    compiled, plain = by.get("hopperlm-qlora-compile", {}), by.get("hopperlm-qlora", {})
+    if compiled.get("tokens_per_s") and plain.get("tokens_per_s"):
+        key.append(f"QLoRA compile {compiled['tokens_per_s'] / plain['tokens_per_s']:.2f}x uncompiled")
     extra = sorted(set(by) - set(want))
     if extra:
         key.append(f"not asked for: {', '.join(extra)}")

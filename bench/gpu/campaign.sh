@@ -4,8 +4,8 @@
 # time limit (`timeout`) and writing OUT/<stage>.json ({"stage", "ok", "seconds", "key", ...}) the moment it
 # ends, so a time-out loses only the stage in flight; then one summary table. Exits 1 if any stage failed.
 #
-#   bash bench/gpu/campaign.sh [--smoke] [--call A|B|C] [--only STAGE,...] [--bring DIR] OUT
-#   bash bench/gpu/campaign.sh --plan [--call A|B|C]
+#   bash bench/gpu/campaign.sh [--smoke] [--call A|B|C|D] [--only STAGE,...] [--bring DIR] OUT
+#   bash bench/gpu/campaign.sh --plan [--call A|B|C|D]
 #
 #   call A  bench-h100-350m      hopperlm bench: eager, hopperlm bf16 and float8 (the real training step), HF
 #           qlora                bench/gpu/qlora.py: hopperlm QLoRA vs transformers + peft + bitsandbytes, 7B shape
@@ -17,6 +17,8 @@
 #           cudagraphs-accum     CUDA graphs + gradient accumulation: finite losses, or a clean refusal
 #   call C  (a later lease)      bench-hf-compile, profile-h100-350m (top-kernels table only),
 #                                bench-tinyllama-1.1b, fsdp-overhead
+#   call D  (after A, same lease) qlora-compile (QLoRA with train.compile true beside it without),
+#                                bench-h100-350m-mb32 (micro-batch 16 beside 32 at seq 1024)
 # --plan prints a call's stages, their limits and the sum against the call's budget, and runs nothing.
 # Without --call: every call's stages. --smoke: every stage on the CPU at tiny sizes, CPU stand-ins where a
 # kernel needs CUDA (labelled so); no carry, no network; CI runs it (tests/test_gpu_campaign.py), and
@@ -34,8 +36,9 @@ set -uo pipefail
 CALL_A="bench-h100-350m:90 qlora:170 owt-350m:100 gpu-tests:60"
 CALL_B="lora:95 gpu-tests-qlora:35 flash-ac-finder:40 cudagraphs-accum:50"
 CALL_C="bench-hf-compile:120 profile-h100-350m:70 bench-tinyllama-1.1b:110 fsdp-overhead:110"
-BUDGET_A=400 BUDGET_B=210 BUDGET_C=420 # seconds of stages per call; the rest is start-up and packing
-TIMEOUT_A=450 TIMEOUT_B=240 TIMEOUT_C=480 # the device call's timeout_s (README.md)
+CALL_D="qlora-compile:150 bench-h100-350m-mb32:70"
+BUDGET_A=400 BUDGET_B=210 BUDGET_C=420 BUDGET_D=210 # seconds of stages per call; the rest: start-up, packing
+TIMEOUT_A=450 TIMEOUT_B=240 TIMEOUT_C=480 TIMEOUT_D=240 # the device call's timeout_s (README.md)
 SMOKE_LIMIT=150  # seconds per stage in --smoke (a busy 2-core CI machine)
 
 # ---- the stages: each runs as `bash campaign.sh --stage-body NAME` under `timeout`, writing into $W ----------
@@ -74,6 +77,8 @@ bench() {  # PRESET ARGS...: one JSON rewritten after every row (a time-out keep
 # A: the training step as `train` runs it beside eager, float8 and HF (HF + compile's minutes go to call C)
 stage_bench_h100_350m() { bench h100-350m --windows 3 --rows "eager,hopperlm,hopperlm fp8,hf"; }
 stage_bench_hf_compile() { bench h100-350m --windows 3 --rows "hopperlm,hf+compile"; }
+# D: does a bigger micro-batch lift the step's MFU (42.8% at 16 x 1024 on 2026-11-26)?
+stage_bench_h100_350m_mb32() { bench h100-350m --windows 3 --rows "hopperlm,hopperlm mb32" --variant mb32:micro_batch=32; }
 stage_bench_tinyllama_1_1b() { bench tinyllama-1.1b --windows 3 --rows "eager,hopperlm,hopperlm fp8,hf"; }
 
 stage_cudagraphs_accum() {  # micro-batch 16 x 4 accumulation steps under CUDA graphs (reduce-overhead)
@@ -113,15 +118,22 @@ stage_profile_h100_350m() {  # the trace stays on the machine (too large to come
   $PY -m hopperlm profile configs/owt-350m-h100.yaml --data.path "$data" "${size[@]}" --steps 3 --wait 1 \
     --warmup 1 --out "$W/profile" --run.out_dir "$W/run"
 }
-peft_rows() {  # CASES ROW_TIMEOUT: bench/gpu/qlora.py's rows on one random Llama-2-7B-shaped base
+peft_rows() {  # CASES ROW_TIMEOUT [WARMUP]: bench/gpu/qlora.py's rows on one random Llama-2-7B-shaped base
   if [ "$SMOKE" = 1 ]; then
     $PY bench/gpu/qlora.py --smoke --cases "$1" --base "$OUT/work/llama2-random" --out "$W/qlora.json"
   else  # the random 7B checkpoint (13.5 GB bf16) is written to /tmp once per machine: B reuses A's
-    $PY bench/gpu/qlora.py --cases "$1" --warmup 1 --steps 3 --row-timeout "$2" --out "$W/qlora.json"
+    $PY bench/gpu/qlora.py --cases "$1" --warmup "${3:-1}" --steps 3 --row-timeout "$2" --out "$W/qlora.json"
   fi
 }
 stage_qlora() { peft_rows hopperlm-qlora,hf-qlora 70; }
 stage_lora() { peft_rows hopperlm-lora,hf-lora 40; }
+# D: the plan keeps compile off for QLoRA (1.27x HF on 2026-11-26, target 1.5x; LoRA with compile 2.19x); the
+# uncompiled row beside it on the GPU, and only the compiled one in --smoke (A's smoke runs the other); two
+# warm-up steps, so that a recompile on the second step is not timed
+stage_qlora_compile() {
+  if [ "$SMOKE" = 1 ]; then peft_rows hopperlm-qlora-compile 0; return; fi
+  peft_rows hopperlm-qlora-compile,hopperlm-qlora 90 2
+}
 stage_fsdp_overhead() {
   if [ "$SMOKE" = 1 ]; then
     $PY bench/gpu/fsdp_overhead.py --quick --micro-batch 2 --seq-len 64 --steps 1 --windows 1 --warmup 1 \
@@ -160,9 +172,10 @@ while [ $# -gt 0 ]; do
 done
 CALL=${CALL^^}
 case $CALL in
-  A|B|C) eval "STAGES=\$CALL_$CALL BUDGET=\$BUDGET_$CALL TIMEOUT=\$TIMEOUT_$CALL" ;;
-  ALL) CALL=all STAGES="$CALL_A $CALL_B $CALL_C" BUDGET=$((BUDGET_A + BUDGET_B + BUDGET_C)) TIMEOUT="" ;;
-  *) echo "campaign: --call takes A, B or C (got '$CALL'); bench/gpu/README.md says what each holds" >&2; exit 2 ;;
+  A|B|C|D) eval "STAGES=\$CALL_$CALL BUDGET=\$BUDGET_$CALL TIMEOUT=\$TIMEOUT_$CALL" ;;
+  ALL) CALL=all STAGES="$CALL_A $CALL_B $CALL_C $CALL_D" TIMEOUT=""
+    BUDGET=$((BUDGET_A + BUDGET_B + BUDGET_C + BUDGET_D)) ;;
+  *) echo "campaign: --call takes A, B, C or D (got '$CALL'); bench/gpu/README.md says what each holds" >&2; exit 2 ;;
 esac
 if [ "$PLAN" = 1 ]; then  # what the call runs and that it fits, without running anything
   total=0

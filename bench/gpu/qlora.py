@@ -10,6 +10,8 @@ row, loaded the way each tool loads a Hub checkpoint:
   hf-qlora        from_pretrained(BitsAndBytesConfig nf4, double quant, bf16 compute) +
                   prepare_model_for_kbit_training (gradient checkpointing) + get_peft_model, PagedAdamW8bit
   hopperlm-lora   the same adapters on a bf16 base, full activation checkpointing, compile per the plan
+  hopperlm-qlora-compile  hopperlm-qlora with train.compile true (the plan leaves compile off for QLoRA:
+                  is it traced, and is it faster?)
   hf-lora         from_pretrained(bf16) + gradient checkpointing + get_peft_model, torch AdamW (fused)
 Adapters: rank 16, alpha 32, all seven projections, no dropout; seq 2048, micro-batch 1, random tokens.
 Each row runs in its own process (clean peak memory and compile caches; --row-timeout each): warm-up steps,
@@ -48,7 +50,7 @@ CPU_STAND_IN = (
     "(the plan refuses QLoRA on a CPU)"
 )
 CPU_STAND_IN_HF = "CPU stand-in: NF4 base and paged 8-bit AdamW on bitsandbytes' CPU backend"
-CASES = ("hopperlm-qlora", "hf-qlora", "hopperlm-lora", "hf-lora")
+CASES = ("hopperlm-qlora", "hf-qlora", "hopperlm-lora", "hf-lora", "hopperlm-qlora-compile")
 RANK, ALPHA = 16, 32
 
 
@@ -77,7 +79,7 @@ def make_base(folder: Path, tiny: bool, device: str) -> None:
     partial.rename(folder)
 
 
-def hopperlm_step(base: Path, quantize: str, seq: int, device: str, log):
+def hopperlm_step(base: Path, quantize: str, seq: int, device: str, log, compile: bool | None = None):
     import dataclasses
 
     from hopperlm.checkpoint.init_from import resolve_init_from
@@ -105,6 +107,7 @@ def hopperlm_step(base: Path, quantize: str, seq: int, device: str, log):
                     "max_steps": 1000,
                     "device": device,
                     "activation_checkpointing": "full",
+                    "compile": compile,  # None: as the plan chooses
                 },
             }
         )
@@ -185,13 +188,14 @@ def run_case(case: str, base: Path, seq: int, device: str, warmup: int, steps: i
     """One row, in this process."""
     vocab = json.loads((base / "config.json").read_text())["vocab_size"]
     cuda = device != "cpu"
-    quantize = "nf4" if case.endswith("qlora") else "none"
+    quantize = "nf4" if "qlora" in case else "none"
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     if case.startswith("hopperlm"):
-        step, notes = hopperlm_step(base, quantize, seq, device, log)
+        compile = True if case.endswith("-compile") else None
+        step, notes = hopperlm_step(base, quantize, seq, device, log, compile)
     else:
         step, notes = hf_step(base, quantize, device)
     load_s = time.perf_counter() - t0
@@ -242,18 +246,18 @@ def run_rows(cases: list[str], args: argparse.Namespace) -> list[dict]:
 
 def table(rows: list[dict]) -> list[str]:
     by = {r["case"]: r for r in rows}
-    lines = [f"{'case':<16}{'tokens/s':>10}{'step ms':>10}{'peak GB':>9}  ratio / notes"]
+    lines = [f"{'case':<24}{'tokens/s':>10}{'step ms':>10}{'peak GB':>9}  ratio / notes"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['case']:<16}  error: {r['error']}")
+            lines.append(f"{r['case']:<24}  error: {r['error']}")
             continue
-        other = by.get(r["case"].replace("hopperlm", "hf"))
+        other = by.get(r["case"].replace("hopperlm", "hf").removesuffix("-compile"))
         ratio = ""
         if r["case"].startswith("hopperlm") and other and "tokens_per_s" in other:
             ratio = f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}x tokens/s vs {other['case']}"
         peak = f"{r['peak_mem_gb']:.2f}" if r["peak_mem_gb"] is not None else "n/a"
         lines.append(
-            f"{r['case']:<16}{r['tokens_per_s']:>10.0f}{r['step_ms']:>10.1f}{peak:>9}  {ratio} {', '.join(r['notes'])}"
+            f"{r['case']:<24}{r['tokens_per_s']:>10.0f}{r['step_ms']:>10.1f}{peak:>9}  {ratio} {', '.join(r['notes'])}"
         )
     return lines
 
