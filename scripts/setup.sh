@@ -17,11 +17,17 @@ if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.spli
     "$PY" -m pip install -q "torch==2.13.0"
   fi
 fi
-"$PY" -m pip install -q -e ".${extras}" 2>&1 | grep -v "Running pip as the 'root' user" || true
-if [ -n "$extras" ]; then
-  # Microsoft's mup, which tests/test_mup.py compares hopperlm's μP multipliers with: without its dependencies,
-  # as its optimizers and shapes need only torch and pyyaml (its torchvision pin would replace the CPU torch)
-  "$PY" -m pip install -q --no-deps "mup==1.0.0" 2>&1 | grep -v "Running pip as the 'root' user" || true
+# pip's no-op pass over ~100 installed packages takes 13 s: skipped when everything asked for is already there
+if "$PY" scripts/installed.py ${extras:+--dev}; then
+  echo "setup: every requirement${extras:+ (with $extras)} is installed already, hopperlm editable from here"
+else
+  "$PY" -m pip install -q -e ".${extras}" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  if [ -n "$extras" ]; then
+    # Microsoft's mup, which tests/test_mup.py compares hopperlm's μP multipliers with: without its
+    # dependencies, as its optimizers and shapes need only torch and pyyaml (its torchvision pin would replace
+    # the CPU torch)
+    "$PY" -m pip install -q --no-deps "mup==1.0.0" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  fi
 fi
 command -v pyenv >/dev/null 2>&1 && pyenv rehash 2>/dev/null || true  # make the `hopperlm` command visible
 "$PY" -c "import hopperlm, torch; print(f'setup: hopperlm {hopperlm.__version__} with torch {torch.__version__}')"

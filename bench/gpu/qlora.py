@@ -76,6 +76,10 @@ def make_base(folder: Path, tiny: bool, device: str) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
     del model
+    # give the 13.5 GB back: the rows run in child processes while this one waits, and a plan made beside a
+    # cache held here saw less free memory (2026-11-27: call A's QLoRA row chose the fused loss, call D's not)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     partial.rename(folder)
 
 

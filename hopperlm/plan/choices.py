@@ -194,7 +194,8 @@ def choose_compile(tc: TrainConfig, lc: LoRAConfig, hw: Hardware, why: dict) -> 
     on = tc.compile if tc.compile is not None else hw.device_type == "cuda"
     if on and tc.compile is None and lc.quantize == "nf4":
         why["compile"] = (
-            "off (QLoRA: bitsandbytes' 4-bit layers are not traced reliably; train.compile true to try)"
+            "off (QLoRA: compiled, a 7B step ran 2.7x faster but peaked at 11.3 GB instead of 6.8 on an "
+            "H100, bench/results/2026-11-27-h100; train.compile true where the memory allows)"
         )
         return False, None, "block"
     if not on:

@@ -1,0 +1,45 @@
+"""scripts/installed.py lets scripts/setup.sh skip pip only when everything it would install is there."""
+
+import importlib.util
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_check():
+    spec = importlib.util.spec_from_file_location("installed_check", REPO / "scripts" / "installed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_this_environment_is_complete_and_the_script_says_so():
+    done = subprocess.run(
+        [sys.executable, "scripts/installed.py", "--dev"], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+
+
+def test_a_missing_or_old_package_or_another_checkout_sends_setup_to_pip(monkeypatch, tmp_path):
+    check = load_check()
+    real = metadata.version
+
+    def without_peft(name):
+        if name == "peft":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(check.metadata, "version", without_peft)
+    assert check.missing(dev=True) == "peft is not installed"
+    assert check.missing(dev=False) is None  # peft is a dev requirement only
+
+    monkeypatch.setattr(check.metadata, "version", lambda name: "0.0.1" if name == "numpy" else real(name))
+    assert check.missing(dev=False) == "numpy 0.0.1 does not satisfy numpy>=1.26"
+
+    monkeypatch.setattr(check.metadata, "version", real)
+    monkeypatch.setattr(check, "ROOT", tmp_path)  # a checkout hopperlm was not installed from
+    (tmp_path / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
+    assert check.missing(dev=False) == f"hopperlm is not installed editable from {tmp_path}"
