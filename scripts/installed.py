@@ -23,9 +23,26 @@ DEV_EXTRAS = ["mup==1.0.0"]  # scripts/setup.sh installs it without its dependen
 def missing(dev: bool) -> str | None:
     """What is not installed as setup.sh would install it, or None."""
     import tomllib  # Python 3.11+; on 3.10 the ImportError below sends setup.sh to pip
-    from packaging.requirements import Requirement
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    # hopperlm first, so that a fresh environment (no hopperlm, no packaging) says so in those words. The
+    # installed record (pip writes direct_url.json), not the hopperlm.egg-info the build leaves in the
+    # checkout, which a process started in the checkout sees first.
+    installed = [d for d in metadata.distributions(name="hopperlm") if d.read_text("direct_url.json")]
+    if not installed:
+        return "hopperlm is not installed"
+    dist = installed[0]
+    url = json.loads(dist.read_text("direct_url.json"))
+    if not url.get("dir_info", {}).get("editable") or Path(url.get("url", "")[7:]).resolve() != ROOT:
+        return f"hopperlm is not installed editable from {ROOT}"
+    if dist.version != project["version"]:
+        return f"hopperlm {dist.version} is installed, pyproject.toml says {project['version']}"
+    scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
+    if scripts != project.get("scripts", {}):
+        return "hopperlm's console scripts changed since it was installed"
+
+    from packaging.requirements import Requirement
+
     wanted = list(project["dependencies"])
     if dev:
         wanted += project["optional-dependencies"]["dev"] + DEV_EXTRAS
@@ -39,20 +56,6 @@ def missing(dev: bool) -> str | None:
             return f"{req.name} is not installed"
         if not req.specifier.contains(version, prereleases=True):
             return f"{req.name} {version} does not satisfy {req}"
-    # the installed record (pip writes direct_url.json), not the hopperlm.egg-info the build leaves in the
-    # checkout, which a process started in the checkout sees first
-    installed = [d for d in metadata.distributions(name="hopperlm") if d.read_text("direct_url.json")]
-    if not installed:
-        return "hopperlm is not installed"
-    dist = installed[0]
-    url = json.loads(dist.read_text("direct_url.json"))
-    if not url.get("dir_info", {}).get("editable") or Path(url.get("url", "")[7:]).resolve() != ROOT:
-        return f"hopperlm is not installed editable from {ROOT}"
-    if dist.version != project["version"]:
-        return f"hopperlm {dist.version} is installed, pyproject.toml says {project['version']}"
-    scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
-    if scripts != project.get("scripts", {}):
-        return "hopperlm's console scripts changed since it was installed"
     return None
 
 
