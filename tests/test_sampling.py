@@ -177,6 +177,27 @@ def test_prefetch_thread_gives_the_same_batches_and_position(tir, sampling):
     ahead.close()
 
 
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_a_step_dropped_before_its_first_micro_batch_rewinds_to_its_own_start(tir, prefetch):
+    """A signal between steps (during the optimizer step or the logging of step s) drops step s+1 before it
+    read anything: the rewind must land at the end of step s, not at the start of step s (which would replay
+    step s's data after the resume; a CI run once resumed one step of 128 micro-batches late this way)."""
+    cfg = DataConfig(path=str(tir), sampling="sequential", packing=True)
+    datasets, shards = resolve_datasets(cfg), [TokenShards(tir, "train")]
+    same = dict(seq_len=T, layout=BatchLayout(micro_batch=4, grad_accum=2), seed=1, pin=False)
+    whole = train_batches(cfg, datasets, shards, **same, prefetch=prefetch)
+    dropped = train_batches(cfg, datasets, shards, **same, prefetch=prefetch)
+    for micro in range(2):  # step 0, complete on both
+        assert torch.equal(whole.next(0, micro).x, dropped.next(0, micro).x)
+    after_step_0 = dropped.state_dict()
+    dropped.set_micro_batch(4, 2)  # step 1 dropped at micro-batch 0
+    assert dropped.state_dict() == after_step_0
+    for micro in range(2):
+        assert torch.equal(whole.next(1, micro).x, dropped.next(1, micro).x)
+    whole.close()
+    dropped.close()
+
+
 def test_corrupt_index_and_mismatched_manifest_name_the_file(eng, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(eng, copy)

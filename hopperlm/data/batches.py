@@ -49,7 +49,8 @@ class BatchSource(Protocol):
     def load_state_dict(self, state: dict | None) -> None: ...
 
     def set_micro_batch(self, micro_batch: int, grad_accum: int) -> None:
-        """After an out-of-memory error: smaller micro-batches from the start of the step being redone."""
+        """Back to the start of the step being redone or dropped (after an out-of-memory error, or a signal
+        mid-step; between steps, the start of the next one), with micro-batches of this size from there."""
 
     def close(self) -> None: ...
 
@@ -153,7 +154,9 @@ class StreamBatches(_Prefetched):
             layout.world_size,
         )
         self._consumed = self.stream.state_dict()  # the position of the next batch the loop will use
+        # where the step being run (or the next one, between steps) starts: what set_micro_batch rewinds to
         self._step_start = self._consumed
+        self.grad_accum = layout.grad_accum
         self._prefetcher: Prefetcher | None = None
 
     def next(self, step: int, micro: int) -> Batch:
@@ -162,12 +165,14 @@ class StreamBatches(_Prefetched):
         if not self.depth:
             batch = self._ready(self.stream.next_batch())
             self._consumed = self.stream.state_dict()
-            return batch
-        if self._prefetcher is None:
-            self._prefetcher = Prefetcher(
-                lambda: (self._ready(self.stream.next_batch()), self.stream.state_dict()), self.depth
-            )
-        batch, self._consumed = self._prefetcher.get()
+        else:
+            if self._prefetcher is None:
+                self._prefetcher = Prefetcher(
+                    lambda: (self._ready(self.stream.next_batch()), self.stream.state_dict()), self.depth
+                )
+            batch, self._consumed = self._prefetcher.get()
+        if micro == self.grad_accum - 1:  # the step is read whole: a step dropped before its first
+            self._step_start = self._consumed  # micro-batch (a signal between steps) rewinds to here
         return batch
 
     def state_dict(self) -> dict:
@@ -185,7 +190,7 @@ class StreamBatches(_Prefetched):
 
     def set_micro_batch(self, micro_batch: int, grad_accum: int) -> None:
         self._stop()
-        self.stream.micro_batch = micro_batch
+        self.stream.micro_batch, self.grad_accum = micro_batch, grad_accum
         self.stream.load_state_dict(self._step_start)
         self._consumed = self._step_start
 
