@@ -1,9 +1,9 @@
 """Exit 0 when this Python already has what `scripts/setup.sh [--dev]` would install, so setup can skip pip.
 
-    python3 scripts/installed.py [--dev]
+    python3 scripts/installed.py [--dev] [REQUIREMENT ...]
 
-Checks, from pyproject.toml: every requirement of the project (and of its `dev` extra with --dev, plus the mup
-pin setup.sh adds) is installed at a version its specifier accepts, and hopperlm itself is installed editable
+Checks, from pyproject.toml: every requirement of the project (and of its `dev` extra with --dev, plus any
+REQUIREMENT given, e.g. the mup pin setup.sh installs on its own) is installed at a version its specifier accepts, and hopperlm itself is installed editable
 from this checkout with the console scripts the file declares. Anything missing, too old, installed from
 elsewhere or unreadable exits 1 with one line saying what, and setup.sh runs pip as before. Why: pip's own
 no-op pass over ~100 installed packages took 13 s of every `scripts/test.sh` (and of CI, which installs first).
@@ -15,12 +15,12 @@ import json
 import sys
 from importlib import metadata
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
-DEV_EXTRAS = ["mup==1.0.0"]  # scripts/setup.sh installs it without its dependencies
 
 
-def missing(dev: bool) -> str | None:
+def missing(dev: bool, extra: list[str]) -> str | None:
     """What is not installed as setup.sh would install it, or None."""
     import tomllib  # Python 3.11+; on 3.10 the ImportError below sends setup.sh to pip
 
@@ -33,7 +33,8 @@ def missing(dev: bool) -> str | None:
         return "hopperlm is not installed"
     dist = installed[0]
     url = json.loads(dist.read_text("direct_url.json"))
-    if not url.get("dir_info", {}).get("editable") or Path(url.get("url", "")[7:]).resolve() != ROOT:
+    where = Path(unquote(urlparse(url.get("url", "")).path)).resolve()
+    if not url.get("dir_info", {}).get("editable") or where != ROOT:
         return f"hopperlm is not installed editable from {ROOT}"
     if dist.version != project["version"]:
         return f"hopperlm {dist.version} is installed, pyproject.toml says {project['version']}"
@@ -43,9 +44,9 @@ def missing(dev: bool) -> str | None:
 
     from packaging.requirements import Requirement
 
-    wanted = list(project["dependencies"])
+    wanted = list(project["dependencies"]) + extra
     if dev:
-        wanted += project["optional-dependencies"]["dev"] + DEV_EXTRAS
+        wanted += project["optional-dependencies"]["dev"]
     for line in wanted:
         req = Requirement(line)
         if req.marker is not None and not req.marker.evaluate():
@@ -61,7 +62,8 @@ def missing(dev: bool) -> str | None:
 
 if __name__ == "__main__":
     try:
-        reason = missing("--dev" in sys.argv[1:])
+        args = sys.argv[1:]
+        reason = missing("--dev" in args, [a for a in args if a != "--dev"])
     except Exception as e:  # no hopperlm, no packaging, an unreadable file: pip decides
         reason = f"{type(e).__name__}: {e}"
     if reason:

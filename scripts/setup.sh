@@ -5,8 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-extras=""
-[ "${1:-}" = "--dev" ] && extras="[dev]"
+extras="" mup=()
+# Microsoft's mup (--dev), which tests/test_mup.py compares hopperlm's μP multipliers with: installed without its
+# dependencies, as its optimizers and shapes need only torch and pyyaml (its torchvision pin would replace the
+# CPU torch)
+[ "${1:-}" = "--dev" ] && extras="[dev]" mup=("mup==1.0.0")
 
 if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 11))" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -18,15 +21,12 @@ if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.spli
   fi
 fi
 # pip's no-op pass over ~100 installed packages takes 13 s: skipped when everything asked for is already there
-if "$PY" scripts/installed.py ${extras:+--dev}; then
+if "$PY" scripts/installed.py ${extras:+--dev} ${mup[@]+"${mup[@]}"}; then
   echo "setup: every requirement${extras:+ (with $extras)} is installed already, hopperlm editable from here"
 else
   "$PY" -m pip install -q -e ".${extras}" 2>&1 | grep -v "Running pip as the 'root' user" || true
-  if [ -n "$extras" ]; then
-    # Microsoft's mup, which tests/test_mup.py compares hopperlm's μP multipliers with: without its
-    # dependencies, as its optimizers and shapes need only torch and pyyaml (its torchvision pin would replace
-    # the CPU torch)
-    "$PY" -m pip install -q --no-deps "mup==1.0.0" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  if [ ${#mup[@]} -gt 0 ]; then
+    "$PY" -m pip install -q --no-deps ${mup[@]+"${mup[@]}"} 2>&1 | grep -v "Running pip as the 'root' user" || true
   fi
 fi
 command -v pyenv >/dev/null 2>&1 && pyenv rehash 2>/dev/null || true  # make the `hopperlm` command visible

@@ -33,13 +33,15 @@ def test_a_missing_or_old_package_or_another_checkout_sends_setup_to_pip(monkeyp
         return real(name)
 
     monkeypatch.setattr(check.metadata, "version", without_peft)
-    assert check.missing(dev=True) == "peft is not installed"
-    assert check.missing(dev=False) is None  # peft is a dev requirement only
+    assert check.missing(dev=True, extra=[]) == "peft is not installed"
+    assert check.missing(dev=False, extra=[]) is None  # peft is a dev requirement only
+    # what setup.sh installs beside pyproject.toml (mup, without its dependencies) is checked too
+    assert check.missing(dev=False, extra=["mup==9.9"]) == "mup 1.0.0 does not satisfy mup==9.9"
 
     monkeypatch.setattr(check.metadata, "version", lambda name: "0.0.1" if name == "numpy" else real(name))
-    assert check.missing(dev=False) == "numpy 0.0.1 does not satisfy numpy>=1.26"
+    assert check.missing(dev=False, extra=[]) == "numpy 0.0.1 does not satisfy numpy>=1.26"
 
     monkeypatch.setattr(check.metadata, "version", real)
     monkeypatch.setattr(check, "ROOT", tmp_path)  # a checkout hopperlm was not installed from
     (tmp_path / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
-    assert check.missing(dev=False) == f"hopperlm is not installed editable from {tmp_path}"
+    assert check.missing(dev=False, extra=[]) == f"hopperlm is not installed editable from {tmp_path}"
