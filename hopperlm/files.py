@@ -1,5 +1,5 @@
-"""Files and folders that are whole or absent: the atomic writes (and the sha256 of bytes that names or checks
-what is written), on the lowest floor so every package uses them.
+"""Files and folders that are whole or absent: the atomic writes (and the sha256 of bytes or of a file, which
+names or checks what is written), on the lowest floor so every package uses them.
 
 A result file rewritten after every row of a benchmark, a cache shared by the ranks of a node, a manifest: each
 is written to a temporary name in the same folder and renamed over the target, so a reader (or a kill half-way)
@@ -13,6 +13,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+HASH_BLOCK = 8 << 20  # bytes read at a time by file_sha256
 
 
 def write_atomic(path: str | Path, data: bytes | str) -> Path:
@@ -66,3 +68,12 @@ def swap_in(tmp: str | Path, final: str | Path) -> Path:
 def sha256_hex(data: bytes) -> str:
     """The sha256 of `data` as 64 lowercase hex digits (what checksum files and manifests record)."""
     return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, as `sha256_hex` gives it, read in blocks (shards can be GBs)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()

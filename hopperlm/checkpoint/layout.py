@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from hopperlm.config import LoRAConfig, ModelConfig
-from hopperlm.data.shards import file_sha256
 from hopperlm.errors import CheckpointError
+from hopperlm.files import file_sha256
 
 PREFIX = "step_"
 MODEL_FILE, CONFIG_FILE, STATE_FILE = "model.safetensors", "config.json", "state.json"

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from hopperlm.checkpoint.layout import SHARDED_DIR, read_model_config
-from hopperlm.errors import CheckpointError, first_line  # parallel/checkpoint.py imports it from here
+from hopperlm.errors import CheckpointError, first_line
 from hopperlm.model.transformer import build_empty
 
 

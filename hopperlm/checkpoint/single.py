@@ -55,10 +55,9 @@ from hopperlm.checkpoint.layout import (
 from hopperlm.checkpoint.sharded import load_sharded_model, materialize_model
 from hopperlm.checkpoint.tensors import base_fingerprint, check_base, load_weights, read_adapters
 from hopperlm.config import ModelConfig
-from hopperlm.data.shards import file_sha256
 from hopperlm.diskspace import DiskError, room, tree_bytes, write_failure
 from hopperlm.errors import CheckpointError
-from hopperlm.files import swap_in
+from hopperlm.files import file_sha256, swap_in
 from hopperlm.model.lora import adapter_state, has_lora, load_adapter_state
 
 

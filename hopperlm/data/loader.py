@@ -18,11 +18,11 @@ from hopperlm.data.shards import (
     INDEX_DTYPE,
     REPREPARE,
     DocumentFormat,
-    file_sha256,
     index_name,
     read_manifest,
 )
 from hopperlm.errors import DataError
+from hopperlm.files import file_sha256
 
 
 @dataclass

@@ -43,13 +43,12 @@ from hopperlm.data.encoding import (
     start_pool,
 )
 from hopperlm.data.prepare_options import PrepareOptions
-from hopperlm.data.shards import (  # noqa: F401 - read_manifest/file_sha256/shard_dtype are imported from here
+from hopperlm.data.shards import (  # noqa: F401 - read_manifest/shard_dtype are imported from here
     FORMAT,
     INDEX_DTYPE,
     MANIFEST,
     DocumentFormat,
     ShardWriter,
-    file_sha256,
     index_name,
     read_manifest,
     shard_dtype,
@@ -58,7 +57,7 @@ from hopperlm.data.sources import decode_unit, find_sources, iter_units, source_
 from hopperlm.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, train_bpe
 from hopperlm.diskspace import DiskError, check_room, disk_error, tree_bytes
 from hopperlm.errors import DataError, HopperError
-from hopperlm.files import swap_in
+from hopperlm.files import file_sha256, swap_in
 
 PROGRESS_FILE = "progress.json"
 SEEN_FILE = "seen.u64"  # 64-bit document hashes for dedup, appended at each save

@@ -11,7 +11,6 @@ format: the special ids around every document (`eos`: text then EOS; `tokenizer`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ READABLE_FORMATS = ("hopperlm-shards-v1", FORMAT)
 MANIFEST = "manifest.json"
 MANIFEST_KEYS = ("tokenizer", "dtype", "vocab_size", "eos_id", "tokens", "shards")  # what readers rely on
 INDEX_DTYPE = np.dtype("<i8")
-HASH_BLOCK = 8 << 20
 REPREPARE = "re-run `hopperlm prepare --overwrite`"
 
 
@@ -72,15 +70,6 @@ def shard_dtype(vocab_size: int) -> np.dtype:
 
 def index_name(shard_file: str) -> str:
     return shard_file[: -len(".bin")] + ".idx"
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, streamed (shards can be GBs)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 class ShardWriter:

@@ -51,7 +51,7 @@ from hopperlm.checkpoint.layout import (
     verify_checkpoint,
     write_model_config,
 )
-from hopperlm.checkpoint.sharded import first_line, single_process_ok
+from hopperlm.checkpoint.sharded import single_process_ok
 from hopperlm.checkpoint.single import (
     CheckpointSaveError,
     load_model_weights,
@@ -65,9 +65,9 @@ from hopperlm.checkpoint.single import (
 )
 from hopperlm.checkpoint.tensors import check_base, read_adapters
 from hopperlm.config import ModelConfig, ParallelConfig
-from hopperlm.data.shards import file_sha256
 from hopperlm.diskspace import write_failure
-from hopperlm.errors import CheckpointError
+from hopperlm.errors import CheckpointError, first_line
+from hopperlm.files import file_sha256
 from hopperlm.model.lora import has_lora
 from hopperlm.parallel.runtime import Runtime
 from hopperlm.plan.strategy import SHARDED
