@@ -154,14 +154,13 @@ class StreamBatches(_Prefetched):
             layout.world_size,
         )
         self._consumed = self.stream.state_dict()  # the position of the next batch the loop will use
-        # where the step being run (or the next one, between steps) starts: what set_micro_batch rewinds to
+        # where the step being run (or the next one, between steps) starts: what set_micro_batch rewinds to.
+        # It moves when a step's last micro-batch is read (the loop reads whole steps, or rewinds)
         self._step_start = self._consumed
         self.grad_accum = layout.grad_accum
         self._prefetcher: Prefetcher | None = None
 
     def next(self, step: int, micro: int) -> Batch:
-        if micro == 0:
-            self._step_start = self._consumed
         if not self.depth:
             batch = self._ready(self.stream.next_batch())
             self._consumed = self.stream.state_dict()
@@ -171,8 +170,8 @@ class StreamBatches(_Prefetched):
                     lambda: (self._ready(self.stream.next_batch()), self.stream.state_dict()), self.depth
                 )
             batch, self._consumed = self._prefetcher.get()
-        if micro == self.grad_accum - 1:  # the step is read whole: a step dropped before its first
-            self._step_start = self._consumed  # micro-batch (a signal between steps) rewinds to here
+        if micro == self.grad_accum - 1:  # read whole: a step dropped even before its first micro-batch
+            self._step_start = self._consumed  # (a signal between steps) rewinds to here
         return batch
 
     def state_dict(self) -> dict:
