@@ -2,6 +2,7 @@
 best LR by final validation loss, the recipe written back with it; bad inputs one line each."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import yaml
 
 from hopperlm.cli import main
 from hopperlm.config import load_config
-from hopperlm.train.sweep import SweepRun, best_lr, tuned_recipe_text
+from hopperlm.train.sweep import SweepRun, best_lr, set_key, tuned_recipe_text
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = """# a tiny mup recipe
@@ -72,6 +73,8 @@ def test_sweep_trains_the_proxy_picks_the_best_lr_and_writes_the_recipe(recipe, 
     tuned = out / "tiny-mup.tuned.yaml"
     text = tuned.read_text()
     assert "# optim.lr" in text and "hopperlm sweep" in text and "# a tiny mup recipe" in text
+    # the proxy's width is named, not kept: a run of the proxy again is in the comment
+    assert "# sweep proxy: dim 32, 5 steps" in text and "--model.dim 32 --model.n_heads 2" in text
     cfg = load_config(tuned, [])
     assert cfg.optim.lr == pytest.approx(best) and cfg.model.dim == 64  # the target's width, the proxy's LR
     # --widths: each width trained at the best LR and the recipe's tokens per parameter (6 steps x 512 tokens),
@@ -95,6 +98,75 @@ def test_sweep_trains_the_proxy_picks_the_best_lr_and_writes_the_recipe(recipe, 
     assert shown.returncode == 0, shown.stderr[-2000:]
     line = next(x for x in shown.stdout.splitlines() if x.startswith("forecast from proxies"))
     assert f"{forecast['final_val_loss']:.3f}" in line and "not the proxies'" in line  # twice the tokens
+
+
+PLAIN = """# a tiny recipe: standard, until the sweep's overrides make it mup
+model:
+  preset: null
+  dim: 64
+  n_layers: 2
+  n_heads: 4  # heads of 16
+  max_seq_len: 64
+data:
+  path: not/prepared
+optim:
+  lr: 1.0e-3   # a guess
+  warmup_steps: 2
+train:
+  seq_len: 64
+  micro_batch: 8
+  max_steps: 6
+  eval_every: 0
+  eval_windows: 4
+  log_every: 3
+  ckpt_every: 0
+run:
+  out_dir: runs/tiny
+"""
+
+
+@pytest.mark.slow
+def test_the_tuned_recipe_alone_reproduces_the_sweeps_best_run(shakespeare_bytes, tmp_path):
+    """Issue 48: the tuned recipe held the LR only (no mup, no base_dim, no data path), so run alone it trained
+    something else at an LR tuned for mup. Now it holds every override but width, budget and out_dir: trained
+    alone at the proxy's budget (the sweep's --dim is the recipe's width here) it gives the best run's loss."""
+    recipe, out = tmp_path / "plain.yaml", tmp_path / "sweep"
+    recipe.write_text(PLAIN)
+    done = hopperlm("sweep", recipe, "--lr", "3e-4,3e-3,1e-2", "--dim", "64", "--max-steps", "4",
+                    "--model.parametrization", "mup", "--model.base_dim", "32", "--data.path", shakespeare_bytes,
+                    "--optim.weight_decay", "1e-2", "--out", out)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "differs from the sweep's runs" not in done.stdout, done.stdout[-2000:]
+    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    best = min(rows, key=lambda r: r["final_val_loss"])
+    tuned = out / "plain.tuned.yaml"
+    text = tuned.read_text()
+    # the recipe's comments and key order kept, the sweep's overrides added after its keys
+    for line in (
+        "# a tiny recipe: standard, until",
+        "preset: null\n",
+        "n_heads: 4  # heads of 16",
+        "# a guess",
+    ):
+        assert line in text, text
+    ours, theirs = yaml.safe_load(PLAIN), yaml.safe_load(text)
+    assert list(theirs) == list(ours)
+    assert all(list(theirs[section])[: len(keys)] == list(keys) for section, keys in ours.items())
+    assert "# optim.lr" in text and "hopperlm sweep" in text
+    assert "# sweep proxy: dim 64, 4 steps (train.max_steps), seeds 1337" in text, text
+    # every override of the runs; the recipe's own width, budget and out_dir
+    assert theirs["model"] == {**ours["model"], "parametrization": "mup", "base_dim": 32}
+    # (1e-2 as written: PyYAML reads it as text, load_config as the number, as from the command line)
+    assert theirs["data"]["path"] == str(shakespeare_bytes) and theirs["optim"]["weight_decay"] == "1e-2"
+    assert theirs["train"] == ours["train"] and theirs["run"] == ours["run"]
+    # alone, with the proxy's budget, a fresh out_dir and the run's threads (a CPU's losses depend on them)
+    again = subprocess.run(
+        [sys.executable, "-m", "hopperlm", "train", tuned, "--train.max_steps", "4", "--run.out_dir", tmp_path / "again"],
+        capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": str(best["threads"])},
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert best["seed"] == 1337  # the recipe's: the sweep's default seeds
+    assert json.loads((tmp_path / "again" / "result.json").read_text())["val_loss"] == best["final_val_loss"]
 
 
 def test_bad_sweeps_are_one_line_each(recipe, tmp_path, capsys):
@@ -144,12 +216,22 @@ def test_the_best_lr_averages_seeds_and_a_failed_seed_disqualifies():
 
 
 def test_the_tuned_recipe_keeps_everything_else_as_written():
-    text = "# top\nmodel:\n  dim: 64\noptim:\n  name: muon\n  lr: 1.5e-3  # old\n  warmup_steps: 5\ntrain:\n  max_steps: 3\n"
-    out = tuned_recipe_text(text, 4e-3, "from a sweep")
-    assert out == (
-        "# top\nmodel:\n  dim: 64\noptim:\n  name: muon\n  # from a sweep\n  lr: 0.004\n  warmup_steps: 5\n"
-        "train:\n  max_steps: 3\n"
+    text = "# top\nmodel:\n  dim: 64  # width\noptim:\n  name: muon\n  lr: 1.5e-3  # old\n  warmup_steps: 5\ntrain:\n  max_steps: 3\n"
+    overrides = ["--optim.weight_decay", "1e-3", "--model.parametrization=mup", "--data.path", "data/x y"]
+    out = tuned_recipe_text(text, lr=4e-3, overrides=overrides, note="from a sweep\nline two")
+    assert (
+        out
+        == (
+            "# top\nmodel:\n  dim: 64  # width\n  parametrization: mup\noptim:\n  name: muon\n  # from a sweep\n"
+            "  # line two\n  lr: 0.004   # old\n  warmup_steps: 5\n  weight_decay: 1e-3\ntrain:\n  max_steps: 3\n"
+            "data:\n  path: data/x y\n"
+        )
+    )  # 1e-3 as written; a new key last in its section, a new section last; the end-of-line comment's column kept
+    # a model.preset override replaces the model section (as load_config merges it); the recipe's indentation kept
+    out = tuned_recipe_text(
+        "model:\n    dim: 64\n    n_heads: 4\n", lr=1e-3, overrides=["--model.preset", "debug"], note="n"
     )
-    assert "optim:\n  # from a sweep\n  lr: 0.004\n" in tuned_recipe_text(
-        "model:\n  dim: 64\n", 4e-3, "from a sweep"
+    assert out == "model:\n    preset: debug\noptim:\n    # n\n    lr: 0.001\n"
+    assert set_key("train:\n  max_steps: 3  # short\n", "train", "forecast_from", "f.json", comment="c") == (
+        "train:\n  max_steps: 3  # short\n  # c\n  forecast_from: f.json\n"
     )

@@ -91,8 +91,20 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
         f"(mean final val loss {means[best]:.4f} over seeds {', '.join(map(str, seeds))}): `{command}`, "
         f"{time.strftime('%Y-%m-%d')}"
     )
-    text = sweep.tuned_recipe_text(recipe.read_text(), best, note)
-    tuned = write_atomic(out / f"{recipe.stem}.tuned.yaml", text)  # kept whatever the forecast's runs do
+    # the file alone trains what the sweep tuned: every override of the runs but the proxy's width, budget and
+    # out_dir (the recipe's stay), with comments naming the sweep and the proxy
+    kept, left_out = sweep.split_overrides(extra)
+    tuned = out / f"{recipe.stem}.tuned.yaml"
+    note += "\n" + sweep.proxy_note(
+        dim=dim, train=cfg.train, seeds=seeds, proxy=proxy, left_out=left_out, tuned=tuned, out=out
+    )
+    text = sweep.tuned_recipe_text(recipe.read_text(), lr=best, overrides=kept, note=note)
+    write_atomic(tuned, text)  # kept whatever the forecast's runs do
+    ran = run_config(str(recipe), [*extra, *proxy, "--optim.lr", repr(best)]).to_dict()
+    again = run_config(str(tuned), [*proxy, *left_out]).to_dict()
+    if differ := sweep.config_differences(again, ran):
+        log(f"warning: {tuned} at the proxy's width and budget differs from the sweep's runs in {', '.join(differ)}; "
+            f"set them as {out}/*/config.yaml has them")  # fmt: skip
     if widths:
         saved = forecast_big_run(
             recipe, list(overrides), widths, lr=best, seeds=seeds, out=out, jobs=args.jobs

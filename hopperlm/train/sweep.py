@@ -7,7 +7,10 @@ mup the best optim.lr of the proxy is the best of the recipe's width (model/mup.
 is not mup is refused. Each (LR, seed) trains as its own `hopperlm train` process, one after another or
 `--jobs` side by side (each with cores / jobs threads), into OUT/lr-LR-seed-S; the best LR has the lowest final
 validation loss averaged over seeds. The table, an overlay plot of the runs (OUT/plots) and OUT/sweep.json say
-what was measured; the recipe is written to OUT/RECIPE.tuned.yaml with the LR and a comment naming the sweep.
+what was measured. The recipe is written to OUT/RECIPE.tuned.yaml (ruamel.yaml's round trip: its comments and key
+order kept) with the best LR and every override the runs had but the proxy's width, budget and out_dir, which stay
+the recipe's; comments above optim.lr name the sweep and the proxy, so the file alone trains what was tuned (and,
+at the proxy's width and budget, reproduces the sweep's run).
 With `--widths`, the recipe is then trained at each of those widths at the best LR and the recipe's own tokens per
 parameter (run_widths), and observe/width_forecast.py forecasts the recipe's final loss from them
 (OUT/forecast.json, named by train.forecast_from in the tuned recipe).
@@ -18,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -26,7 +29,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from io import StringIO
 from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.error import YAMLError
+from ruamel.yaml.nodes import ScalarNode
+from ruamel.yaml.representer import RoundTripRepresenter
+from ruamel.yaml.util import load_yaml_guess_indent
 
 from hopperlm.config import DataConfig, ModelConfig, TrainConfig
 from hopperlm.errors import ConfigError
@@ -44,6 +56,7 @@ class SweepRun:
     stopped_by: str | None = None
     seconds: float | None = None
     error: str | None = None
+    threads: int | None = None  # OMP_NUM_THREADS of its process: a CPU run's losses depend on it
 
 
 def parse_lrs(text: str) -> list[float]:
@@ -114,6 +127,7 @@ def run_sweep(
     def train(run: SweepRun) -> SweepRun:
         cmd = [sys.executable, "-m", "hopperlm", "train", str(recipe), *overrides, "--optim.lr", repr(run.lr),
                "--train.seed", str(run.seed), "--run.out_dir", run.run_dir, "--log.report", "false"]  # fmt: skip
+        run.threads = threads
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         t0 = time.monotonic()
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -245,42 +259,143 @@ def table(runs: list[SweepRun], means: dict[float, float], best: float | None) -
     return lines
 
 
-def tuned_recipe_text(text: str, lr: float, note: str) -> str:
-    """The recipe's YAML with optim.lr set to `lr` and a comment above it, everything else as written."""
-    return set_key(text, "optim", "lr", lr_text(lr), comment=note)
+# what a tuned recipe keeps as the recipe wrote it: the sweep's budget and run folders are the proxy's, not the
+# big run's (the proxy's width never is an override of the sweep: proxy_overrides adds it to each run)
+RECIPE_KEEPS = {("train", "max_steps"), ("train", "max_tokens"), ("train", "max_hours"), ("run", "out_dir")}
 
 
-def set_key(text: str, section: str, key: str, value: str, *, comment: str | None = None) -> str:
-    """The YAML text with `section.key` set to `value` (replacing the key's line where the section has it,
-    else first in the section, or a new section at the end), `comment` above it; every other line as written."""
-    lines = text.splitlines()
-    head = f"{section}:"
-    start = next((i for i, line in enumerate(lines) if re.match(rf"^{section}:\s*(#.*)?$", line)), None)
-    if start is None:
-        return (
-            text.rstrip("\n")
-            + f"\n{head}\n"
-            + (f"  # {comment}\n" if comment else "")
-            + f"  {key}: {value}\n"
-        )
-    end = next(
-        (
-            i
-            for i in range(start + 1, len(lines))
-            if lines[i] and not lines[i][0].isspace() and not lines[i].startswith("#")
-        ),
-        len(lines),
+def override_items(overrides: list[str]) -> list[tuple[str, str, str]]:
+    """(section, key, value as written) of each `--section.key value` or `--section.key=value` override, in
+    order; the overrides are load_config's, already checked by it."""
+    items, args = [], iter(overrides)
+    for arg in args:
+        name, eq, text = arg[2:].partition("=")
+        if not eq:
+            text = next(args)
+        section, _, key = name.partition(".")
+        items.append((section, key, text))
+    return items
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(the overrides a tuned recipe holds, those it leaves to the proxy: budget and out_dir), each as arguments."""
+    kept, left_out = [], []
+    for section, key, text in override_items(overrides):
+        (left_out if (section, key) in RECIPE_KEEPS else kept).extend([f"--{section}.{key}", text])
+    return kept, left_out
+
+
+def budget_text(tc: TrainConfig) -> str:
+    """The run's budget in words, e.g. `20 steps (train.max_steps)`."""
+    parts = [
+        f"{value:,} {unit} (train.{key})"
+        for key, unit in (("max_steps", "steps"), ("max_tokens", "tokens"), ("max_hours", "hours"))
+        if (value := getattr(tc, key))
+    ]
+    return " or ".join(parts)
+
+
+def proxy_note(
+    *,
+    dim: int,
+    train: TrainConfig,
+    seeds: list[int],
+    proxy: list[str],
+    left_out: list[str],
+    tuned: Path,
+    out: Path,
+) -> str:
+    """The comment that names what the tuned recipe leaves to the proxy: its width (`proxy`, its overrides),
+    budget (`train`; `left_out`, the sweep's budget and out_dir overrides) and seeds, and how to run it again."""
+    again = [
+        f"--{section}.{key} {shlex.quote(text)}"
+        for section, key, text in override_items([*proxy, *left_out])
+        if (section, key) != ("run", "out_dir")
+    ]
+    return (
+        f"sweep proxy: dim {dim}, {budget_text(train)}, seeds {', '.join(map(str, seeds))}; see {out}/sweep.json. "
+        "This file holds the sweep's other overrides, and its own width, budget and out_dir. A proxy run again:\n"
+        f"  hopperlm train {tuned} {' '.join(again)} --train.seed {seeds[0]}"
     )
-    for i in range(start + 1, end):
-        m = re.match(rf"^(\s+){key}:\s*[^#\s]*(.*)$", lines[i])
-        if m:
-            lines[i : i + 1] = [
-                *([f"{m.group(1)}# {comment}"] if comment else []),
-                f"{m.group(1)}{key}: {value}",
-            ]
-            return "\n".join(lines) + "\n"
-    lines[start + 1 : start + 1] = [*([f"  # {comment}"] if comment else []), f"  {key}: {value}"]
-    return "\n".join(lines) + "\n"
+
+
+def round_trip(text: str) -> tuple[YAML, CommentedMap]:
+    """(ruamel.yaml's round-trip YAML indenting as `text` does, `text` loaded by it): comments, key order and
+    quotes kept."""
+    yaml = YAML()  # typ "rt"
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # a long value or flow list stays on its line
+    yaml.representer.add_representer(type(None), represent_null)  # `key: null` as written, not `key:`
+    doc = yaml.load(text) or CommentedMap()
+    # the sections' keys' column; the lists' indent and dash offset as ruamel guesses them, where there are lists
+    mapping = next((v.lc.col for v in doc.values() if isinstance(v, CommentedMap) and v), 2)
+    _, sequence, dash = load_yaml_guess_indent(text)
+    if dash is None:
+        sequence, dash = mapping, 0
+    yaml.indent(mapping=mapping, sequence=sequence, offset=dash)
+    return yaml, doc
+
+
+def represent_null(representer: RoundTripRepresenter, _: None) -> ScalarNode:
+    return representer.represent_scalar("tag:yaml.org,2002:null", "null")
+
+
+def tuned_recipe_text(text: str, *, lr: float, overrides: list[str], note: str) -> str:
+    """The recipe's YAML with `overrides` set as the sweep's runs had them (a model.preset override replaces the
+    model section, as load_config does) and optim.lr set to `lr` with `note` above it; comments, key order and
+    everything else as written."""
+    yaml, doc = round_trip(text)
+    items = override_items(overrides)
+    if any((section, key) == ("model", "preset") for section, key, _ in items):
+        doc["model"] = CommentedMap()
+    for section, key, written in items:
+        set_value(doc, section, key, override_value(yaml, written))
+    set_value(doc, "optim", "lr", lr, comment=note, indent=yaml.map_indent)
+    return dump(yaml, doc)
+
+
+def override_value(yaml: YAML, text: str) -> Any:
+    """An override's value as written (1e-3 stays 1e-3, for load_config to read as it reads the command line);
+    the text itself where it is not YAML, as load_config takes it."""
+    try:
+        return yaml.load(text)
+    except YAMLError:
+        return text
+
+
+def set_key(text: str, section: str, key: str, value: Any, *, comment: str | None = None) -> str:
+    """The YAML text with `section.key` set to `value` (a new key goes last in its section, a new section last),
+    `comment` above it; everything else as written."""
+    yaml, doc = round_trip(text)
+    set_value(doc, section, key, value, comment=comment, indent=yaml.map_indent)
+    return dump(yaml, doc)
+
+
+def set_value(
+    doc: CommentedMap, section: str, key: str, value: Any, *, comment: str | None = None, indent: int = 2
+) -> None:
+    """`section.key` set to `value` in the loaded YAML `doc`, `comment` (lines) above it at column `indent`."""
+    if not isinstance(doc.get(section), CommentedMap):  # absent, or `section:` with nothing under it
+        doc[section] = CommentedMap()
+    doc[section][key] = value
+    if comment:
+        doc[section].yaml_set_comment_before_after_key(key, before=comment, indent=indent)
+
+
+def dump(yaml: YAML, doc: CommentedMap) -> str:
+    out = StringIO()
+    yaml.dump(doc, out)
+    return out.getvalue()
+
+
+def config_differences(ours: dict, theirs: dict) -> list[str]:
+    """The `section.key` names whose values differ between two configs' to_dict()."""
+    return [
+        f"{section}.{key}"
+        for section in sorted(set(ours) | set(theirs))
+        for key in sorted(set(ours.get(section) or {}) | set(theirs.get(section) or {}))
+        if (ours.get(section) or {}).get(key) != (theirs.get(section) or {}).get(key)
+    ]
 
 
 def save_sweep(
