@@ -9,10 +9,17 @@ For each preset, every row trains the same architecture on the same micro-batch:
   hf               Hugging Face `transformers` LlamaForCausalLM, attn_implementation="sdpa", bf16 autocast,
                    clipping at 1.0 (the HF Trainer's default)
   hf+compile       the same under torch.compile
+  hopperlm muon    the same step with optim.name muon (the race recipe's optimizer: Muon on the blocks'
+                   matrices, AdamW for the rest), beside the AdamW row
 Timing: warm-up steps first (compilation happens there and is reported apart), then `windows` timed windows
-of `steps` optimizer steps each, the device synchronised at both ends; the median window counts. Inputs are
-random tokens (never zeros). Each row reports tokens/s, MFU against the device's dense 16-bit peak, peak
-memory, and ratios against the baselines measured in the same run.
+of `steps` optimizer steps each, the device synchronised at both ends; the median window counts, and its min
+and max are kept beside it (a row is a median over >= 5 windows with its spread, never one window). Inputs
+are random tokens (never zeros), y = x shifted by one. Each row reports tokens/s, MFU against the device's
+dense 16-bit peak, peak memory, and ratios against the baselines measured in the same run.
+
+--variant NAME:KEY=VALUE,... adds a hopperlm row: KEY a train.* field (attention=cudnn, compile_mode=...,
+micro_batch=32, seq_len=512, grad_accum=8: micro-batches per optimizer step), optim.FIELD (optim.name=muon),
+or documents=N (each row packed from N equal documents: attention masked per document, FlexAttention on CUDA).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from hopperlm.errors import ConfigError, DataError, first_line
 from hopperlm.hardware import Hardware
 from hopperlm.model.transformer import build_model, flops_per_token
 from hopperlm.plan import make_plan
+from hopperlm.plan.attention_probe import measure_attention
 from hopperlm.plan.float8_payoff import torchao_available
 from hopperlm.train.step import build_step, train_step
 
@@ -58,7 +66,11 @@ class Row:
     micro_batch: int
     seq_len: int
     flops_per_token: int
-    tokens_per_s: float | None = None
+    grad_accum: int = 1  # micro-batches per timed optimizer step
+    tokens_per_s: float | None = None  # the median window's
+    tokens_per_s_min: float | None = None  # the slowest window's
+    tokens_per_s_max: float | None = None  # the fastest window's
+    window_tokens_per_s: list[float] = field(default_factory=list)  # every timed window, in order
     mfu: float | None = None
     peak_mem_gb: float | None = None
     step_ms: float | None = None
@@ -71,14 +83,22 @@ class Row:
 
 @dataclass
 class Case:
-    """One row to measure: `build()` returns (step function, notes on what it runs) on fresh weights."""
+    """One row to measure: `build()` returns (step function, notes on what it runs) on fresh weights. The step
+    takes one (x, y) micro-batch and runs `grad_accum` micro-batches of it per optimizer step."""
 
     config: str
     micro_batch: int
     build: Callable[[], tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], list[str]]]
+    seq_len: int | None = None  # None: the preset's
+    grad_accum: int = 1
+    documents: int = 0  # packed documents a row (masked attention)
 
 
 # ---- the rows --------------------------------------------------------------------------------------------
+# the optimizer of the race recipe (configs/owt-350m-h100.yaml) for the Muon rows
+MUON = {"name": "muon", "muon_lr_adjust": "spectral", "lr": 1.5e-3, "warmup_steps": 0}
+
+
 def hopperlm_case(
     label: str,
     model_cfg: ModelConfig,
@@ -87,35 +107,68 @@ def hopperlm_case(
     seq: int,
     log,
     optim: dict | None = None,
+    *,
+    grad_accum: int = 1,
+    documents: int = 0,
     **train,
 ) -> Case:
     """A row built exactly as `hopperlm train` builds it: config -> plan -> speed-ups, parallel wrapper and
     optimizer (train/step.py `build_step`), then `train_step` itself: clipping and the finite check included.
-    `optim`: the optim section (default AdamW at 3e-4), `train`: train.* overrides."""
+    `optim`: the optim section (default AdamW at 3e-4), `train`: train.* overrides; `grad_accum` micro-batches
+    per optimizer step; `documents` > 0: every sequence packed from that many equal documents (doc_ids)."""
+    if documents and seq % documents:
+        raise ConfigError(f"--variant documents={documents} must divide the sequence length {seq}")
+    if seq > model_cfg.max_seq_len:
+        model_cfg = dataclasses.replace(model_cfg, max_seq_len=seq)
 
     def build():
         cfg = config_from_dict(
             {
                 "model": {"preset": None, **dataclasses.asdict(model_cfg)},
-                "train": {"seq_len": seq, "micro_batch": micro, "max_steps": 1000, **train},
-                "optim": optim or {"lr": 3e-4, "warmup_steps": 0},
+                "train": {
+                    "seq_len": seq,
+                    "micro_batch": micro,
+                    "batch_tokens": micro * seq * grad_accum,
+                    "max_steps": 1000,
+                    **train,
+                },
+                "optim": {"lr": 3e-4, "warmup_steps": 0, **(optim or {})},
             }
         )
-        plan = make_plan(cfg, model_cfg, hw)
+        # on a real GPU the attention kernel is measured as `train` measures it (cuDNN against flash)
+        probe = measure_attention if hw.device.type == "cuda" else None
+        plan = make_plan(cfg, model_cfg, hw, attention_probe=probe)
         plan.apply_runtime_settings(log)
         model = build_model(model_cfg, hw.device, seed=0)
         parts, fp8 = build_step(model, plan, cfg.optim, log=lambda line: log(f"  {label}: {line}"))
+        doc_ids = None
+        if documents:  # (micro, seq): document i covers positions [i*seq/N, (i+1)*seq/N) of every row
+            doc_ids = torch.arange(seq, device=hw.device).div(seq // documents, rounding_mode="floor")
+            doc_ids = doc_ids.expand(micro, seq)
 
         def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            batch = Batch(x, y)
-            return train_step(parts, lambda micro: batch, grad_accum=1, lr=cfg.optim.lr).loss
+            batch = Batch(x, y, doc_ids)
+            return train_step(parts, lambda micro: batch, grad_accum=grad_accum, lr=cfg.optim.lr).loss
 
         compiled = f"compile {plan.compile_mode}/{plan.compile_scope}" if plan.compile else "no compile"
         loss = "fused loss" if plan.fused_loss else "standard loss"
         clip = f"clip {cfg.optim.grad_clip:g}" if cfg.optim.grad_clip else "no clip"
-        return step, [compiled, f"fp8 {fp8}", loss, plan.precision, clip]
+        notes = [
+            compiled,
+            f"fp8 {fp8}",
+            loss,
+            plan.precision,
+            clip,
+            plan.optimizer,
+            f"kernels {plan.kernels}",
+        ]
+        notes.append("fused projections" if plan.fused_projections else "separate projections")
+        notes.append(plan.reasons.get("attention", "attention: ?").split(" (")[0])
+        if documents:
+            notes.append(f"{documents} documents a row ({plan.reasons.get('documents', 'document masks')})")
+        return step, notes
 
-    return Case(label, micro, build)
+    return Case(label, micro, build, seq_len=seq, grad_accum=grad_accum, documents=documents)
 
 
 def hf_case(label: str, model_cfg: ModelConfig, hw: Hardware, micro: int, compiled: bool) -> Case:
@@ -151,7 +204,8 @@ def hf_case(label: str, model_cfg: ModelConfig, hw: Hardware, micro: int, compil
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
-    """'NAME:key=value,key=value' -> (NAME, train overrides), e.g. 'scope-model:compile_scope=model'."""
+    """'NAME:key=value,key=value' -> (NAME, overrides), e.g. 'scope-model:compile_scope=model'; keys are
+    train.* fields, optim.FIELD, grad_accum or documents (hopperlm_case's arguments)."""
     import yaml
 
     name, _, pairs = text.partition(":")
@@ -185,12 +239,16 @@ def cases_for(
     cases = [
         hopperlm_case("eager", model_cfg, hw, micro, seq, log, compile=False, fp8="off", fused_loss=False),
         hopperlm_case("hopperlm", model_cfg, hw, micro, seq, log, fp8="off"),
+        hopperlm_case("hopperlm muon", model_cfg, hw, micro, seq, log, optim=MUON, fp8="off"),
     ]
-    for text in variants:  # extra hopperlm rows with train.* overrides (micro_batch included)
+    for text in variants:  # extra hopperlm rows with train.* / optim.* overrides (micro_batch included)
         name, overrides = parse_variant(text)
         settings = {"fp8": "off", **overrides}
-        row_micro = settings.pop("micro_batch", micro)
-        cases.append(hopperlm_case(f"hopperlm {name}", model_cfg, hw, row_micro, seq, log, **settings))
+        optim = {k.removeprefix("optim."): settings.pop(k) for k in list(settings) if k.startswith("optim.")}
+        row_micro, row_seq = settings.pop("micro_batch", micro), settings.pop("seq_len", seq)
+        cases.append(
+            hopperlm_case(f"hopperlm {name}", model_cfg, hw, row_micro, row_seq, log, optim=optim, **settings)
+        )
     if cuda and hw.fp8:
         backend = "tensorwise" if torchao_available() else "native"
         cases.append(hopperlm_case(f"hopperlm fp8 ({backend})", model_cfg, hw, micro, seq, log, fp8=backend))
@@ -203,7 +261,14 @@ def cases_for(
     return cases
 
 
-ROW_NAMES = ("eager", "hopperlm", "hopperlm fp8", "hf", "hf+compile")  # what --rows may name (and variants)
+ROW_NAMES = (
+    "eager",
+    "hopperlm",
+    "hopperlm muon",
+    "hopperlm fp8",
+    "hf",
+    "hf+compile",
+)  # what --rows may name (and variants)
 
 
 # ---- measuring -------------------------------------------------------------------------------------------
@@ -235,7 +300,7 @@ def measure(
         step, row.notes = case.build()
         start = time.perf_counter()
         micro = row.micro_batch
-        losses = [step(*batches(i, micro)) for i in range(max(warmup, loss_steps))]
+        losses = [step(*batches(i, micro, row.seq_len)) for i in range(max(warmup, loss_steps))]
         _sync(device)
         row.warmup_s = time.perf_counter() - start
         if loss_steps:  # the mean of the last tenth of a real-data run, the same data for every row
@@ -243,7 +308,7 @@ def measure(
             row.final_loss = float(torch.stack(tail).float().mean())
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        x, y = batches(0, micro)
+        x, y = batches(0, micro, row.seq_len)
         times = []
         for _ in range(windows):
             _sync(device)
@@ -252,9 +317,15 @@ def measure(
                 step(x, y)
             _sync(device)
             times.append((time.perf_counter() - t0) / steps)
+        tokens = row.micro_batch * row.seq_len * row.grad_accum  # per optimizer step
         seconds = statistics.median(times)
         row.step_ms = 1000 * seconds
-        row.tokens_per_s = row.micro_batch * row.seq_len / seconds
+        row.tokens_per_s = tokens / seconds
+        row.window_tokens_per_s = [tokens / t for t in times]
+        row.tokens_per_s_min, row.tokens_per_s_max = (
+            min(row.window_tokens_per_s),
+            max(row.window_tokens_per_s),
+        )
         row.mfu = row.tokens_per_s * row.flops_per_token / hw.peak_16bit if hw.peak_16bit else None
         if device.type == "cuda":
             row.peak_mem_gb = torch.cuda.max_memory_allocated(device) / 1e9
@@ -310,17 +381,18 @@ def shape_for(preset: str, hw: Hardware, quick: bool, micro: int | None, seq: in
 
 
 # ---- the run ---------------------------------------------------------------------------------------------
-def batch_source(vocab: int, seq: int, device: torch.device, data_dir=None):
-    """batches(i, micro) -> (x, y): random tokens (one fixed batch per size), or real windows of a prepared
-    data dir (step i of a seeded random-window stream)."""
+def batch_source(vocab: int, device: torch.device, data_dir=None):
+    """batches(i, micro, seq) -> (x, y), y = x shifted by one: random tokens (one fixed batch per size), or
+    real windows of a prepared data dir (step i of a seeded random-window stream)."""
     if data_dir is None:
         fixed = {}
 
-        def random_batch(i, micro):
-            if micro not in fixed:
+        def random_batch(i, micro, seq):
+            if (micro, seq) not in fixed:
                 g = torch.Generator().manual_seed(micro)
-                fixed[micro] = torch.randint(0, vocab, (micro, seq + 1), generator=g).to(device)
-            return fixed[micro][:, :-1], fixed[micro][:, 1:]
+                fixed[micro, seq] = torch.randint(0, vocab, (micro, seq + 1), generator=g).to(device)
+            tokens = fixed[micro, seq]
+            return tokens[:, :-1], tokens[:, 1:]
 
         return random_batch
 
@@ -330,7 +402,7 @@ def batch_source(vocab: int, seq: int, device: torch.device, data_dir=None):
         )
     shards = TokenShards(data_dir, "train")
 
-    def real_batch(i, micro):
+    def real_batch(i, micro, seq):
         x, y = RandomWindows(shards, seq, micro, seed=0).batch(i, 0)
         return x.to(device), y.to(device)
 
@@ -363,16 +435,20 @@ def run_bench(
         micro, seq = shape_for(preset, hw, quick, micro_batch, seq_len)
         if seq > model_cfg.max_seq_len:
             model_cfg = dataclasses.replace(model_cfg, max_seq_len=seq)
-        fpt = flops_per_token(model_cfg, seq)
-        batches = batch_source(model_cfg.vocab_size, seq, hw.device, data_dir)
+        batches = batch_source(model_cfg.vocab_size, hw.device, data_dir)
         cases = cases_for(
             model_cfg, hw, micro, seq, hf, log, variants=variants, hf_compile=hf_compile, only=only
         )
         for case in cases:
-            row = Row(preset, case.config, case.micro_batch, seq, fpt)
+            row_seq = case.seq_len or seq
+            fpt = flops_per_token(model_cfg, row_seq)
+            row = Row(preset, case.config, case.micro_batch, row_seq, fpt, grad_accum=case.grad_accum)
             log(f"{preset}: {case.config} ...")
             on_hopperlm = case.config.startswith("hopperlm")
             measure(case, row, hw, batches, warmup, windows, steps, loss_steps if on_hopperlm else 0)
+            if case.documents and row.mfu is not None:  # the FLOPs per token count whole-row attention
+                row.mfu = None
+                row.notes.append("MFU n/a: document masks skip attention blocks the FLOP count includes")
             log(f"{preset}: {case.config}: {describe(row)}")
             rows.append(row)
             add_ratios(rows)
@@ -385,37 +461,49 @@ def describe(row: Row) -> str:
     if row.error:
         return f"failed ({row.error})"
     mfu = "n/a" if row.mfu is None else f"{100 * row.mfu:.1f}%"
-    return f"{row.tokens_per_s:,.0f} tokens/s, MFU {mfu}, {row.step_ms:.1f} ms/step, warm-up {row.warmup_s:.1f} s"
+    spread = (
+        f"{row.tokens_per_s_min:,.0f}-{row.tokens_per_s_max:,.0f} over {len(row.window_tokens_per_s)} windows"
+    )
+    return (
+        f"{row.tokens_per_s:,.0f} tokens/s ({spread}), MFU {mfu}, {row.step_ms:.1f} ms/step, "
+        f"warm-up {row.warmup_s:.1f} s"
+    )
 
 
 def format_table(rows: list[Row], hw: Hardware) -> list[str]:
-    """The table printed last: one line per row, and each preset's ceiling at 100% MFU."""
+    """The table printed last: one line per row (tokens/s the median window, with the slowest and fastest
+    window beside it), and each preset's ceiling at 100% MFU."""
     lines = [
-        f"{'preset':<16}{'config':<26}{'batch':>10}{'tokens/s':>12}{'MFU':>7}{'mem GB':>8}{'ms/step':>9}"
-        f"{'vs eager':>9}{'vs HF':>7}{'vs HF+c':>8}{'loss':>8}"
+        f"{'preset':<16}{'config':<26}{'batch':>12}{'tokens/s':>12}{'min-max':>18}{'MFU':>7}{'mem GB':>8}"
+        f"{'ms/step':>9}{'vs eager':>9}{'vs HF':>7}{'vs HF+c':>8}{'loss':>8}"
     ]
     for preset in dict.fromkeys(r.preset for r in rows):
         group = [r for r in rows if r.preset == preset]
         for r in group:
-            batch = f"{r.micro_batch}x{r.seq_len}"
+            batch = f"{r.micro_batch}x{r.seq_len}" + (f"x{r.grad_accum}" if r.grad_accum > 1 else "")
             if r.error:
-                lines.append(f"{preset:<16}{r.config:<26}{batch:>10}  {r.error}")
+                lines.append(f"{preset:<16}{r.config:<26}{batch:>12}  {r.error}")
                 continue
             mfu = "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%"
             mem = "n/a" if r.peak_mem_gb is None else f"{r.peak_mem_gb:.1f}"
+            spread = f"{r.tokens_per_s_min:,.0f}-{r.tokens_per_s_max:,.0f}"
             ratio = [r.ratios.get(k) for k in ("vs eager", "vs hf", "vs hf+compile")]
             ratio_s = "".join(
                 f"{'' if x is None else f'{x:.2f}x':>{w}}" for x, w in zip(ratio, (9, 7, 8), strict=True)
             )
             loss = "" if r.final_loss is None else f"{r.final_loss:.4f}"
             lines.append(
-                f"{preset:<16}{r.config:<26}{batch:>10}{r.tokens_per_s:>12,.0f}{mfu:>7}{mem:>8}"
+                f"{preset:<16}{r.config:<26}{batch:>12}{r.tokens_per_s:>12,.0f}{spread:>18}{mfu:>7}{mem:>8}"
                 f"{r.step_ms:>9.1f}{ratio_s}{loss:>8}"
             )
         if hw.peak_16bit:
             fpt = group[0].flops_per_token
             lines.append(
                 f"{'':<16}ceiling: {hw.peak_16bit / fpt:,.0f} tokens/s at 100% of {hw.peak_16bit / 1e12:.0f} "
-                f"TFLOP/s ({fpt / 1e9:.2f} GFLOP/token)"
+                f"TFLOP/s ({fpt / 1e9:.2f} GFLOP/token at seq {group[0].seq_len})"
             )
+    windows = {len(r.window_tokens_per_s) for r in rows if r.window_tokens_per_s}
+    if windows:
+        lines.append(f"tokens/s: the median of {'/'.join(map(str, sorted(windows)))} timed windows; min-max: the "
+                     "slowest and the fastest window")  # fmt: skip
     return lines

@@ -17,6 +17,10 @@ class CheckpointError(HopperError):
     """A checkpoint is missing, incomplete or does not match the model."""
 
 
+class FolderBusy(HopperError):
+    """Another hopperlm process is writing the folder (it holds the folder's lock: folder_lock.py)."""
+
+
 def first_line(error: BaseException, *, type_name: bool = True) -> str:
     """An exception as one line for a log or a message: `RuntimeError: <first non-empty line of its text>`, or
     the type name alone when the text is empty (enough to tell a missing kernel from a bug; DCP's and CUDA's

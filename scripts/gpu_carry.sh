@@ -2,26 +2,34 @@
 # Prepare, on this CPU machine, what the GPU machine's image lacks for bench/gpu/campaign.sh, into the one
 # git-ignored folder gpu-carry/ that both device calls (A, then B) name in `carry`; then check, with no device
 # time, that the campaign runs under the GPU image's versions. Prints each part's size and the total.
-#   gpu-carry/whl/    torchao 0.18.0 (float8, 8-bit AdamW) and bitsandbytes 0.50.2 rebuilt with only its CUDA 13
-#                     and CPU libraries (41 MiB -> ~3.5 MiB: the image has CUDA 13; the others never load there)
+#   gpu-carry/whl/    torchao 0.18.0 (float8, 8-bit AdamW), bitsandbytes 0.50.2 rebuilt with only its CUDA 13
+#                     and CPU libraries (41 MiB -> ~3.5 MiB: the image has CUDA 13; the others never load there),
+#                     and liger-kernel 0.8.5 (pure Python Triton kernels: the `train.kernels liger` rows; the image
+#                     has triton)
 #   gpu-carry/data/   Tiny Shakespeare, TinyLlama's tokenizer, the Alpaca demo, HornMT: what the GPU tests read
 #   gpu-carry/gutenberg-32k/  Gutenberg books prepared with TinyLlama's tokenizer.json (the Llama-2 vocabulary,
 #                     32,000 pieces): owt-350m and the profile train on it
-#   gpu-carry/COMMIT  the commit, and whether the tree had uncommitted changes
+#   gpu-carry/stamp.json  the commit, whether the tree had uncommitted changes, and a digest of the code files
+#                     (hopperlm/provenance.py): the GPU machine's records take their commit from it where the
+#                     digest matches the tree that ran. `--stamp` rewrites only this file (a second): run it
+#                     right before every device call, after the last edit
 # Then (unless --no-drift-check) a throwaway venv with the GPU image's torch 2.11 and transformers 5.17 runs
-# `campaign.sh --smoke` for calls A, B and D, and this script stops on any failure: what broke on 2.11 breaks
-# here, for free. (PyPI's torch 2.11 is the CUDA build; without a GPU it runs on the CPU, the same Python code.)
+# `campaign.sh --smoke` for calls E, F, A, B and D, and this script stops on any failure: what broke on 2.11
+# breaks here, for free. (PyPI's torch 2.11 is the CUDA build; without a GPU it runs on the CPU, the same Python
+# code.)
 #
 #   bash scripts/gpu_carry.sh [--books-mb MB] [--no-drift-check]
+#   bash scripts/gpu_carry.sh --stamp
 #
 # Needs the package index (pip download/install) and the shared data ($HOPPERLM_DATA_DIR, else ../shared/data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BOOKS_MB=40 LIMIT_MIB=64 DRIFT=1
+BOOKS_MB=40 LIMIT_MIB=64 DRIFT=1 STAMP_ONLY=0
 while [ $# -gt 0 ]; do
   case $1 in
     --books-mb) BOOKS_MB=$2; shift ;;
     --no-drift-check) DRIFT=0 ;;
+    --stamp) STAMP_ONLY=1 ;;
     -h|--help) sed -n '/^#   bash/p' "$0" | sed 's/^#  //'; exit 0 ;;
     *) echo "gpu_carry: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -29,11 +37,20 @@ while [ $# -gt 0 ]; do
 done
 DATA=${HOPPERLM_DATA_DIR:-$(cd .. && pwd)/shared/data}
 PY=${PYTHON:-python3}
+stamp() {  # gpu-carry/stamp.json: what the device call's records will call this tree
+  "$PY" -c 'from hopperlm.provenance import write_stamp; s = write_stamp()
+print("gpu_carry: stamped", s["commit"], "+ uncommitted changes" if s["dirty"] else "", "tree", s["tree"])'
+}
+if [ "$STAMP_ONLY" = 1 ]; then
+  [ -d gpu-carry ] || { echo "gpu_carry: no gpu-carry/ yet; run bash scripts/gpu_carry.sh first" >&2; exit 2; }
+  stamp; exit 0
+fi
 # torchao: 0.18.0, by evidence. Its float8 training ran on the GPU image's torch 2.11 on 2026-11-22 (H200,
 # bench/results/2026-11-22-h200: tinyllama-1.1b 1.18x bf16), and it is what CI and the dev machines run on
 # torch 2.13, so the smoke checks the same code the GPU runs. 0.17 (listed as built for 2.11) also converts and
 # steps float8 layers and 8-bit AdamW on 2.11 on the CPU, but has never run on the GPU here.
 TORCHAO=torchao==0.18.0 BNB=bitsandbytes==0.50.2  # bitsandbytes 0.50.2 ships libbitsandbytes_cuda130.so
+LIGER=liger-kernel==0.8.5  # needs torch and triton, both in the GPU image; never installed on the CPU path
 GPU_IMAGE="torch==2.11.0 transformers==5.17.0 accelerate==1.15.0"  # /work/.library/device/KINDS.md
 grep -qx '/gpu-carry/' .gitignore || { echo "gpu_carry: /gpu-carry/ must be in .gitignore" >&2; exit 1; }
 
@@ -96,18 +113,16 @@ mib() { echo "$1" | awk '{printf "%.1f MiB", $1 / 1048576}'; }
 
 dest=gpu-carry
 rm -rf "$dest"; mkdir -p "$dest"
-wheels "$dest/whl" "$TORCHAO" "$BNB"
+wheels "$dest/whl" "$TORCHAO" "$BNB" "$LIGER"
 trim_bitsandbytes "$(ls "$dest"/whl/bitsandbytes-*.whl)"
 test_data "$dest/data"
 gutenberg "$dest/gutenberg-32k"
-commit=$(git rev-parse --short HEAD)
-if [ -n "$(git status --porcelain --untracked-files=no)" ]; then commit="$commit + uncommitted changes"; fi
-echo "$commit" > "$dest/COMMIT"
+stamp
 
 total=$(tree_bytes)
 echo "gpu_carry: what travels with each device call"
 printf '  %-40s %10s\n' "the working tree (git ls-files)" "$(mib "$total")"
-for part in "$dest"/whl/*.whl "$dest/data" "$dest/gutenberg-32k" "$dest/COMMIT"; do
+for part in "$dest"/whl/*.whl "$dest/data" "$dest/gutenberg-32k" "$dest/stamp.json"; do
   size=$(du -sb "$part" | cut -f1)
   total=$((total + size))
   printf '  %-40s %10s\n' "$(basename "${part}" | cut -c1-40)" "$(mib "$size")"
@@ -126,7 +141,7 @@ echo "gpu_carry: drift check: a venv with $GPU_IMAGE (about a minute to install)
 VPY=$VENV/venv/bin/python
 "$VPY" -m pip install -q -e ".[dev]" $GPU_IMAGE 2>&1 | grep -v "Running pip as the 'root' user" || true
 "$VPY" -c "import torch, transformers; print(f'gpu_carry: drift check with torch {torch.__version__}, transformers {transformers.__version__}')"
-for call in A B D; do
+for call in E F A B D; do
   out=$VENV/smoke-$call
   if ! PYTHON=$VPY HOPPERLM_DATA_DIR=$DATA bash bench/gpu/campaign.sh --smoke --call $call "$out" > "$VENV/smoke-$call.log" 2>&1; then
     tail -n 30 "$VENV/smoke-$call.log"

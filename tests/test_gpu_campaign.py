@@ -1,4 +1,4 @@
-"""GPU scripts that cannot rot: bench/gpu/campaign.sh --smoke runs every stage of both device calls on the CPU
+"""GPU scripts that cannot rot: bench/gpu/campaign.sh --smoke runs every stage of the device calls on the CPU
 at tiny sizes (CPU stand-ins where a kernel needs CUDA), so a script that would crash on the GPU machine crashes
 here first (bench/gpu/qlora.py once passed data_tokenizer=None to build_train_model, which called it: both
 hopperlm rows died before any GPU work, and nothing ran the script to notice)."""
@@ -17,6 +17,8 @@ from shared_data import DATA_DIR
 REPO = Path(__file__).resolve().parents[1]
 CAMPAIGN = REPO / "bench" / "gpu" / "campaign.sh"
 CALLS = {
+    "E": ["bench-e-step", "bench-e-attention", "bench-owt-step", "bench-e-compile"],
+    "F": ["qlora-fast-lean", "qlora-fixes"],
     "A": ["bench-h100-350m", "qlora", "owt-350m", "gpu-tests"],
     "B": ["lora", "gpu-tests-qlora", "flash-ac-finder", "cudagraphs-accum"],
     "C": ["bench-hf-compile", "profile-h100-350m", "bench-tinyllama-1.1b", "fsdp-overhead"],
@@ -42,7 +44,7 @@ def stage(out: Path, name: str) -> dict:
 
 def test_the_plan_shows_each_call_fits_its_share_of_the_lease(tmp_path):
     sums = {}
-    for call, limit in (("A", 420), ("B", 220), ("C", 450), ("D", 220)):
+    for call, limit in (("E", 420), ("F", 220), ("A", 420), ("B", 220), ("C", 450), ("D", 220)):
         done = campaign("--plan", "--call", call)
         assert done.returncode == 0, done.stderr
         listed = [line.split()[0] for line in done.stdout.splitlines()[1:-1]]
@@ -51,14 +53,23 @@ def test_the_plan_shows_each_call_fits_its_share_of_the_lease(tmp_path):
         assert sums[call] <= limit, done.stdout
     assert "device call timeout_s 450" in campaign("--plan", "--call", "A").stdout
     bad = campaign("--plan", "--call", "1")
-    assert bad.returncode == 2 and "--call takes A, B, C or D" in bad.stderr
+    assert bad.returncode == 2 and "--call takes E, F, A, B, C or D" in bad.stderr
+
+
+# what the smoke run leaves out: stages whose code paths E and F run (bench rows of hopperlm alone, QLoRA's
+# rows), so CI pays for each path once
+COVERED = {"qlora": "F", "bench-hf-compile": "E", "bench-tinyllama-1.1b": "A", "qlora-compile": "F",
+           "bench-h100-350m-mb32": "E"}  # fmt: skip
 
 
 @pytest.mark.slow
 def test_smoke_campaign_runs_every_stage_of_every_call(tmp_path):
-    out = tmp_path / "smoke"  # the three calls share OUT/work/ (prepared data, the tiny base checkpoint)
+    out = tmp_path / "smoke"  # the calls share OUT/work/ (prepared data, the tiny base checkpoint)
     for call, names in CALLS.items():
-        done = campaign("--smoke", "--call", call, str(out))
+        names = [n for n in names if n not in COVERED]
+        if not names:
+            continue
+        done = campaign("--smoke", "--call", call, "--only", ",".join(names), str(out))
         failed = [n for n in names if not json.loads((out / f"{n}.json").read_text()).get("ok")]
         assert done.returncode == 0 and not failed, (call, failed, done.stdout[-4000:], done.stderr[-2000:])
         for name in names:
@@ -69,21 +80,53 @@ def test_smoke_campaign_runs_every_stage_of_every_call(tmp_path):
         assert f"call {call}" in tail and "SMOKE: CPU, tiny sizes" in tail and "key numbers" in tail
         assert all(name in tail for name in names) and f"{len(names)} of {len(names)} stages ok" in tail
         assert (out / "summary.txt").read_text().strip() == tail.strip()
-    assert json.loads((out / "machine.json").read_text())["smoke"] is True
+    machine = json.loads((out / "machine.json").read_text())
+    assert machine["smoke"] is True and machine["commit_id"] and "commit_source" not in machine
 
-    for name in ("bench-h100-350m", "bench-tinyllama-1.1b"):  # the hopperlm rows and the baselines
-        rows = {r["config"]: r for r in stage(out, name)["rows"]}
-        assert set(rows) == {"eager", "hopperlm", "hf"}, rows.keys()  # float8 is CUDA-only
-        assert all(r["tokens_per_s"] > 0 and r["error"] is None for r in rows.values())
-        assert json.loads((out / "raw" / name / "bench.json").read_text())["quick"] is True
-    assert [r["config"] for r in stage(out, "bench-hf-compile")["rows"]] == [
-        "hopperlm"
-    ]  # + HF compile on CUDA
+    # E: every row of the plan's step and its levers, 20 steps of real text first (losses side by side)
+    step = {r["config"]: r for r in stage(out, "bench-e-step")["rows"]}
+    assert list(step) == ["hopperlm", "hopperlm muon", "hopperlm fused", "hopperlm liger", "hopperlm mb32"]
+    assert all(r["error"] is None and r["tokens_per_s"] > 0 and r["final_loss"] > 0 for r in step.values())
+    assert step["hopperlm fused"]["final_loss"] == pytest.approx(step["hopperlm"]["final_loss"], rel=1e-4)
+    assert "kernels compiler" in step["hopperlm liger"]["notes"]  # Liger needs CUDA: the fallback, said
+    assert "fused projections" in step["hopperlm fused"]["notes"]
+    assert "separate projections" in step["hopperlm"]["notes"]  # auto: off until the GPU measures it
+    attention = {r["config"]: r for r in stage(out, "bench-e-attention")["rows"]}
+    assert "SDPA math" in " ".join(attention["hopperlm cudnn"]["notes"])  # the CPU's stand-in for a kernel
+    assert any(n.startswith("4 documents a row") for n in attention["hopperlm docs"]["notes"])
+    owt = {r["config"]: r for r in stage(out, "bench-owt-step")["rows"]}
+    assert owt["hopperlm owt-muon"]["grad_accum"] == 2 and "muon" in owt["hopperlm owt-muon"]["notes"]
+    assert list(stage(out, "bench-e-compile")["key"].split("; "))[1].startswith("hopperlm scope-model")
 
-    qlora = {r["case"]: r for r in stage(out, "qlora")["rows"]}  # QLoRA's rows on the CPU: stand-ins
-    assert list(qlora) == ["hopperlm-qlora", "hf-qlora"]
-    assert all("error" not in r and r["tokens_per_s"] > 0 for r in qlora.values()), qlora
-    assert all(r["stand_in"].startswith("CPU stand-in") for r in qlora.values())
+    # F: QLoRA's rows (CPU stand-ins), each case twice in one process, the snapshot is CUDA-only here
+    fast = stage(out, "qlora-fast-lean")
+    rows = [(r["case"], r["repeat"]) for r in fast["rows"]]
+    assert rows == [(c, r) for c in ("hf-qlora", "hopperlm-qlora-compile", "hopperlm-qlora") for r in (1, 2)]
+    assert all("error" not in r and r["steps"] == 2 and r["tokens_per_s"] > 0 for r in fast["rows"])
+    assert [r["same_process"] for r in fast["rows"]] == [False, True] * 3
+    assert fast["rows"][2]["memory_snapshot"] == "CUDA only"
+    first = {r["loss_first_last"][0] for r in fast["rows"] if r["repeat"] == 1}
+    assert max(first) - min(first) < 1e-3, first  # the same loss on the same tokens, HF's and ours
+    assert all(r["stand_in"].startswith("CPU stand-in") for r in fast["rows"])
+    fixes = stage(out, "qlora-fixes")["rows"]
+    assert [r["case"] for r in fixes] == [
+        "hopperlm-qlora-compile-eager-ac",
+        "hopperlm-qlora-compile-eager-loss",
+    ]
+    for r in fast["rows"] + fixes:  # the spread of 2 timed steps, and no graph break in a compiled row
+        t, ms = r["tokens_per_s_spread"], r["step_ms_spread"]
+        assert t["min"] <= r["tokens_per_s"] == t["median"] <= t["max"]
+        assert ms["min"] <= r["step_ms"] == ms["median"] <= ms["max"]
+        if "-compile" in r["case"]:
+            assert r["compile"]["graph_breaks"] == 0, r
+    assert all(any(n.startswith("experiment: ") for n in r["notes"]) for r in fixes)
+
+    rows = {
+        r["config"]: r for r in stage(out, "bench-h100-350m")["rows"]
+    }  # the hopperlm rows and the baselines
+    assert set(rows) == {"eager", "hopperlm", "hf"}, rows.keys()  # float8 is CUDA-only
+    assert all(r["tokens_per_s"] > 0 and r["error"] is None for r in rows.values())
+    assert json.loads((out / "raw" / "bench-h100-350m" / "bench.json").read_text())["quick"] is True
     lora = {r["case"]: r for r in stage(out, "lora")["rows"]}
     assert list(lora) == ["hopperlm-lora", "hf-lora"] and not any("stand_in" in r for r in lora.values())
 
@@ -144,21 +187,35 @@ def test_a_failing_stage_is_recorded_and_the_campaign_goes_on(tmp_path):
 def test_the_qlora_collector_accepts_exactly_the_cases_asked_for(tmp_path):
     sys.path.insert(0, str(REPO / "bench" / "gpu"))
     from campaign import collect_qlora
+    from qlora import summarize
 
-    def row(case):
-        return {"case": case, "tokens_per_s": 100.0, "peak_mem_gb": 5.0}
+    def row(case, repeat=1):
+        return {
+            "case": case,
+            "repeat": repeat,
+            "tokens_per_s": 100.0,
+            "peak_mem_gb": 5.0,
+            "peak_timed_gb": 4.0,
+        }
 
-    def collect(asked, rows):
-        (tmp_path / "qlora.json").write_text(json.dumps({"cases": asked, "rows": rows}))
+    def collect(asked, rows, repeats=1):
+        record = {"cases": asked, "repeats": repeats, "rows": rows, "summary": summarize(rows)}
+        (tmp_path / "qlora.json").write_text(json.dumps(record))
         return collect_qlora("qlora", tmp_path, "", 0, False)
 
     asked = ["hopperlm-qlora", "hf-qlora"]
     ok, key, _ = collect(asked, [row(c) for c in asked])
-    assert ok and "QLoRA 1.00x hf" in key
+    assert ok and "hopperlm-qlora 100 tok/s, peak 5.00 GB, 1.00x hf-qlora at 1.00x its peak" in key
     assert not collect(asked, [row("hopperlm-qlora")])[0]  # one missing
     assert not collect(asked, [row(c) for c in [*asked, "hf-lora"]])[0]  # one not asked for
-    assert not collect(asked, [row("hopperlm-qlora"), {"case": "hf-qlora", "error": "timed out"}])[0]
+    assert not collect(
+        asked, [row("hopperlm-qlora"), {"case": "hf-qlora", "repeat": 1, "error": "timed out"}]
+    )[0]
     assert not collect([], [])[0]
+    twice = [row(c, r) for c in asked for r in (1, 2)]
+    ok, key, _ = collect(asked, twice, repeats=2)
+    assert ok and "hopperlm-qlora 100 tok/s (x2)" in key
+    assert not collect(asked, twice[:3], repeats=2)[0]  # a repeat missing
 
 
 def test_the_carry_holds_every_data_folder_the_gpu_tests_read():

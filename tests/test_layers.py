@@ -18,6 +18,7 @@ LAYERS = {
     "hopperlm.diskspace": 0,  # room on disk and one line when a write fails: every writer asks here
     "hopperlm.provenance": 0,
     "hopperlm.files": 0,
+    "hopperlm.folder_lock": 0,  # one writer per folder: run folders, exports, prepare's shards
     "hopperlm.config": 1,  # typed sections and presets: what a run is
     "hopperlm.schedule": 1,  # the LR of a step of that config
     "hopperlm.hardware": 2.0,  # the parts: what the device can do, the network, tokens

@@ -18,7 +18,8 @@ import hopperlm.data.sources as sources
 from hopperlm.data.prepare import PrepareOptions, prepare
 from hopperlm.data.shards import index_name
 from hopperlm.data.tokenizer import load_tokenizer
-from hopperlm.errors import DataError
+from hopperlm.errors import DataError, FolderBusy
+from hopperlm.folder_lock import hold_folder
 
 REPO = Path(__file__).resolve().parent.parent
 TINYLLAMA = DATA_DIR / "tokenizers" / "tinyllama-1.1b-chat-v1.0" / "tokenizer.json"
@@ -149,12 +150,11 @@ def test_crash_after_any_save_resumes_identically(tmp_path, monkeypatch, split):
 
 
 def test_a_second_prepare_on_the_same_output_is_refused(tmp_path):
-    held = prep._lock(tmp_path / "out")
-    try:
-        with pytest.raises(DataError, match=r"another prepare is writing .*out \(it holds .*out.lock\)"):
-            prepare([ENG], tmp_path / "out", progress=False)
-    finally:
-        held.close()
+    with (
+        hold_folder(tmp_path / "out", what="--out", beside=True),
+        pytest.raises(FolderBusy, match=rf"out is being written by another hopperlm \(pid {os.getpid()} on "),
+    ):
+        prepare([ENG], tmp_path / "out", progress=False)
     prepare([ENG], tmp_path / "out", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no lock, partial or temporary left
 

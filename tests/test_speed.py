@@ -292,12 +292,22 @@ def test_bench_quick_prints_the_table_and_writes_json(tmp_path):
     if logged.is_file():
         assert f"written to {logged}" in result.stderr
     table = result.stdout[result.stdout.index("preset ") :].splitlines()
-    configs = [line.split()[1] for line in table[1:]]
-    assert configs == ["eager", "hopperlm", "hf"]
+    configs = [line[16:42].strip() for line in table[1:] if line.startswith("gpt2-124m")]
+    assert configs == ["eager", "hopperlm", "hopperlm muon", "hf"]  # Muon (the race's optimizer) beside AdamW
+    assert table[-1].startswith("tokens/s: the median of 2 timed windows")
     record = json.loads(out.read_text())
     assert record["command"].startswith("hopperlm bench --quick") and record["versions"]["torch"]
     rows = {r["config"]: r for r in record["rows"]}
     assert all(r["tokens_per_s"] > 0 and r["error"] is None for r in rows.values())
+    for r in rows.values():  # every window kept: the median with the slowest and the fastest beside it
+        windows = r["window_tokens_per_s"]
+        assert (
+            len(windows) == 2
+            and r["tokens_per_s_min"] == min(windows)
+            and r["tokens_per_s_max"] == max(windows)
+        )
+        assert min(windows) <= r["tokens_per_s"] <= max(windows)
+    assert "muon" in rows["hopperlm muon"]["notes"] and "adamw" in rows["hopperlm"]["notes"]
     assert rows["hopperlm"]["ratios"]["vs eager"] == pytest.approx(
         rows["hopperlm"]["tokens_per_s"] / rows["eager"]["tokens_per_s"]
     )
@@ -372,3 +382,32 @@ def test_bench_rows_selects_rows_and_refuses_unknown_ones(tmp_path):
         cwd=REPO,
     )
     assert bad.returncode == 2 and "unknown row(s) hf-compile in --rows" in bad.stderr, bad.stderr
+
+
+def test_bench_variants_set_the_optimizer_shape_accumulation_and_documents():
+    """--variant rows: optim.* keys reach the optimizer, seq_len and grad_accum the row's tokens per step (and
+    its FLOPs per token), documents=N packs each row into N documents (masked attention)."""
+    from hopperlm.bench import bench_model_config, run_bench
+    from hopperlm.errors import ConfigError
+    from hopperlm.hardware import detect_for
+    from hopperlm.model.transformer import flops_per_token
+
+    hw = detect_for("cpu")
+    variants = ["owt:optim.name=muon,seq_len=64,micro_batch=2,grad_accum=2", "docs:documents=4"]
+    rows = run_bench(
+        ["gpt2-124m"], hw, quick=True, steps=1, windows=1, warmup=1, hf=False, variants=variants,
+        only=["hopperlm owt", "hopperlm docs"], log=lambda line: None,
+    )  # fmt: skip
+    owt, docs = rows
+    assert owt.error is None and docs.error is None, (owt.error, docs.error)
+    assert (owt.micro_batch, owt.seq_len, owt.grad_accum) == (2, 64, 2) and "muon" in owt.notes
+    assert owt.tokens_per_s == pytest.approx(2 * 64 * 2 / (owt.step_ms / 1000))
+    quick = bench_model_config("gpt2-124m", quick=True)  # FLOPs per token follow each row's own context
+    assert (owt.flops_per_token, docs.flops_per_token) == (
+        flops_per_token(quick, 64),
+        flops_per_token(quick, 128),
+    )
+    assert any(n.startswith("4 documents a row") for n in docs.notes)
+    with pytest.raises(ConfigError, match="documents=5 must divide"):
+        run_bench(["gpt2-124m"], hw, quick=True, steps=1, windows=1, warmup=1, hf=False,
+                  variants=["bad:documents=5"], only=["hopperlm bad"], log=lambda line: None)  # fmt: skip

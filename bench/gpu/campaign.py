@@ -132,11 +132,18 @@ def collect_bench(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tupl
     broken = [f"{r['config']}: {r['error']}" for r in rows if r.get("error")]
     ok = rc == 0 and not missing and all(r.get("tokens_per_s") for r in ours)
     key = []
+    plan_row = next((r for r in ours if r["config"] == "hopperlm" and r.get("tokens_per_s")), None)
     for r in ours:
         if r.get("tokens_per_s"):
+            spread = ""
+            if r.get("tokens_per_s_min") is not None and len(r.get("window_tokens_per_s") or []) > 1:
+                spread = f" ({r['tokens_per_s_min']:,.0f}-{r['tokens_per_s_max']:,.0f})"
             mfu = f", MFU {100 * r['mfu']:.1f}%" if r.get("mfu") else ""
             vs = f", {r['ratios']['vs hf']:.2f}x HF" if "vs hf" in r.get("ratios", {}) else ""
-            key.append(f"{r['config']} {r['tokens_per_s']:,.0f} tok/s{mfu}{vs}")
+            if plan_row is not None and r is not plan_row and r.get("seq_len") == plan_row.get("seq_len"):
+                vs += f", {r['tokens_per_s'] / plan_row['tokens_per_s']:.2f}x hopperlm"
+            loss = f", loss {r['final_loss']:.4f}" if r.get("final_loss") is not None else ""
+            key.append(f"{r['config']} {r['tokens_per_s']:,.0f} tok/s{spread}{mfu}{vs}{loss}")
     if missing:
         key.append(f"missing rows: {', '.join(missing)}")
     fields = {
@@ -149,36 +156,51 @@ def collect_bench(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tupl
 
 
 def collect_qlora(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tuple[bool, str, dict]:
+    """qlora.py's rows: every case asked for, each --repeats times (a row per repeat), none with an error and
+    none not asked for; the key numbers from its per-case summary (median of the repeats, largest peak)."""
     record = read_json(raw / "qlora.json")
     if record is None:
         return False, "no qlora.json", {}
     rows = record["rows"]
-    by = {r["case"]: r for r in rows}
-    want = record.get("cases") or []  # exactly the cases asked for: each there once, none missing or extra
-    ok = rc == 0 and bool(want) and sorted(by) == sorted(want) and len(rows) == len(want)
-    ok = ok and all("error" not in by[c] for c in want)
+    want = record.get("cases") or []
+    repeats = record.get("repeats") or 1
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["case"], []).append(r)
+    ok = rc == 0 and bool(want) and sorted(by) == sorted(want)
+    ok = ok and all(len(by[c]) == repeats and not any("error" in r for r in by[c]) for c in want)
+    summary = {s["case"]: s for s in record.get("summary") or []}
     key = []
     for case in want:
-        r = by.get(case)
-        if r is None or "error" in r:
-            key.append(f"{case}: {'missing' if r is None else r['error'][:80]}")
+        errors = [r["error"][:80] for r in by.get(case, []) if "error" in r]
+        line = summary.get(case, {})
+        if case not in by or errors or "tokens_per_s" not in line:
+            key.append(f"{case}: {errors[0] if errors else 'missing'}")
             continue
-        peak = f", peak {r['peak_mem_gb']:.2f} GB" if r.get("peak_mem_gb") is not None else ""
-        key.append(f"{case} {r['tokens_per_s']:,.0f} tok/s{peak}")
-    for kind in ("qlora", "lora"):
-        ours, theirs = by.get(f"hopperlm-{kind}", {}), by.get(f"hf-{kind}", {})
-        if ours.get("tokens_per_s") and theirs.get("tokens_per_s"):
-            key.append(
-                f"{kind.replace('q', 'Q').replace('lora', 'LoRA')} {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x hf"
-            )
-    compiled, plain = by.get("hopperlm-qlora-compile", {}), by.get("hopperlm-qlora", {})
+        peak = f", peak {line['peak_mem_gb']:.2f} GB" if line.get("peak_mem_gb") is not None else ""
+        times = f" (x{line['repeats']})" if line["repeats"] > 1 else ""
+        text = f"{case} {line['tokens_per_s']:,.0f} tok/s{times}{peak}"
+        if "tokens_ratio" in line:
+            text += f", {line['tokens_ratio']:.2f}x {line['vs']}"
+            text += f" at {line['peak_ratio']:.2f}x its peak" if "peak_ratio" in line else ""
+        key.append(text)
+    compiled, plain = summary.get("hopperlm-qlora-compile", {}), summary.get("hopperlm-qlora", {})
     if compiled.get("tokens_per_s") and plain.get("tokens_per_s"):
         key.append(f"QLoRA compile {compiled['tokens_per_s'] / plain['tokens_per_s']:.2f}x uncompiled")
     extra = sorted(set(by) - set(want))
     if extra:
         key.append(f"not asked for: {', '.join(extra)}")
+    snapshots = [r["memory_snapshot"] for r in rows if isinstance(r.get("memory_snapshot"), dict)]
     stand_ins = sorted({r["stand_in"] for r in rows if r.get("stand_in")})
-    return ok, "; ".join(key), {"rows": rows, "stand_ins": stand_ins, "device": record.get("device")}
+    fields = {
+        "rows": rows,
+        "summary": record.get("summary"),
+        "stand_ins": stand_ins,
+        "device": record.get("device"),
+    }
+    if snapshots:
+        fields["memory_snapshot"] = snapshots[0]
+    return ok, "; ".join(key), fields
 
 
 def collect_fsdp(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tuple[bool, str, dict]:
@@ -337,7 +359,8 @@ def cmd_skip(a: argparse.Namespace) -> None:
 
 
 def cmd_machine(a: argparse.Namespace) -> None:
-    """What ran where: GPU, driver, torch and the carried packages, the commit (from the carry when there)."""
+    """What ran where: GPU, driver, torch and the carried packages, the commit (hopperlm/provenance.py: the
+    stamp scripts/gpu_carry.sh --stamp wrote, where this tree matches it)."""
     import importlib.metadata
     import platform
 
@@ -345,7 +368,16 @@ def cmd_machine(a: argparse.Namespace) -> None:
 
     out = Path(a.out)
     versions = {}
-    for package in ("torch", "transformers", "torchao", "bitsandbytes", "peft", "accelerate", "triton"):
+    for package in (
+        "torch",
+        "transformers",
+        "torchao",
+        "bitsandbytes",
+        "peft",
+        "accelerate",
+        "triton",
+        "liger-kernel",
+    ):
         try:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
@@ -356,12 +388,13 @@ def cmd_machine(a: argparse.Namespace) -> None:
         query = "--query-gpu=name,memory.total,driver_version,clocks.max.sm"
         done = subprocess.run(["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True)
         smi = done.stdout.strip() or None
-    commit_file = Path(a.carry) / "COMMIT" if a.carry else None
-    if commit_file and commit_file.is_file():
-        commit = commit_file.read_text().strip() + " (written by scripts/gpu_carry.sh)"
-    else:
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        commit = (git.stdout.strip() or "unknown") + " (git on this machine: check it)"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from hopperlm.provenance import commit_of_this_tree
+
+    stamp = commit_of_this_tree()  # gpu-carry/stamp.json where it matches this tree (git here may be stale)
+    commit = (
+        f"{stamp['commit']}{' + uncommitted changes' if stamp['dirty'] else ''} ({stamp['commit_source']})"
+    )
     record = {
         "smoke": a.smoke,
         "call": a.call,
@@ -372,6 +405,8 @@ def cmd_machine(a: argparse.Namespace) -> None:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "commit": commit,
+        "commit_id": stamp["commit"],
+        "dirty": stamp["dirty"],
         "versions": versions,
     }
     (out / "machine.json").write_text(json.dumps(record, indent=1))
@@ -478,7 +513,6 @@ def main() -> None:
     m.add_argument("out")
     m.add_argument("--smoke", action="store_true")
     m.add_argument("--call", default="all")
-    m.add_argument("--carry", default="")
     m.add_argument("--command", default="")
     u = verbs.add_parser("summary")
     u.add_argument("out")

@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
-# The GPU evidence in one 15-minute lease: two device calls, A (<= 7 minutes) then B (<= 4 minutes, sent within
-# the 30 s the machine stays warm after A), each a list of stages in order of value, each stage under its own
-# time limit (`timeout`) and writing OUT/<stage>.json ({"stage", "ok", "seconds", "key", ...}) the moment it
+# The GPU evidence in one 15-minute lease: two device calls, E (<= 7.5 minutes) then F (<= 4 minutes, sent
+# within the 30 s the machine stays warm after E), each a list of stages in order of value, each stage under its
+# own time limit (`timeout`) and writing OUT/<stage>.json ({"stage", "ok", "seconds", "key", ...}) the moment it
 # ends, so a time-out loses only the stage in flight; then one summary table. Exits 1 if any stage failed.
 #
-#   bash bench/gpu/campaign.sh [--smoke] [--call A|B|C|D] [--only STAGE,...] [--bring DIR] OUT
-#   bash bench/gpu/campaign.sh --plan [--call A|B|C|D]
+#   bash bench/gpu/campaign.sh [--smoke] [--call E|F|A|B|C|D] [--only STAGE,...] [--bring DIR] OUT
+#   bash bench/gpu/campaign.sh --plan [--call E|F|A|B|C|D]
 #
+#   call E  (issue 47: the 350M step) each bench row a median of 5 windows with its min and max, beside the
+#           plan's own row ("hopperlm") in the same stage; the hopperlm rows train 20 steps on real text first,
+#           so their losses compare (the numerics of every lever against today's step)
+#           bench-e-step         the plan's step (today's); with fused q/k/v and gate/up GEMMs; Liger's kernels;
+#                                Muon (the race's optimizer) at the same shape; micro-batch 32
+#           bench-e-attention    SDPA flash, cudnn, efficient forced, beside the plan's probe-chosen one;
+#                                packed documents (4 a row) under FlexAttention's block mask
+#           bench-owt-step        owt-350m's real step (Muon, seq 512, 64 x 8 accumulation) beside AdamW there
+#           bench-e-compile      the whole model as one graph (add + norm fused across blocks) and
+#                                max-autotune-no-cudagraphs: their warm-up is their compile time
+#   call F  (issue 47: QLoRA fast and lean) bench/gpu/qlora.py, Llama-2-7B shape, 10 timed steps a row
+#           qlora-fast-lean      hopperlm QLoRA compiled (with a memory snapshot of its warm-up) and uncompiled
+#                                beside transformers + peft + bitsandbytes, each twice
+#           qlora-fixes          compiled QLoRA with the checkpoint outside the compiled block, then with the
+#                                loss region in eager: which one takes the extra memory away
 #   call A  bench-h100-350m      hopperlm bench: eager, hopperlm bf16 and float8 (the real training step), HF
 #           qlora                bench/gpu/qlora.py: hopperlm QLoRA vs transformers + peft + bitsandbytes, 7B shape
 #           owt-350m             20 steps of configs/owt-350m-h100.yaml: finder, one evaluation, one checkpoint
@@ -34,12 +49,14 @@ set -uo pipefail
 # stage:limit in seconds, in order of value; each call's limits sum to at most its device call's share of the
 # lease (A 420 s of timeout_s 450, B 220 s of timeout_s 240: `--plan` shows the sums). B's from the
 # 2026-11-27 H100, where 35 s and 40 s cut the QLoRA tests (37 s) and the flash finder (~45 s) short
+CALL_E="bench-e-step:110 bench-e-attention:100 bench-owt-step:90 bench-e-compile:110"
+CALL_F="qlora-fast-lean:150 qlora-fixes:70"
 CALL_A="bench-h100-350m:90 qlora:170 owt-350m:100 gpu-tests:60"
 CALL_B="lora:80 gpu-tests-qlora:50 flash-ac-finder:50 cudagraphs-accum:40"
 CALL_C="bench-hf-compile:120 profile-h100-350m:70 bench-tinyllama-1.1b:110 fsdp-overhead:110"
 CALL_D="qlora-compile:150 bench-h100-350m-mb32:70"
-BUDGET_A=400 BUDGET_B=210 BUDGET_C=420 BUDGET_D=210 # seconds of stages per call; the rest: start-up, packing
-TIMEOUT_A=450 TIMEOUT_B=240 TIMEOUT_C=480 TIMEOUT_D=240 # the device call's timeout_s (README.md)
+BUDGET_E=420 BUDGET_F=210 BUDGET_A=400 BUDGET_B=210 BUDGET_C=420 BUDGET_D=210 # seconds of stages per call
+TIMEOUT_E=450 TIMEOUT_F=240 TIMEOUT_A=450 TIMEOUT_B=240 TIMEOUT_C=480 TIMEOUT_D=240 # the device call's timeout_s
 SMOKE_LIMIT=150  # seconds per stage in --smoke (a busy 2-core CI machine)
 
 # ---- the stages: each runs as `bash campaign.sh --stage-body NAME` under `timeout`, writing into $W ----------
@@ -76,11 +93,45 @@ bench() {  # PRESET ARGS...: one JSON rewritten after every row (a time-out keep
   $PY -m hopperlm bench --presets "$preset" --out "$W/bench.json" "$@"
 }
 # A: the training step as `train` runs it beside eager, float8 and HF (HF + compile's minutes go to call C)
-stage_bench_h100_350m() { bench h100-350m --windows 3 --rows "eager,hopperlm,hopperlm fp8,hf"; }
-stage_bench_hf_compile() { bench h100-350m --windows 3 --rows "hopperlm,hf+compile"; }
+stage_bench_h100_350m() { bench h100-350m --rows "eager,hopperlm,hopperlm fp8,hf"; }
+stage_bench_hf_compile() { bench h100-350m --rows "hopperlm,hf+compile"; }
 # D: does a bigger micro-batch lift the step's MFU (42.8% at 16 x 1024 on 2026-11-26)?
-stage_bench_h100_350m_mb32() { bench h100-350m --windows 3 --rows "hopperlm,hopperlm mb32" --variant mb32:micro_batch=32; }
-stage_bench_tinyllama_1_1b() { bench tinyllama-1.1b --windows 3 --rows "eager,hopperlm,hopperlm fp8,hf"; }
+stage_bench_h100_350m_mb32() { bench h100-350m --rows "hopperlm,hopperlm mb32" --variant mb32:micro_batch=32; }
+stage_bench_tinyllama_1_1b() { bench tinyllama-1.1b --rows "eager,hopperlm,hopperlm fp8,hf"; }
+
+# E: every row a median of 5 windows (bench's default) of 10 steps; the hopperlm rows first train 20 steps on the
+# same real text (--loss-steps), so each lever's loss sits beside the plan's
+e_bench() {  # ROWS VARIANT...: h100-350m at 16 x 1024 on Gutenberg (32,000 pieces, the preset's vocabulary);
+  # the smoke's 2-block stand-in has 8,192: Tiny Shakespeare's bytes there
+  local rows=$1 data; shift
+  if [ "$SMOKE" = 1 ]; then data=$(shakespeare) || return 1; else data=$(gutenberg) || return 1; fi
+  local variants=()
+  for v in "$@"; do variants+=(--variant "$v"); done
+  local steps=20; [ "$SMOKE" = 1 ] && steps=4
+  bench h100-350m --rows "$rows" --loss-steps $steps --data "$data" "${variants[@]}"
+}
+forced() {  # NAME BACKEND: an attention row forcing BACKEND; on the CPU (smoke) math stands in, labelled
+  if [ "$SMOKE" = 1 ]; then echo "$1:attention=math"; else echo "$1:attention=$2"; fi
+}
+stage_bench_e_step() {
+  local mb=32; [ "$SMOKE" = 1 ] && mb=4  # the smoke's stand-in: twice its micro-batch, not 16 times
+  e_bench "hopperlm,hopperlm fused,hopperlm liger,hopperlm muon,hopperlm mb32" \
+    fused:fused_projections=true liger:kernels=liger mb32:micro_batch=$mb
+}
+stage_bench_e_attention() {
+  e_bench "hopperlm,hopperlm flash,hopperlm cudnn,hopperlm efficient,hopperlm docs" \
+    "$(forced flash flash)" "$(forced cudnn cudnn)" "$(forced efficient efficient)" docs:documents=4
+}
+stage_bench_e_compile() {  # compile time is each row's warm-up: max-autotune's is what a run would pay
+  e_bench "hopperlm,hopperlm scope-model,hopperlm autotune" scope-model:compile_scope=model \
+    autotune:compile_mode=max-autotune-no-cudagraphs
+}
+stage_bench_owt_step() {  # the race recipe's optimizer step: 262,144 tokens as 64 x 512 x 8 (its finder's choice on
+  # an H100, 2026-11-27), Muon with the spectral rule at LR 1.5e-3, beside AdamW at the same shape
+  local shape="seq_len=512,micro_batch=64,grad_accum=8" steps=(--steps 1 --warmup 2)  # 5 windows of 1.4 s
+  [ "$SMOKE" = 1 ] && shape="seq_len=64,micro_batch=2,grad_accum=2"
+  bench h100-350m --rows "hopperlm owt-muon,hopperlm owt-adamw" "${steps[@]}"     --variant "owt-muon:optim.name=muon,optim.muon_lr_adjust=spectral,optim.lr=1.5e-3,$shape"     --variant "owt-adamw:$shape"
+}
 
 stage_cudagraphs_accum() {  # micro-batch 16 x 4 accumulation steps under CUDA graphs (reduce-overhead)
   local data size=(--train.micro_batch 16 --train.batch_tokens $((16 * 256 * 4)) --train.max_steps 20)
@@ -119,28 +170,43 @@ stage_profile_h100_350m() {  # the trace stays on the machine (too large to come
   $PY -m hopperlm profile configs/owt-350m-h100.yaml --data.path "$data" "${size[@]}" --steps 3 --wait 1 \
     --warmup 1 --out "$W/profile" --run.out_dir "$W/run"
 }
-peft_rows() {  # CASES ROW_TIMEOUT [WARMUP]: bench/gpu/qlora.py's rows on one random Llama-2-7B-shaped base
-  if [ "$SMOKE" = 1 ]; then
-    $PY bench/gpu/qlora.py --smoke --cases "$1" --base "$OUT/work/llama2-random" --out "$W/qlora.json"
-  else  # the random 7B checkpoint (13.5 GB bf16) is written to /tmp once per machine: B reuses A's
-    $PY bench/gpu/qlora.py --cases "$1" --warmup "${3:-1}" --steps 3 --row-timeout "$2" --out "$W/qlora.json"
+peft_rows() {  # CASES ROW_TIMEOUT [QLORA.PY ARGS...]: bench/gpu/qlora.py's rows on one random Llama-2-7B base
+  local cases=$1 row_timeout=$2; shift 2
+  if [ "$SMOKE" = 1 ]; then  # 1 repeat unless asked (--repeats below wins), 1 warm-up, 2 timed steps
+    $PY bench/gpu/qlora.py --smoke --cases "$cases" --base "$OUT/work/llama2-random" --out "$W/qlora.json" "$@"
+  else  # the random 7B checkpoint (13.5 GB bf16) is written to /tmp once per machine: later calls reuse it
+    $PY bench/gpu/qlora.py --cases "$cases" --row-timeout "$row_timeout" --out "$W/qlora.json" "$@"
   fi
 }
-stage_qlora() { peft_rows hopperlm-qlora,hf-qlora 70; }
-stage_lora() { peft_rows hopperlm-lora,hf-lora 40; }
+# A, B, D: one run of each row (F repeats them), 10 timed steps (qlora.py's default; 3 before 2026-11-27)
+stage_qlora() { peft_rows hopperlm-qlora,hf-qlora 70 --repeats 1; }
+stage_lora() { peft_rows hopperlm-lora,hf-lora 40 --repeats 1; }
 # D: the plan keeps compile off for QLoRA (1.27x HF on 2026-11-26, target 1.5x; LoRA with compile 2.19x); the
 # uncompiled row beside it on the GPU, and only the compiled one in --smoke (A's smoke runs the other); two
 # warm-up steps, so that a recompile on the second step is not timed
 stage_qlora_compile() {
   if [ "$SMOKE" = 1 ]; then peft_rows hopperlm-qlora-compile 0; return; fi
-  peft_rows hopperlm-qlora-compile,hopperlm-qlora 90 2
+  peft_rows hopperlm-qlora-compile,hopperlm-qlora 90 --repeats 1 --warmup 2
+}
+# F: QLoRA fast and lean at once? Compiled (2.13x HF but 11.27 GB on 2026-11-27) and uncompiled hopperlm beside
+# transformers + peft + bitsandbytes, each twice (in one process: a second process per case would cost the
+# load and compile again, ~80 s more than F has), 10 timed steps each; the compiled row's first repeat records
+# the allocator over its warm-up (where do the 4.4 GB go?). The base is written here first (~35 s)
+stage_qlora_fast_lean() {  # the baseline first: without it no row of the stage says anything
+  peft_rows hf-qlora,hopperlm-qlora-compile,hopperlm-qlora 80 --repeats 2 --same-process --warmup 2 \
+    --memory-snapshot hopperlm-qlora-compile
+}
+# F: one hypothesis per row about the compiled step's extra memory (qlora.py's docstring), once each, in order
+# of likelihood (the stage keeps the rows it finishes)
+stage_qlora_fixes() {
+  peft_rows hopperlm-qlora-compile-eager-ac,hopperlm-qlora-compile-eager-loss 40 --repeats 1 --warmup 2
 }
 stage_fsdp_overhead() {
   if [ "$SMOKE" = 1 ]; then
     $PY bench/gpu/fsdp_overhead.py --quick --micro-batch 2 --seq-len 64 --steps 1 --windows 1 --warmup 1 \
       --out "$W/fsdp.json"
   else
-    $PY bench/gpu/fsdp_overhead.py --presets tinyllama-1.1b --windows 3 --out "$W/fsdp.json"
+    $PY bench/gpu/fsdp_overhead.py --presets tinyllama-1.1b --out "$W/fsdp.json"
   fi
 }
 
@@ -173,10 +239,10 @@ while [ $# -gt 0 ]; do
 done
 CALL=${CALL^^}
 case $CALL in
-  A|B|C|D) eval "STAGES=\$CALL_$CALL BUDGET=\$BUDGET_$CALL TIMEOUT=\$TIMEOUT_$CALL" ;;
-  ALL) CALL=all STAGES="$CALL_A $CALL_B $CALL_C $CALL_D" TIMEOUT=""
-    BUDGET=$((BUDGET_A + BUDGET_B + BUDGET_C + BUDGET_D)) ;;
-  *) echo "campaign: --call takes A, B, C or D (got '$CALL'); bench/gpu/README.md says what each holds" >&2; exit 2 ;;
+  E|F|A|B|C|D) eval "STAGES=\$CALL_$CALL BUDGET=\$BUDGET_$CALL TIMEOUT=\$TIMEOUT_$CALL" ;;
+  ALL) CALL=all STAGES="$CALL_E $CALL_F $CALL_A $CALL_B $CALL_C $CALL_D" TIMEOUT=""
+    BUDGET=$((BUDGET_E + BUDGET_F + BUDGET_A + BUDGET_B + BUDGET_C + BUDGET_D)) ;;
+  *) echo "campaign: --call takes E, F, A, B, C or D (got '$CALL'); bench/gpu/README.md says what each holds" >&2; exit 2 ;;
 esac
 if [ "$PLAN" = 1 ]; then  # what the call runs and that it fits, without running anything
   total=0
@@ -226,7 +292,7 @@ fi
 export HOPPERLM_DATA_DIR=${HOPPERLM_DATA_DIR:-$DATA}
 campaign() { "$PY" "$ROOT/bench/gpu/campaign.py" "$@"; }
 smoke_flag=(); [ "$SMOKE" = 1 ] && smoke_flag=(--smoke)
-campaign machine "$OUT" "${smoke_flag[@]}" --call "$CALL" --carry "$CARRY" --command "$COMMAND" \
+campaign machine "$OUT" "${smoke_flag[@]}" --call "$CALL" --command "$COMMAND" \
   || echo "campaign: could not record the machine" >&2
 
 names=""

@@ -113,7 +113,7 @@ def main() -> None:
         model_cfg = bench_model_config(preset, quick=args.quick)
         model_cfg = dataclasses.replace(model_cfg, max_seq_len=max(model_cfg.max_seq_len, args.seq_len))
         fpt = flops_per_token(model_cfg, args.seq_len)
-        batches = batch_source(model_cfg.vocab_size, args.seq_len, hw.device)
+        batches = batch_source(model_cfg.vocab_size, hw.device)
         for strategy in args.strategies.split(","):
             row = Row(preset, strategy, args.micro_batch, args.seq_len, fpt)
             log(f"{preset}: {strategy} on {rt.world_size} GPU(s) ...")

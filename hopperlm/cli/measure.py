@@ -160,9 +160,13 @@ def cmd_bench(args: argparse.Namespace) -> None:
         raise ConfigError(
             f"unknown row(s) {', '.join(unknown)} in --rows; choose from {', '.join(ROW_NAMES + tuple(variant_rows))}"
         )
+    if args.windows < 1 or args.steps < 1:
+        raise ConfigError(f"--windows {args.windows} --steps {args.steps}: both must be at least 1")
     hw = detect_for(args.device)
     for line in hw.summary():
         log(line)
+    if args.windows < 5 and not args.quick:
+        log(f"warning: --windows {args.windows}: a row is a claim only as the median of >= 5 windows")
     out = Path(args.out) if args.out else None
     command = "hopperlm " + " ".join(sys.argv[1:])
 
@@ -269,7 +273,12 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch", type=int, help="sequences per step for every row (default per preset)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default per preset)")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps per timed window")
-    p.add_argument("--windows", type=int, default=5, help="timed windows; the median counts")
+    p.add_argument(
+        "--windows",
+        type=int,
+        default=5,
+        help="timed windows (at least 5 for a claim); the median counts, the min and max are kept",
+    )
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face transformers baselines")
     p.add_argument(
@@ -283,11 +292,12 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         "--variant",
         action="append",
         metavar="NAME:KEY=VALUE,...",
-        help="an extra hopperlm row with train.* overrides, e.g. mb32:micro_batch=32 (repeatable)",
+        help="an extra hopperlm row with train.* overrides, optim.* overrides, grad_accum or documents, e.g. "
+        "mb32:micro_batch=32 or cudnn:attention=cudnn (repeatable)",
     )
     p.add_argument(
         "--rows",
-        help="comma-separated rows to run, of eager, hopperlm, 'hopperlm fp8', hf, hf+compile and the "
+        help="comma-separated rows to run, of eager, hopperlm, 'hopperlm muon', 'hopperlm fp8', hf, hf+compile and the "
         "--variant names as 'hopperlm NAME' (default: all that the device supports)",
     )
     p.add_argument("--device", default="auto")

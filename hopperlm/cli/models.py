@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 from hopperlm.cli.common import add_verb, float_above, float_at_least, int_at_least, log, number
 from hopperlm.errors import ConfigError
+from hopperlm.folder_lock import hold_folder
 
 
+def holding_out(verb: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], None]:
+    """A verb that writes the folder (or file) OUT holds `OUT.lock` beside it for its life: OUT appears whole
+    only at the end (checkpoint/atomic.py), so the lock cannot live inside it, and a second writer of the same
+    OUT is refused in one line (folder_lock.py)."""
+
+    @functools.wraps(verb)
+    def held(args: argparse.Namespace) -> None:
+        with hold_folder(Path(args.out), what="OUT", beside=True, log=log):
+            verb(args)
+
+    return held
+
+
+@holding_out
 def cmd_import(args: argparse.Namespace) -> None:
     from hopperlm.checkpoint.hf_convert import import_hf
 
@@ -16,6 +33,7 @@ def cmd_import(args: argparse.Namespace) -> None:
     log(f"imported {args.hf_dir} -> {out} (hopperlm model folder: weights, config.json, tokenizer/)")
 
 
+@holding_out
 def cmd_merge(args: argparse.Namespace) -> None:
     from hopperlm.checkpoint.hf_convert import export_hf, hf_files, save_merged
 
@@ -270,6 +288,7 @@ def model_samples(
         yield tokenizer.decode(ids + out)
 
 
+@holding_out
 def cmd_export(args: argparse.Namespace) -> None:
     if args.peft:
         from hopperlm.checkpoint.peft import export_peft

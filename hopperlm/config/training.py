@@ -69,9 +69,10 @@ class OptimConfig:
     fused: bool | None = None
     """Fused AdamW kernel; null = on for CUDA, off elsewhere."""
     name: Literal["adamw", "adamw8bit", "muon", "paged_adamw8bit"] = "adamw"
-    """adamw (torch); adamw8bit (torchao's 8-bit states: a quarter of AdamW's state memory); muon (torch's
-    Muon on the blocks' weight matrices, the optimizer of the modded-nanogpt records, with AdamW for
-    embeddings, head and norms; its LR is matched to AdamW's update size, so optim.lr keeps its meaning);
+    """adamw (torch); adamw8bit (torchao's 8-bit states: a quarter of AdamW's state memory); muon (Muon,
+    torch's update batched by shape (train/muon.py), on the blocks' weight matrices, the optimizer of the
+    modded-nanogpt records, with AdamW for embeddings, head and norms; its LR is matched to AdamW's update
+    size, so optim.lr keeps its meaning);
     paged_adamw8bit (bitsandbytes' 8-bit AdamW with states in paged memory: QLoRA's optimizer, CUDA)."""
     muon_momentum: float = 0.95
     """Muon's momentum (Nesterov)."""
@@ -171,6 +172,15 @@ class TrainConfig:
     fused_loss: bool | None = None
     """Chunked linear cross-entropy that never materialises the [tokens, vocab] logits; null = on for
     vocabularies of 8192 and more."""
+    fused_projections: bool | None = None
+    """q/k/v and gate/up each as one GEMM over their weights concatenated per step (parameters, checkpoints and
+    exports unchanged; one input-gradient GEMM in the backward instead of three, or two, plus their adds);
+    null = off until a GPU bench row measures it (it never applies under LoRA, float8 or train.kernels liger)."""
+    kernels: Literal["auto", "compiler", "liger"] = "auto"
+    """Who writes the elementwise kernels of RMSNorm, RoPE, SiLU-mul and the LM-head loss: compiler =
+    torch.compile's fusion (eager PyTorch ops when compile is off); liger = Liger-Kernel's Triton kernels
+    (pip install liger-kernel; CUDA only, else compiler with one line); auto = compiler, until a GPU
+    measurement says otherwise."""
     memory_target: float = 0.9
     """Fraction of free GPU memory (of RAM on CPU: half of it) the automatic micro-batch may fill."""
     pin_memory: bool | None = None

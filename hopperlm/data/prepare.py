@@ -58,6 +58,7 @@ from hopperlm.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, tr
 from hopperlm.diskspace import DiskError, check_room, disk_error, tree_bytes
 from hopperlm.errors import DataError, HopperError
 from hopperlm.files import file_sha256, swap_in
+from hopperlm.folder_lock import hold_folder
 
 PROGRESS_FILE = "progress.json"
 SEEN_FILE = "seen.u64"  # 64-bit document hashes for dedup, appended at each save
@@ -111,23 +112,6 @@ def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
     """Swap the finished dir into place; the old data (if any) goes only after the new is in place."""
     _check_out_dir(out_dir, overwrite)  # again: something may have appeared while we worked
     swap_in(tmp, out_dir)  # (an existing out_dir is empty or holds prepared data: checked just above)
-
-
-def _lock(out_dir: Path):
-    """Hold `OUT.lock` (flock) while preparing: two prepares writing the same OUT.partial would corrupt it.
-    The OS releases the lock when the process dies, so a killed prepare never blocks the next one."""
-    import fcntl
-
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(out_dir.parent / f"{out_dir.name}.lock", "w")  # noqa: SIM115 - closed by the caller
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise DataError(
-            f"another prepare is writing {out_dir} (it holds {out_dir}.lock); wait for it to finish"
-        ) from None
-    return handle
 
 
 def _progress_bar(enabled: bool) -> Progress:
@@ -207,50 +191,48 @@ def prepare(
     fingerprint = _fingerprint(sources, options.fingerprint(tok_identity))
     work = out_dir.parent / f"{out_dir.name}.partial"
     _check_room(out_dir, work, total_bytes=total_bytes, options=options, log=log)
-    lock = _lock(out_dir)
-    try:
-        state = _load_state(work, fingerprint, log)
-        bytes_before = 0 if state is None else state["bytes"]
-        t0 = time.perf_counter()  # the first byte read (BPE training or tokenizing) to the published folder
+    # one writer: a second prepare writing the same OUT.partial would corrupt it (folder_lock.py)
+    with hold_folder(out_dir, what="--out", beside=True, log=log):
         try:
-            with _progress_bar(progress) as bar:
-                tok, state = _tokenizer_and_state(
-                    work,
-                    state,
-                    sources,
-                    options,
-                    fingerprint=fingerprint,
-                    total_bytes=total_bytes,
-                    bar=bar,
-                    log=log,
-                )
-                train, val = _write_shards(
-                    work,
-                    state,
-                    sources,
-                    options,
-                    tok=tok,
-                    workers=workers,
-                    total_bytes=total_bytes,
-                    bar=bar,
-                    log=log,
-                )
-            manifest = _finish(work, state, tok, sources, split, val_fraction, train, val, inputs)
-            _publish(work, out_dir, overwrite)
-        except HopperError:
-            shutil.rmtree(work, ignore_errors=True)  # bad input or options: nothing worth resuming
+            state = _load_state(work, fingerprint, log)
+            bytes_before = 0 if state is None else state["bytes"]
+            t0 = time.perf_counter()  # the first byte read (BPE training or tokenizing) to the published OUT
+            try:
+                with _progress_bar(progress) as bar:
+                    tok, state = _tokenizer_and_state(
+                        work,
+                        state,
+                        sources,
+                        options,
+                        fingerprint=fingerprint,
+                        total_bytes=total_bytes,
+                        bar=bar,
+                        log=log,
+                    )
+                    train, val = _write_shards(
+                        work,
+                        state,
+                        sources,
+                        options,
+                        tok=tok,
+                        workers=workers,
+                        total_bytes=total_bytes,
+                        bar=bar,
+                        log=log,
+                    )
+                manifest = _finish(work, state, tok, sources, split, val_fraction, train, val, inputs)
+                _publish(work, out_dir, overwrite)
+            except HopperError:
+                shutil.rmtree(work, ignore_errors=True)  # bad input or options: nothing worth resuming
+                raise
+        except KeyboardInterrupt:
+            log(f"prepare: interrupted; run the same command again to continue from {work}")
             raise
-    except KeyboardInterrupt:
-        log(f"prepare: interrupted; run the same command again to continue from {work}")
-        raise
-    except Exception as e:  # a full disk, a quota: the work so far is kept, the same command continues it
-        full = _disk_full(e, work, out_dir)
-        if full is None:
-            raise
-        raise full from e
-    finally:
-        Path(lock.name).unlink(missing_ok=True)  # while still held: no other prepare can be between the two
-        lock.close()
+        except Exception as e:  # a full disk, a quota: the work so far is kept, the same command continues it
+            full = _disk_full(e, work, out_dir)
+            if full is None:
+                raise
+            raise full from e
     if progress:
         read = total_bytes - bytes_before  # input bytes this run tokenized (a resumed run: the rest only)
         seconds, bpe = time.perf_counter() - t0, tokenizer == "bpe"

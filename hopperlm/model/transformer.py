@@ -2,12 +2,19 @@
 
 Module names follow the Hugging Face Llama layout (q_proj ... down_proj) so conversion and LoRA targets read
 the same. RoPE uses the "rotate half" convention of HF Llama checkpoints.
+
+Seams the speed-ups set (hopperlm/speed/), none of which touches a parameter or a state-dict key:
+  Attention.fused_qkv, SwiGLU.fused_gate_up  one GEMM over the projections' weights concatenated at compute time
+                                             (speed/fused_projections.py)
+  Attention.rope, SwiGLU.act, Transformer.head_loss
+                                             the RoPE, SiLU-mul and LM-head-loss functions (speed/liger.py swaps
+                                             in Liger-Kernel's)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -37,11 +44,47 @@ def rope_tables(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, H, T, hd); cos/sin: (T, hd), or (B, 1, T, hd) for per-row positions (packed documents).
-    Rotates pairs (i, i + hd/2) by position-dependent angles."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).type_as(x)
+    """Rotates pairs (i, i + hd/2) of x (..., hd) by position-dependent angles; cos/sin are full-width tables
+    (rope_tables) shaped to broadcast against x: (T, hd) for x (B, H, T, hd), (T, 1, hd) or (B, T, 1, hd) for
+    x (B, T, H, hd). In fp32, returned in x's dtype.
+
+    Each half is written from the two halves directly (x1*cos - x2*sin, x2*cos + x1*sin) instead of
+    x*cos + cat([-x2, x1])*sin: eager, no negated or rotated copy of x is materialised; equal to HF's
+    apply_rotary_pos_emb in fp32 (a + (-b)*s == a - b*s exactly, and the tables' halves are equal). Compiled
+    alone, inductor fuses either form into one kernel forward and one backward (CPU, torch 2.13,
+    tests/test_fused_kernels.py); inside a compiled Attention (CPU, fp32, in the (B, T, H, hd) layout) the
+    backward took 4 kernels where the old form on (B, H, T, hd) took 5."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    c, s = cos[..., :half], sin[..., :half]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).type_as(x)
+
+
+def rope_qk(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on q (B, T, nh, hd) and k (B, T, nkv, hd), straight out of the projections; cos/sin (T, hd), or
+    (B, T, hd) for per-row positions (packed documents). The default `Attention.rope`."""
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over the heads
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation: silu(gate) * up. The default `SwiGLU.act`."""
+    return F.silu(gate) * up
+
+
+def fused_linear(x: torch.Tensor, layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, ...]:
+    """layer(x) for each layer, as one GEMM over their weights concatenated now; the outputs are views (column
+    slices) of that GEMM's result. The backward's input gradient is then one GEMM, not one per layer plus the
+    adds that sum them. The concatenation is a copy of the weights per call: for h100-350m (d=1024, MHA,
+    ffn 2816) 3.1M elements for q/k/v and 5.8M for gate/up per block, 6% of the 143M elements that those GEMMs
+    write for one 16 x 1024-token micro-batch; under bf16 autocast it replaces the per-layer casts to bf16 the
+    separate layers do anyway (compiled: one kernel does both), and autograd saves that one bf16 copy in
+    place of the three per-layer ones. (fp32 without autocast saves the fp32 copy, 36 MB per block at that size: CPU runs.)"""
+    weight = torch.cat([layer.weight for layer in layers])
+    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+    return F.linear(x, weight, bias).split([layer.out_features for layer in layers], dim=-1)
 
 
 class KVCache(nn.Module):
@@ -73,6 +116,10 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.dropout = cfg.dropout
         self.cache: KVCache | None = None
+        # q/k/v as one GEMM (fused_linear); only for plain nn.Linear projections, which
+        # speed/fused_projections.py checks once when it sets this
+        self.fused_qkv = False
+        self.rope: Callable = rope_qk  # (q, k, cos, sin) -> (q, k) in (B, T, H, hd); speed/liger.py swaps it
 
     def forward(
         self,
@@ -83,12 +130,19 @@ class Attention(nn.Module):
         docs: DocumentMask | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
-        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        if self.fused_qkv:
+            q, k, v = fused_linear(x, (self.q_proj, self.k_proj, self.v_proj))
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(B, T, self.n_heads, self.head_dim)  # (B, T, nh, hd)
+        k = k.view(B, T, self.kv_heads, self.head_dim)  # (B, T, nkv, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # RoPE writes in the projections' own layout; SDPA takes transposed views (B, H, T, hd) of it (the last
+        # dimension stays contiguous, as its kernels need)
+        q, k = self.rope(q, k, cos, sin)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, hd), (B, nkv, T, hd)
+        v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
         if docs is not None:  # packed documents: attention stays inside each one (model/attention.py)
             dropout = self.dropout if self.training else 0.0
             y = masked_attention(q, k, v, docs, dropout, enable_gqa=self.kv_heads != self.n_heads)
@@ -118,9 +172,15 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
         self.up_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
         self.down_proj = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+        self.fused_gate_up = False  # gate/up as one GEMM (fused_linear), as Attention.fused_qkv
+        self.act: Callable = silu_mul  # (gate, up) -> hidden; speed/liger.py swaps it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused_gate_up:
+            gate, up = fused_linear(x, (self.gate_proj, self.up_proj))
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate, up))
 
 
 class Block(nn.Module):
@@ -166,6 +226,9 @@ class Transformer(nn.Module):
             )
         self.cfg = cfg
         self.fused_loss = False  # chunked linear cross-entropy (model/loss.py), set from the plan
+        # (h (B, T, d), head weight (V, d), targets (B, T)) -> mean loss, replacing both losses above when set
+        # (speed/liger.py: Liger's fused linear cross-entropy)
+        self.head_loss: Callable | None = None
         # the table without nn.Embedding's own random init, which init_weights() replaces anyway: normal_ on the
         # meta device runs torch's Python reference, whose first call imports torch._dynamo (1.2 s of every
         # `generate`, `eval` and `export` start, where no optimizer imports it; tests/test_model.py)
@@ -234,14 +297,11 @@ class Transformer(nn.Module):
         `doc_ids` (B, T): packed documents; attention stays within each and RoPE `positions` (B, T; by default
         derived from doc_ids) restart per document."""
         T = tokens.shape[1]
-        cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]
+        cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]  # (T, hd)
         docs = None
         if doc_ids is not None:
             positions = positions_from_doc_ids(doc_ids) if positions is None else positions
-            cos, sin = (
-                self.rope_cos[positions].unsqueeze(1),
-                self.rope_sin[positions].unsqueeze(1),
-            )  # (B,1,T,hd)
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (B, T, hd)
             docs = document_mask(doc_ids, self.cfg.dropout if self.training else 0.0)
         x = self.drop(self.embed(tokens))  # (B, T, d)
         for layer in self.layers:
@@ -258,6 +318,8 @@ class Transformer(nn.Module):
     def output_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head and mean cross-entropy: its own method so it can be compiled as one region."""
         h = self.head_input(x)  # (B, T, d)
+        if self.head_loss is not None:
+            return self.head_loss(h, self.lm_head.weight, targets)
         if self.fused_loss:
             return linear_cross_entropy(h, self.lm_head.weight, targets)
         return standard_cross_entropy(self.lm_head(h), targets)

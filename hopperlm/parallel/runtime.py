@@ -13,7 +13,9 @@ ranks' collectives then fail (gloo at once, NCCL at the limit at the latest, or 
 each of them reports that first error rather than its own "connection closed" and exits non-zero. Under
 `hopperlm launch` the ranks print nothing of it: the launcher says it in one line (parallel/supervise.py).
 
-Rank 0 logs and writes the run's files; `Runtime.log` drops the other ranks' lines.
+Rank 0 logs and writes the run's files; `Runtime.log` drops the other ranks' lines. One writer per run folder:
+rank 0 holds the folder's lock (folder_lock.py) for the session's life, taken before anything is written there
+(the heartbeats are the first), and every rank stops with its one line when another process holds it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,9 +33,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from hopperlm.errors import ConfigError, HopperError, first_line
+from hopperlm.errors import CheckpointError, ConfigError, FolderBusy, HopperError, first_line
+from hopperlm.folder_lock import hold_folder
 from hopperlm.parallel.watchdog import Watchdog, restart_count, supervised
 from hopperlm.plan import Plan, World
+from hopperlm.plan.attention_probe import AttentionProbe, AttentionShape, AttentionTiming
 
 if TYPE_CHECKING:
     from hopperlm.config import Config
@@ -44,6 +48,13 @@ STRATEGIES_NEEDING_A_GROUP = ("ddp", "fsdp", "hsdp")
 
 class PeerFailed(HopperError):
     """Another rank failed first; this rank stops too (the message names that rank and its error)."""
+
+
+def unwritable_run_dir(run_dir: Path, error: OSError) -> CheckpointError:
+    """The one line for a run folder that cannot be made or written (a read-only disk, a file in the way)."""
+    return CheckpointError(
+        f"run dir {run_dir} is not writable ({error.strerror}); choose another --run.out_dir"
+    )
 
 
 def read_env(environ: dict[str, str] | None = None) -> tuple[int, int, World, bool]:
@@ -108,6 +119,7 @@ class Runtime:
         self.backend: str | None = None
         self.clock = Clock(0.0, shared=False)
         self.watchdog: Watchdog | None = None  # several ranks: the collective limits and the heartbeat
+        self._held: set[Path] = set()  # the run folders this session holds (hold_run_dir)
 
     @property
     def world_size(self) -> int:
@@ -198,6 +210,33 @@ class Runtime:
             get_error_handler().record_exception(exc)
         except Exception:
             pass
+
+    @contextmanager
+    def hold_run_dir(self, run_dir: Path) -> Iterator[None]:
+        """One writer per run folder: rank 0 holds its lock while the block runs and the other ranks take its
+        word (one broadcast), so when another process holds it every rank raises the same FolderBusy line.
+        Re-entrant for a folder this session already holds."""
+        run_dir, key = Path(run_dir), Path(run_dir).resolve()
+        if key in self._held:
+            yield
+            return
+        with ExitStack() as held:
+            refusal: HopperError | None = None
+            if self.is_main:
+                try:
+                    held.enter_context(hold_folder(run_dir, what="--run.out_dir", log=self.log))
+                except FolderBusy as e:
+                    refusal = e
+                except OSError as e:
+                    refusal = unwritable_run_dir(run_dir, e)
+            refusal = self.broadcast_object(refusal)
+            if refusal is not None:
+                raise refusal
+            self._held.add(key)
+            try:
+                yield
+            finally:
+                self._held.discard(key)
 
     # ---- collectives (no-ops without a group) ---------------------------------------------------------
     @property
@@ -302,6 +341,24 @@ class Runtime:
 
         return agreed
 
+    def agreed_attention_probe(self, probe: AttentionProbe | None) -> AttentionProbe | None:
+        """The attention probe, timed on every rank; the case least kind to cuDNN over all ranks decides
+        (AttentionTiming.worst_over_ranks), so every rank forces the same kernel. The probe never raises
+        (failures come back as its `error`) and every rank makes the same plan up to it, so all meet here."""
+        if probe is None or self.world_size == 1:
+            return probe
+
+        def agreed(shape: AttentionShape, device: torch.device) -> AttentionTiming:
+            try:  # whatever happens on this rank, it must reach the all-reduce the others wait in
+                timing = probe(shape, device)
+            except Exception as e:
+                timing = AttentionTiming(error=first_line(e))
+            return timing.worst_over_ranks(
+                lambda t: self.all_reduce(t.to(self.collective_device), "max").cpu()
+            )
+
+        return agreed
+
     def seed_per_rank(self, seed: int) -> None:
         """Different dropout masks on different ranks (after the model, initialised alike everywhere)."""
         if self.world_size > 1:
@@ -318,33 +375,42 @@ def current() -> Runtime:
 
 @contextmanager
 def session(cfg: Config, log: Callable[[str], None] = print) -> Iterator[Runtime]:
-    """The process group for one run (re-entrant: an inner session reuses the outer one). Reads three
-    sections: parallel (strategy, the two limits), train.device and run.out_dir (the heartbeats)."""
+    """The process group for one run, holding its run folder (hold_run_dir) for the run's life (re-entrant: an
+    inner session reuses the outer one, and holds its own run folder too). Reads three sections: parallel
+    (strategy, the two limits), train.device and run.out_dir (the lock, the heartbeats)."""
     global _current
+    run_dir = Path(cfg.run.out_dir)
     if _current is not None:
-        yield _current
+        with _current.hold_run_dir(run_dir):
+            yield _current
         return
     rank, local_rank, world, launched = read_env()
     rt = Runtime(rank, local_rank, world, log, launched)
     if world.size > 1 or cfg.parallel.strategy in STRATEGIES_NEEDING_A_GROUP:
         rt.start(device_type(cfg.train.device, world), cfg.parallel.startup_timeout_s)
-    if rt.active and world.size > 1:
-        pc = cfg.parallel
-        rt.watchdog = Watchdog(rank, Path(cfg.run.out_dir), pc.startup_timeout_s, pc.step_timeout_s, rt.log)
-        rt.watchdog.start()
-    _current = rt
-    try:
-        yield rt
-        with rt.long_phase("closing"):
+    with ExitStack() as held:
+        try:  # before the heartbeats: nothing is written into the run folder before its lock is held
+            held.enter_context(rt.hold_run_dir(run_dir))
+        except HopperError:  # every rank has rank 0's line: all stop alike, none reports another's failure
             rt.close()
-        if rt.watchdog is not None:
-            rt.watchdog.close("done")
-    except BaseException as e:
-        if rt.watchdog is not None:
-            rt.watchdog.close("failed")
-        replacement = rt.fail(e) if rt.active else None
-        if replacement is not None:
-            raise replacement from e
-        raise
-    finally:
-        _current = None
+            raise
+        if rt.active and world.size > 1:
+            pc = cfg.parallel
+            rt.watchdog = Watchdog(rank, run_dir, pc.startup_timeout_s, pc.step_timeout_s, rt.log)
+            rt.watchdog.start()
+        _current = rt
+        try:
+            yield rt
+            with rt.long_phase("closing"):
+                rt.close()
+            if rt.watchdog is not None:
+                rt.watchdog.close("done")
+        except BaseException as e:
+            if rt.watchdog is not None:
+                rt.watchdog.close("failed")
+            replacement = rt.fail(e) if rt.active else None
+            if replacement is not None:
+                raise replacement from e
+            raise
+        finally:
+            _current = None

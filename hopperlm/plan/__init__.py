@@ -3,6 +3,7 @@
   record.py   Plan (the immutable record) and its Reasons
   choices.py  one rule per device-level choice: precision, float8, loss kernel, optimizer, attention, compile,
               LoRA/QLoRA's base
+  attention_probe.py  cuDNN or flash attention, timed on the layer's own shape on a real Hopper GPU
   strategy.py data parallelism: the world's shape (World), the strategy over its ranks and its reason, the
               collective limits (parallel/ carries them out)
   make.py     make_plan: the rules in order, then data parallelism, activation checkpointing, the micro-batch

@@ -1,5 +1,6 @@
 """The rules behind the plan's device-level choices, one function per choice, each recording its reason in
-`why`: precision, float8, the loss kernel, the optimizer, attention, compile and LoRA/QLoRA's base."""
+`why`: precision, float8, the loss kernel, the elementwise kernels (compiler or Liger), fused projections, the
+optimizer, attention, compile and LoRA/QLoRA's base."""
 
 from __future__ import annotations
 
@@ -8,10 +9,18 @@ import os
 import torch
 
 from hopperlm.config import LoRAConfig, ModelConfig, OptimConfig, TrainConfig
-from hopperlm.errors import ConfigError
+from hopperlm.errors import ConfigError, first_line
 from hopperlm.hardware import Hardware
 from hopperlm.model.lora import count_trainable
 from hopperlm.model.qlora import require_bitsandbytes
+from hopperlm.plan.attention_probe import (
+    CUDNN_FIRST,
+    NO_PROBE_ENV,
+    AttentionProbe,
+    AttentionTiming,
+    decide_attention,
+    probe_shape,
+)
 from hopperlm.plan.float8_payoff import PAYOFF_SHARE, converted_share, torchao_available
 from hopperlm.plan.record import Precision
 
@@ -125,8 +134,79 @@ def choose_fused_loss(tc: TrainConfig, model_cfg: ModelConfig, hw: Hardware, why
     return False
 
 
+def choose_kernels(tc: TrainConfig, hw: Hardware, *, compiled: bool, why: dict) -> str:
+    """Who writes the elementwise kernels: torch.compile's fusion, or Liger-Kernel's Triton kernels
+    (speed/liger.py) when asked for and they can run here; never chosen unasked until a GPU bench row has
+    measured it. Never an error: a request that cannot run falls back to the compiler with one line."""
+    ours = "compiler fusion" if compiled else "eager PyTorch ops (compile is off)"
+    if tc.kernels != "liger":
+        why["kernels"] = ours + (
+            "; set by train.kernels"
+            if tc.kernels == "compiler"
+            else "; auto: Liger-Kernel is a GPU bench row awaiting measurement"
+        )
+        return "compiler"
+    if hw.device_type != "cuda":
+        why["kernels"] = (
+            f"{ours} (train.kernels liger: Liger-Kernel's Triton kernels need CUDA, this is {hw.device_type})"
+        )
+        return "compiler"
+    import importlib.util
+
+    if importlib.util.find_spec("liger_kernel") is None:
+        why["kernels"] = f"{ours} (liger-kernel not installed: pip install liger-kernel)"
+        return "compiler"
+    why["kernels"] = (
+        "Liger-Kernel: RMSNorm, RoPE, SiLU-mul and fused linear cross-entropy (set by train.kernels; the loss "
+        "replaces train.fused_loss's)"
+    )
+    return "liger"
+
+
+FUSED_PROJECTIONS_ON = (
+    "q/k/v and gate/up as one GEMM each (weights concatenated per step; parameters, checkpoints and exports "
+    "unchanged)"
+)
+FUSED_PROJECTIONS_AUTO = (
+    "off: auto until a GPU measures it (bench/gpu/campaign.sh call E, row 'hopperlm fused'); "
+    "train.fused_projections true turns it on"
+)
+
+
+def choose_fused_projections(tc: TrainConfig, lc: LoRAConfig, *, fp8: str, kernels: str, why: dict) -> bool:
+    """One GEMM for q/k/v and one for gate/up (speed/fused_projections.py), wherever the projections are plain
+    linear layers: not under LoRA (an adapter per projection), float8 (its own matmul per layer) or Liger
+    (its RoPE and SiLU-mul kernels copy the non-contiguous column slices a fused GEMM returns)."""
+    want = tc.fused_projections
+    asked = " (train.fused_projections true asked for it)" if want else ""
+    if want is False:
+        why["fused_projections"] = "off (set by train.fused_projections)"
+        return False
+    if lc.enabled:
+        why["fused_projections"] = f"off: LoRA adapts q/k/v and gate/up separately, as peft does{asked}"
+        return False
+    if fp8 != "off":
+        why["fused_projections"] = f"off: float8 ({fp8}) runs each projection's matmul itself{asked}"
+        return False
+    if kernels == "liger":
+        why["fused_projections"] = (
+            "off: Liger's RoPE and SiLU-mul kernels would copy the fused GEMM's column slices to contiguous "
+            f"tensors{asked}"
+        )
+        return False
+    if (
+        want is None
+    ):  # the plan follows measurements: inductor's CPU code has fewer forward kernels fused, but
+        # more backward ones (a block in bf16: 8 + 7 -> 6 + 10), so only the GPU's step time can say
+        why["fused_projections"] = FUSED_PROJECTIONS_AUTO
+        return False
+    why["fused_projections"] = FUSED_PROJECTIONS_ON + " (set by train.fused_projections)"
+    return True
+
+
 def choose_optimizer(oc: OptimConfig, cuda: bool, why: dict) -> tuple[str, bool]:
-    fused = oc.fused if oc.fused is not None else cuda and oc.name == "adamw"
+    # muon: the pair's AdamW (embeddings, head, norms) is fused on CUDA too, so the pair drops a bad step itself
+    fused = oc.fused if oc.fused is not None else cuda and oc.name in ("adamw", "muon")
     if oc.name == "paged_adamw8bit":
         if not cuda:
             raise ConfigError("optim.name=paged_adamw8bit needs a CUDA GPU (paged memory); on CPU use adamw")
@@ -144,14 +224,15 @@ def choose_optimizer(oc: OptimConfig, cuda: bool, why: dict) -> tuple[str, bool]
         why["optimizer"] = "AdamW with torchao's 8-bit states (set by optim.name)"
     elif oc.name == "muon":
         why["optimizer"] = (
-            "Muon on the block matrices + AdamW on embeddings, head and norms (set by optim.name)"
+            "Muon (batched Newton–Schulz) on the block matrices + AdamW "
+            f"({'fused' if fused else 'unfused'}) on embeddings, head and norms (set by optim.name)"
         )
     elif oc.fused is not None:
         why["optimizer"] = f"AdamW, {'fused' if fused else 'unfused'} (set by optim.fused)"
     else:
         why["optimizer"] = "AdamW, fused kernel" if cuda else "AdamW, unfused (the fused kernel is for CUDA)"
-    if cuda:  # train/step.py: only torch's fused AdamW drops a non-finite update itself
-        device_skip = oc.name == "adamw" and fused
+    if cuda:  # train/step.py: fused AdamW and hopperlm's Muon (with a fused AdamW) drop a non-finite update
+        device_skip = oc.name in ("adamw", "muon") and fused
         why["optimizer"] += (
             "; a non-finite step is dropped on the device (found_inf)"
             if device_skip
@@ -161,8 +242,19 @@ def choose_optimizer(oc: OptimConfig, cuda: bool, why: dict) -> tuple[str, bool]
 
 
 def choose_attention(
-    tc: TrainConfig, model_cfg: ModelConfig, hw: Hardware, precision: Precision, why: dict
+    tc: TrainConfig,
+    model_cfg: ModelConfig,
+    hw: Hardware,
+    precision: Precision,
+    why: dict,
+    *,
+    probe: AttentionProbe | None = None,
+    kept: str | None = None,
 ) -> str:
+    """The SDPA kernel: train.attention when set; else flash where it runs, or cuDNN first (flash behind it)
+    on a Hopper GPU where `probe` (a real GPU only: plan_run passes it, simulated hardware never gets one) times
+    it faster and agreeing on this layer's shape (attention_probe.py). `kept`: a resumed run's kernel, from its
+    checkpoint: kept without probing, since two kernels round differently and a resume must be exact."""
     want = tc.attention
     if hw.device_type != "cuda":
         if want not in ("auto", "math"):
@@ -183,6 +275,33 @@ def choose_attention(
     hd = model_cfg.head_dim
     if "flash" in hw.attention and precision != "fp32" and hd <= 256:
         why["attention"] = f"SDPA flash ({hw.sm}, {precision}, head_dim {hd}); others as fallback"
+        if kept in ("auto", CUDNN_FIRST):
+            if kept == CUDNN_FIRST:
+                why["attention"] = "SDPA cudnn first, flash behind it"
+            why["attention"] += " (kept from the checkpoint: a resumed run keeps the kernel it started with)"
+            return kept
+        if probe is None or "cudnn" not in hw.attention or (hw.capability or (0, 0)) < (9, 0):
+            return "auto"
+        if os.environ.get(NO_PROBE_ENV, "").strip() not in ("", "0"):
+            why["attention"] += f"; cudnn not probed ({NO_PROBE_ENV} is set)"
+            return "auto"
+        if model_cfg.dropout:  # the probe compares kernels without dropout; forcing one untested is a guess
+            why["attention"] += "; cudnn not probed (attention dropout)"
+            return "auto"
+        shape = probe_shape(
+            heads=model_cfg.n_heads,
+            kv_heads=model_cfg.kv_heads,
+            head_dim=hd,
+            seq_len=tc.seq_len,
+            micro_batch=tc.micro_batch,
+            dtype=torch.bfloat16 if precision == "bf16" else torch.float16,
+        )
+        try:
+            timing = probe(shape, hw.device)
+        except Exception as e:  # measure_attention never raises; a stand-in may, and it must not stop a plan
+            timing = AttentionTiming(error=first_line(e))
+        attention, why["attention"] = decide_attention(timing, shape)
+        return attention
     elif precision == "fp32":
         why["attention"] = "SDPA memory-efficient kernel (flash needs 16-bit inputs)"
     else:

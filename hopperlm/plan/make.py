@@ -16,11 +16,14 @@ from hopperlm.errors import ConfigError
 from hopperlm.hardware import Hardware
 from hopperlm.memory import MemoryEstimate, estimate_memory
 from hopperlm.model.transformer import flops_per_token
+from hopperlm.plan.attention_probe import AttentionProbe
 from hopperlm.plan.choices import (
     choose_attention,
     choose_compile,
     choose_fp8,
     choose_fused_loss,
+    choose_fused_projections,
+    choose_kernels,
     choose_lora,
     choose_optimizer,
     choose_precision,
@@ -165,9 +168,15 @@ def make_plan(
     hw: Hardware,
     finder: Finder | None = None,
     world: World | None = None,
+    *,
+    attention_probe: AttentionProbe | None = None,
+    kept_attention: str | None = None,
 ) -> Plan:
     """Every choice for this run, with reasons. `finder` measures the micro-batch on a real GPU; without it
-    (CPU, simulated hardware) the memory estimate decides. `world`: the ranks of a torchrun launch.
+    (CPU, simulated hardware) the memory estimate decides. `attention_probe` times cuDNN against flash on a
+    real Hopper GPU (plan/attention_probe.py); without it flash stays; `kept_attention` (a resumed run's, from its
+    checkpoint) is kept without probing. `world`: the ranks of a torchrun
+    launch.
     train/data_and_plan.py's `plan_run` is the one caller that `train` and `diagnose` share."""
     tc = cfg.train
     world = world or World()
@@ -182,10 +191,14 @@ def make_plan(
             if tc.tf32 is not None
             else f" ({hw.sm} {'has' if hw.tf32 else 'lacks'} TF32)"
         )
-    attention = choose_attention(tc, model_cfg, hw, precision, why)
+    attention = choose_attention(
+        tc, model_cfg, hw, precision, why, probe=attention_probe, kept=kept_attention
+    )
     compile_on, compile_mode, compile_scope = choose_compile(tc, cfg.lora, hw, why)
     fp8 = choose_fp8(tc, cfg.lora, model_cfg, hw, precision=precision, compiled=compile_on, why=why)
     fused_loss = choose_fused_loss(tc, model_cfg, hw, why)
+    kernels = choose_kernels(tc, hw, compiled=compile_on, why=why)
+    fused_projections = choose_fused_projections(tc, cfg.lora, fp8=fp8, kernels=kernels, why=why)
     optimizer, fused = choose_optimizer(cfg.optim, cuda, why)
     threads = choose_threads(tc, hw, why)
     pin = tc.pin_memory if tc.pin_memory is not None else cuda
@@ -231,6 +244,8 @@ def make_plan(
         ac_every=tc.ac_every,
         fp8=fp8,
         fused_loss=fused_loss,
+        fused_projections=fused_projections,
+        kernels=kernels,
         optimizer=optimizer,
         lora=lora,
         strategy=strategy,

@@ -19,6 +19,7 @@ Float8 = Literal["off", "tensorwise", "rowwise", "native"]
 OptimizerName = Literal["adamw", "adamw8bit", "muon", "paged_adamw8bit"]
 CompileMode = Literal["default", "max-autotune", "max-autotune-no-cudagraphs", "reduce-overhead"]
 Strategy = Literal["none", "ddp", "fsdp", "hsdp"]
+Kernels = Literal["compiler", "liger"]
 
 
 class Reasons(dict):
@@ -44,7 +45,7 @@ class Plan:
     autocast_dtype: torch.dtype | None
     loss_scaling: bool
     tf32: bool
-    attention: str  # "auto" (SDPA's own dispatch) or the backend forced first
+    attention: str  # "auto" (SDPA's own dispatch), "cudnn-first" (the probe's pick) or the one backend forced
     compile: bool
     compile_mode: CompileMode | None
     activation_checkpointing: Checkpointing
@@ -56,6 +57,8 @@ class Plan:
     ac_every: int = 2
     fp8: Float8 = "off"
     fused_loss: bool = False
+    fused_projections: bool = False  # q/k/v and gate/up as one GEMM each (speed/fused_projections.py)
+    kernels: Kernels = "compiler"  # the elementwise kernels' author: inductor or Liger (speed/liger.py)
     optimizer: OptimizerName = "adamw"
     lora: str = "none"  # "none", or what is adapted and how the base is stored
     micro_batch: int = 0  # per rank
@@ -98,6 +101,13 @@ class Plan:
         if self.attention == "auto":
             return nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if (
+            self.attention == "cudnn-first"
+        ):  # the probe's pick (plan/attention_probe.py): cuDNN where it takes
+            # the call, else flash and the rest in SDPA's order (an eval or finder shape cuDNN refuses still runs)
+            order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+            return sdpa_kernel([*order, SDPBackend.MATH], set_priority=True)
 
         names = {
             "flash": SDPBackend.FLASH_ATTENTION,

@@ -1,9 +1,11 @@
 """Speed-ups, each an `apply_*` function, applied by `apply_speedups` in one fixed order (torchtitan's):
 
-    float8 (swap linear layers)  ->  fused loss  ->  activation checkpointing  ->  torch.compile
+    float8 (swap linear layers)  ->  fused q/k/v and gate/up GEMMs  ->  Liger's kernels (train.kernels)
+    ->  fused loss  ->  activation checkpointing  ->  torch.compile
     ->  DDP / FSDP2 (parallel/parallelize.py; train/step.py `build_step` applies both, in this order)
 
-Swapping modules comes first so that checkpointing and compile see the final modules; compile comes before
+Swapping modules comes first so that checkpointing and compile see the final modules (the projections are fused
+only where float8 left them plain nn.Linear layers); compile comes before
 the data-parallel wrapping, so that it traces through the recompute wrappers and fuses the float8 casts while
 FSDP2's hooks stay outside the compiled blocks (torchtitan's order). Each step is chosen by the plan (plan/)
 and can be overridden from config.
@@ -21,6 +23,8 @@ from hopperlm.plan.record import Float8
 from hopperlm.speed.activation_checkpointing import apply_activation_checkpointing
 from hopperlm.speed.compile import apply_compile
 from hopperlm.speed.float8 import Float8NativeLinear, apply_fp8
+from hopperlm.speed.fused_projections import ALL_FUSED, apply_fused_projections
+from hopperlm.speed.liger import apply_liger
 
 PROBE_ROWS = 64  # rows of the probe's input: a multiple of 16, as the float8 matmuls need
 
@@ -46,6 +50,14 @@ def apply_speedups(model: torch.nn.Module, plan: Plan, log: Callable[[str], None
                 log(f"{done}; the LM head and small layers stay bf16")
             else:
                 log(f"{done}, unverified: {unverified}; a float8 failure would show at the first step")
+    # the plan never pairs fused projections with float8 (whose layers run their own matmuls); a plan replaced
+    # by hand may, and float8 then wins. The plan's reasons already say "on": only a fallback gets a line.
+    if plan.fused_projections and fp8 == "off":
+        line = apply_fused_projections(model)
+        if line != ALL_FUSED:
+            log(line)
+    if plan.kernels == "liger":
+        log(apply_liger(model))
     model.fused_loss = plan.fused_loss
     apply_activation_checkpointing(model, plan.activation_checkpointing, plan.ac_every)
     if plan.compile:

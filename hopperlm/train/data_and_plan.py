@@ -21,6 +21,7 @@ from hopperlm.errors import ConfigError, DataError
 from hopperlm.hardware import Hardware
 from hopperlm.parallel.runtime import Runtime
 from hopperlm.plan import SHARDED, Plan, World, make_plan
+from hopperlm.plan.attention_probe import measure_attention
 from hopperlm.train.batch_finder import make_gpu_finder
 from hopperlm.train.initial_model import build_train_model
 
@@ -140,11 +141,17 @@ def plan_run(
     log: Callable[[str], None],
     measure: bool = True,
     rt: Runtime | None = None,
+    kept_attention: str | None = None,
 ) -> Plan:
     """The plan of `train` and `diagnose`. On a GPU with train.micro_batch unset (and `measure`), the micro-batch
     is measured with real training steps of the run's own model (LoRA/QLoRA included) and cached in
     `cache_dir`; under torchrun every rank measures on its own, without DDP, and the smallest answer holds
-    (`rt`)."""
+    (`rt`). On a GPU (and `measure`) the attention kernel is timed too: cuDNN against flash, about a second,
+    the case least kind to cuDNN over the ranks deciding for all (plan/attention_probe.py); a resumed run keeps
+    its checkpoint's kernel instead (`kept_attention`)."""
+    probe = measure_attention if measure and hw.device_type == "cuda" else None
+    if rt is not None:
+        probe = rt.agreed_attention_probe(probe)
     finder = None
     if measure and hw.device_type == "cuda" and cfg.train.micro_batch is None:
 
@@ -169,4 +176,4 @@ def plan_run(
         )
         if rt is not None:
             finder = rt.agreed_finder(finder)
-    return make_plan(cfg, model_cfg, hw, finder, world)
+    return make_plan(cfg, model_cfg, hw, finder, world, attention_probe=probe, kept_attention=kept_attention)

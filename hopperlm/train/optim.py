@@ -10,6 +10,7 @@ from hopperlm.config import OptimConfig
 from hopperlm.model.mup import optimizer_multipliers, scale_groups
 from hopperlm.model.qlora import require_bitsandbytes
 from hopperlm.model.transformer import parameter_shapes
+from hopperlm.train.muon import Muon
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -56,7 +57,7 @@ def build_optimizer(
         factors = width_factors(model, cfg, hidden_ids)  # once for both optimizers' groups
         muon_groups = scaled([{"params": hidden, "weight_decay": cfg.weight_decay}], factors)
         adjust = "original" if cfg.muon_lr_adjust == "spectral" else "match_rms_adamw"
-        muon = torch.optim.Muon(muon_groups, lr=cfg.lr, momentum=cfg.muon_momentum, adjust_lr_fn=adjust)
+        muon = Muon(muon_groups, lr=cfg.lr, momentum=cfg.muon_momentum, adjust_lr_fn=adjust)
         rest = [
             {**g, "params": [p for p in g["params"] if id(p) not in hidden_ids]}
             for g in param_groups(model, cfg.weight_decay)
@@ -96,11 +97,21 @@ def scaled(groups: list[dict], factors: dict[int, float]) -> list[dict]:
 
 
 class OptimizerPair:
-    """Two optimizers over disjoint parameters, driven as one: the loop sets `lr` on every param group,
-    steps, zeroes and checkpoints them together."""
+    """Two optimizers over disjoint parameters, driven as one: the loop sets `lr` on every param group and
+    `found_inf` on both, steps, zeroes and checkpoints them together."""
 
     def __init__(self, first: torch.optim.Optimizer, second: torch.optim.Optimizer) -> None:
         self.optimizers = (first, second)
+
+    @property
+    def found_inf(self) -> torch.Tensor | None:
+        return getattr(self.optimizers[0], "found_inf", None)
+
+    @found_inf.setter
+    def found_inf(self, flag: torch.Tensor | None) -> None:
+        # each member drops the step on the device if it honours the flag (train/step.py's honours_found_inf)
+        for opt in self.optimizers:
+            opt.found_inf = flag
 
     @property
     def param_groups(self) -> list[dict]:

@@ -32,7 +32,7 @@ from hopperlm.memory import checkpoint_bytes
 from hopperlm.model.lora import training_flops_per_token
 from hopperlm.observe.observer import NullObserver, RunObserver
 from hopperlm.parallel import checkpoint as dist_ckpt
-from hopperlm.parallel.runtime import Clock, Runtime
+from hopperlm.parallel.runtime import Clock, Runtime, unwritable_run_dir
 from hopperlm.parallel.watchdog import restart_count
 from hopperlm.plan import SHARDED, Plan
 from hopperlm.schedule import budget_progress, lr_at
@@ -153,7 +153,10 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     cfg = cfg if kept is cfg.train else dataclasses.replace(cfg, train=kept)
     hw = detect_for(cfg.train.device)
     cache_dir = run_dir if rt.world_size == 1 else run_dir / "ranks" / str(rt.rank)
-    plan = plan_run(cfg, model_cfg, hw, world=rt.world, cache_dir=cache_dir, log=log, rt=rt)
+    kept_attention = saved.get("attention") if saved is not None else None  # (older checkpoints: none)
+    plan = plan_run(
+        cfg, model_cfg, hw, world=rt.world, cache_dir=cache_dir, log=log, rt=rt, kept_attention=kept_attention
+    )
     plan.apply_runtime_settings(log)
 
     model, embed_warmup = model_for_run(cfg, model_cfg, plan=plan, data=data, rt=rt, resume_from=resume_from)
@@ -162,7 +165,9 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     # each rank reads its block of every global micro-batch
     layout = BatchLayout(plan.micro_batch, plan.grad_accum, rt.rank, rt.world_size)
     batches = data.batches(layout, pin=plan.pin_memory, prefetch=default_prefetch(cfg.data, plan.device))
-    state = TrainState(plan.micro_batch, plan.grad_accum, fp8, guard=guard, batches=batches)
+    state = TrainState(
+        plan.micro_batch, plan.grad_accum, fp8, attention=plan.attention, guard=guard, batches=batches
+    )
     state.run_record = {"config": cfg.to_dict(), "data_manifest_tokenizer": data.manifest["tokenizer"]}
     checkpointer = checkpointer_for(cfg, rt, plan, model=model, model_cfg=model_cfg, parts=parts, state=state)
     elapsed_before = 0.0
@@ -361,7 +366,8 @@ def keep_checkpoint_batch(tc: TrainConfig, saved: dict | None, rt: Runtime) -> T
 
 
 def prepare_run_dir(cfg: Config, rt: Runtime, data_dir: Path) -> None:
-    """Fail at start-up, not at the first checkpoint an hour later; then the run's config and tokenizer."""
+    """Fail at start-up, not at the first checkpoint an hour later; then the run's config and tokenizer. (Rank 0
+    holds the folder's lock from the session's start on: parallel/runtime.py `hold_run_dir`.)"""
     run_dir = Path(cfg.run.out_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -369,9 +375,7 @@ def prepare_run_dir(cfg: Config, rt: Runtime, data_dir: Path) -> None:
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
-        raise CheckpointError(
-            f"run dir {run_dir} is not writable ({e.strerror}); choose another --run.out_dir"
-        ) from None
+        raise unwritable_run_dir(run_dir, e) from None
     if rt.is_main:  # one writer for the run's files
         (run_dir / "events.jsonl").touch()  # the guard's events: present (empty) when nothing happened
         save_config(cfg, run_dir / "config.yaml")

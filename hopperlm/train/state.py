@@ -4,6 +4,7 @@
     step, tokens                where the run is          best_val, val_loss     what it measured
     micro_batch, grad_accum     per rank: the plan's, until an out-of-memory error halves them
     fp8                         the float8 backend in effect (the plan's, or "off" after a start-up failure)
+    attention                   the plan's SDPA kernel (a resume keeps it: kernels round differently)
     schedule_budget             the budget the LR schedule is laid over (a resume may keep the original one)
     clock                       seconds of training across resumes (what train.max_hours counts)
     guard                       the stability guard's counters, data offset and LR scale (train/guard.py)
@@ -35,6 +36,7 @@ class TrainState:
     micro_batch: int  # per rank
     grad_accum: int
     fp8: str
+    attention: str = "auto"
     step: int = 0
     tokens: int = 0
     best_val: float | None = None
@@ -58,6 +60,7 @@ class TrainState:
             * world_size,  # all ranks together: any world size that divides it
             "grad_accum": self.grad_accum,
             "fp8": self.fp8,
+            "attention": self.attention,
             "world_size": world_size,
             "schedule_budget": {k: getattr(self.schedule_budget, k) for k in BUDGET_KEYS},
             "guard": self.guard.to_dict(),

@@ -3,8 +3,9 @@
 
 One step = `grad_accum` micro-batches (forward, backward; gradients cross ranks on the last one only), the
 gradient norm clipped, then the optimizer update, or its skip when the loss or the gradient norm is not finite.
-Nothing here waits on the host where it can be avoided: a fused AdamW on CUDA drops a bad update on the device
-(`found_inf`); every other optimizer would apply it, so for those the finite flag is read on the host first.
+Nothing here waits on the host where it can be avoided: a fused AdamW on CUDA, hopperlm's Muon and their pair drop
+a bad update on the device (`found_inf`); every other optimizer would apply it, so for those the finite flag is
+read on the host first.
 """
 
 from __future__ import annotations
@@ -23,13 +24,18 @@ from hopperlm.parallel.runtime import Runtime, current
 from hopperlm.plan import Plan
 from hopperlm.speed import apply_speedups
 from hopperlm.speed.compile import uses_cuda_graphs
-from hopperlm.train.optim import build_optimizer, set_lr
+from hopperlm.train.muon import Muon
+from hopperlm.train.optim import OptimizerPair, build_optimizer, set_lr
 
 
 def honours_found_inf(optimizer) -> bool:
     """True for the optimizers that read `found_inf` and drop the update on the device: torch's fused
-    Adam/AdamW. Muon, torchao's and bitsandbytes' 8-bit AdamW, unfused AdamW and the Muon + AdamW pair
-    ignore it and would apply a non-finite update."""
+    Adam/AdamW, hopperlm's Muon (train/muon.py), and a Muon + AdamW pair whose AdamW is fused. torch's Muon,
+    torchao's and bitsandbytes' 8-bit AdamW and unfused AdamW ignore it and would apply a non-finite update."""
+    if isinstance(optimizer, OptimizerPair):
+        return all(honours_found_inf(opt) for opt in optimizer.optimizers)
+    if isinstance(optimizer, Muon):
+        return True
     return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(
         optimizer.defaults.get("fused")
     )
@@ -188,7 +194,7 @@ def train_step(
         scaler.update()
     else:
         finite = torch.isfinite(step_loss) & torch.isfinite(grad_norm)
-        if parts.skip_on_device:  # fused AdamW drops the update on the device when found_inf is 1
+        if parts.skip_on_device:  # fused AdamW and Muon drop the update on the device when found_inf is 1
             optimizer.found_inf = (~finite).float()
             optimizer.step()
         elif finite.item():  # any other optimizer would apply it: decide on the host
