@@ -15,15 +15,14 @@ from hopperlm.config import load_config
 from hopperlm.train.sweep import SweepRun, best_lr, set_key, tuned_recipe_text
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPE = """# a tiny mup recipe
+# RECIPE is mup; PLAIN is standard until a sweep's overrides make it mup
+TEMPLATE = """# a tiny {head} recipe
 model:
   preset: null
   dim: 64
   n_layers: 2
-  n_heads: 4
-  parametrization: mup
-  base_dim: 32
-  max_seq_len: 64
+  n_heads: 4  # heads of 16
+{mup}  max_seq_len: 64
 data:
   path: {data}
 optim:
@@ -37,7 +36,9 @@ train:
   eval_windows: 4
   log_every: 3
   ckpt_every: 0
-"""
+{run}"""
+RECIPE = TEMPLATE.format(head="mup", mup="  parametrization: mup\n  base_dim: 32\n", data="{data}", run="")
+PLAIN = TEMPLATE.format(head="standard", mup="", data="not/prepared", run="run:\n  out_dir: runs/tiny\n")
 
 
 def hopperlm(*args) -> subprocess.CompletedProcess:
@@ -100,31 +101,6 @@ def test_sweep_trains_the_proxy_picks_the_best_lr_and_writes_the_recipe(recipe, 
     assert f"{forecast['final_val_loss']:.3f}" in line and "not the proxies'" in line  # twice the tokens
 
 
-PLAIN = """# a tiny recipe: standard, until the sweep's overrides make it mup
-model:
-  preset: null
-  dim: 64
-  n_layers: 2
-  n_heads: 4  # heads of 16
-  max_seq_len: 64
-data:
-  path: not/prepared
-optim:
-  lr: 1.0e-3   # a guess
-  warmup_steps: 2
-train:
-  seq_len: 64
-  micro_batch: 8
-  max_steps: 6
-  eval_every: 0
-  eval_windows: 4
-  log_every: 3
-  ckpt_every: 0
-run:
-  out_dir: runs/tiny
-"""
-
-
 @pytest.mark.slow
 def test_the_tuned_recipe_alone_reproduces_the_sweeps_best_run(shakespeare_bytes, tmp_path):
     """Issue 48: the tuned recipe held the LR only (no mup, no base_dim, no data path), so run alone it trained
@@ -143,7 +119,7 @@ def test_the_tuned_recipe_alone_reproduces_the_sweeps_best_run(shakespeare_bytes
     text = tuned.read_text()
     # the recipe's comments and key order kept, the sweep's overrides added after its keys
     for line in (
-        "# a tiny recipe: standard, until",
+        "# a tiny standard recipe",
         "preset: null\n",
         "n_heads: 4  # heads of 16",
         "# a guess",
