@@ -1,5 +1,5 @@
-"""Room on disk: how much is free where a file goes, whether a planned write fits, and one line when a write
-fails for want of it.
+"""Room on disk: whether a planned write fits (the free space itself is measured by files.py), and one line
+when a write fails for want of it.
 
 Every writer (checkpoints, prepared shards, exports, metrics) asks here, so a full disk, a quota, a read-only
 or failing filesystem reads the same from every command: what could not be written, where, how much was
@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hopperlm.errors import HopperError
+from hopperlm.files import free_bytes, staged_dir
 
 # the errors a write meets when the filesystem, not the data, is at fault
 DISK_ERRNOS = {
@@ -35,27 +36,6 @@ TIGHT = 1.25  # free space below this multiple of what a run needs is worth a wa
 
 class DiskError(HopperError):
     """A file could not be written, or will not fit: the disk is full, over quota, read-only or failing."""
-
-
-def free_bytes(path: str | Path) -> int | None:
-    """Bytes an unprivileged writer may still use on the filesystem that holds `path` (or would hold it: the
-    nearest existing folder above it); None where the OS cannot say."""
-    path = Path(path).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def tree_bytes(path: str | Path) -> int:
-    """Bytes of the files under `path` (a file: its size; missing: 0)."""
-    path = Path(path)
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
 def human_bytes(n: float) -> str:
@@ -144,21 +124,6 @@ def _chain(exc: BaseException | None) -> Iterator[BaseException]:
         todo.append(getattr(e, "exc", None))  # a wrapped error
 
 
-def append_line(path: str | Path, line: str) -> None:
-    """Append one line to a log (metrics.jsonl, events.jsonl) whole or not at all: a write that fails half-way
-    is cut back off, so the file stops growing on a full disk rather than ending in a torn record."""
-    with open(path, "ab") as f:
-        size = f.tell()
-        try:
-            f.write(line.encode() + b"\n")
-            f.flush()
-        except BaseException as e:
-            f.truncate(size)  # (cutting frees space: it succeeds where the write did not)
-            if isinstance(e, OSError) and e.filename is None:  # a failed write names no file: name the log
-                e.filename = str(path)
-            raise
-
-
 def check_room(
     *, what: str, where: str | Path, needed: int, fix: str, warn: Callable[[str], None] | None = None
 ) -> None:
@@ -177,3 +142,19 @@ def check_room(
             f"warning: little room to spare for {what} in {where}: about {human_bytes(needed)} needed, "
             f"{human_bytes(free)} free; {fix}"
         )
+
+
+@contextmanager
+def staged_output(out_dir: Path, overwrite: bool, *, what: str = "", needed: int = 0) -> Iterator[Path]:
+    """files.staged_dir with room on disk: `needed`, about how many bytes the block writes (the tensors), is
+    checked against the free space first; a full disk (or a quota, a read-only folder) half-way is one
+    DiskError naming `what` (default: OUT_DIR's name)."""
+    out_dir = Path(out_dir)
+    what = what or out_dir.name
+    fix = "free space there or choose another output folder; nothing was changed"
+    with (
+        disk_errors_as_one_line(what=what, where=out_dir.parent, needed=needed, fix=fix),
+        staged_dir(out_dir, overwrite) as tmp,  # (refuses a non-empty OUT_DIR before the room check)
+    ):
+        check_room(what=what, where=out_dir.parent, needed=needed, fix=fix)
+        yield tmp

@@ -19,7 +19,8 @@ import torch
 from hopperlm.checkpoint.layout import list_checkpoints, verify_checkpoint
 from hopperlm.cli import main
 from hopperlm.config import load_config
-from hopperlm.diskspace import DiskError, append_line, write_failure
+from hopperlm.diskspace import DiskError, write_failure
+from hopperlm.files import append_line
 from hopperlm.observe.metrics import read_metrics
 from hopperlm.train.loop import train
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hopperlm.checkpoint.atomic import save_safetensors, staged_dir
+from hopperlm.checkpoint.atomic import save_safetensors
 from hopperlm.checkpoint.hf import hf_config_dict, is_hf_dir, model_values_from_hf, read_json
 from hopperlm.checkpoint.hf_tokenizer import token_ids, write_hf_tokenizer
 from hopperlm.checkpoint.layout import (
@@ -36,6 +36,7 @@ from hopperlm.checkpoint.layout import (
 from hopperlm.checkpoint.tensors import iter_model_tensors, to_hf_name
 from hopperlm.config import ModelConfig
 from hopperlm.data.tokenizer import BYTE_MARKER, TOKENIZER_FILES
+from hopperlm.diskspace import staged_output
 from hopperlm.errors import CheckpointError, ConfigError
 from hopperlm.model.generate import sampling_generation_config
 from hopperlm.model.mup import output_multiplier
@@ -124,7 +125,7 @@ def import_hf(hf_dir: Path, out_dir: Path, overwrite: bool = False, log=print) -
     cfg = ModelConfig(**values)
     files = weight_files(hf_dir)
     needed = sum(f.stat().st_size for f in files)  # the tensors keep their dtype
-    with staged_dir(out_dir, overwrite, what="the imported model", needed=needed) as tmp:
+    with staged_output(out_dir, overwrite, what="the imported model", needed=needed) as tmp:
         shard_bytes = max(f.stat().st_size for f in files)
         write_shards(iter_model_tensors(hf_dir), tmp, shard_bytes)
         origin = {"source": str(hf_dir.resolve()), "model_type": raw["model_type"], "config": raw}
@@ -193,7 +194,7 @@ def export_hf(
             **sampling_generation_config(),
         }
     needed = count_params(cfg)["total"] * torch_dtype.itemsize
-    with staged_dir(out_dir, overwrite, what="the exported model", needed=needed) as tmp:
+    with staged_output(out_dir, overwrite, what="the exported model", needed=needed) as tmp:
         tensors = (
             (to_hf_name(name), fold_output_multiplier(name, t, cfg))
             for name, t in iter_model_tensors(model_dir)
@@ -253,7 +254,7 @@ def save_merged(
     trained = trained_with(model_dir)
     extra = {"merged_from": str(model_dir), **({TRAINED_WITH: trained.to_dict()} if trained else {})}
     needed = count_params(cfg)["total"] * torch_dtype.itemsize
-    with staged_dir(out_dir, overwrite, what="the merged model", needed=needed) as tmp:
+    with staged_output(out_dir, overwrite, what="the merged model", needed=needed) as tmp:
         write_shards(iter_model_tensors(model_dir), tmp, parse_size(max_shard_size), torch_dtype)
         write_model_config(tmp, cfg, extra=extra)  # init_from: provenance
         if (model_dir / TOKENIZER_DIR).is_dir():

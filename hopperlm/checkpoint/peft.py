@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hopperlm.checkpoint.atomic import save_safetensors, staged_dir
+from hopperlm.checkpoint.atomic import save_safetensors
 from hopperlm.checkpoint.hf_tokenizer import write_hf_tokenizer
 from hopperlm.checkpoint.layout import (
     TOKENIZER_DIR,
@@ -24,6 +24,7 @@ from hopperlm.checkpoint.layout import (
 from hopperlm.checkpoint.tensors import from_hf_name, read_adapters, to_hf_name
 from hopperlm.config import LoRAConfig
 from hopperlm.config.finetune import TARGETS, parse_targets
+from hopperlm.diskspace import staged_output
 from hopperlm.errors import CheckpointError, ConfigError
 
 PEFT_PREFIX = "base_model.model."
@@ -70,7 +71,7 @@ def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
         module, _, kind = name.partition(".lora_")  # layers.0.attn.q_proj / A.weight
         tensors[PEFT_PREFIX + to_hf_name(module + ".weight").removesuffix(".weight") + ".lora_" + kind] = t
     needed = sum(t.numel() * t.element_size() for t in tensors.values())
-    with staged_dir(out_dir, overwrite, what="the PEFT adapters", needed=needed) as tmp:
+    with staged_output(out_dir, overwrite, what="the PEFT adapters", needed=needed) as tmp:
         save_safetensors(tensors, tmp / PEFT_WEIGHTS, metadata={"format": "pt"})
         (tmp / PEFT_CONFIG).write_text(
             json.dumps(peft_config(lora_cfg, model_cfg.init_from), indent=2) + "\n"

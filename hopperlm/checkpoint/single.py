@@ -21,13 +21,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from hopperlm.checkpoint.atomic import (
-    fsync_path,
-    fsync_tree,
-    save_safetensors,
-    staged_dir,
-    usual_permissions,
-)
+from hopperlm.checkpoint.atomic import save_safetensors
 from hopperlm.checkpoint.layout import (
     ADAPTER_FILE,
     CHECKSUM_FILE,
@@ -55,9 +49,9 @@ from hopperlm.checkpoint.layout import (
 from hopperlm.checkpoint.sharded import load_sharded_model, materialize_model
 from hopperlm.checkpoint.tensors import base_fingerprint, check_base, load_weights, read_adapters
 from hopperlm.config import ModelConfig
-from hopperlm.diskspace import DiskError, room, tree_bytes, write_failure
+from hopperlm.diskspace import DiskError, room, staged_output, write_failure
 from hopperlm.errors import CheckpointError
-from hopperlm.files import file_sha256, swap_in
+from hopperlm.files import file_sha256, fsync_path, fsync_tree, swap_in, tree_bytes, usual_permissions
 from hopperlm.model.lora import adapter_state, has_lora, load_adapter_state
 
 
@@ -258,7 +252,7 @@ def export_model(path: str | Path, out_dir: Path, overwrite: bool = False) -> Pa
     )  # (a sharded checkpoint: its shards hold the optimizer state too, so this is generous)
     if is_sharded(model_dir):
         needed = tree_bytes(model_dir / SHARDED_DIR)
-    with staged_dir(out_dir, overwrite, what="the exported model", needed=needed) as tmp:
+    with staged_output(out_dir, overwrite, what="the exported model", needed=needed) as tmp:
         if is_sharded(model_dir) and read_lora_config(model_dir) is not None:  # an FSDP LoRA run's adapters
             save_safetensors(read_adapters(model_dir), tmp / ADAPTER_FILE)
             shutil.copy2(model_dir / CONFIG_FILE, tmp / CONFIG_FILE)

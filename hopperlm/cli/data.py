@@ -36,8 +36,8 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
     """`tokenizer train`: a new tokenizer from a corpus; `tokenizer extend`: BASE plus pieces for a new language."""
     import json
 
-    from hopperlm.checkpoint.atomic import staged_dir
     from hopperlm.data import tokenizer_train as tt
+    from hopperlm.diskspace import staged_output
 
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
@@ -47,7 +47,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
     texts = tt.corpus_texts(args.corpus, args.text_field)
     if args.action == "train":
         tok = tt.train_tokenizer(texts, args.kind, args.vocab_size)
-        with staged_dir(out, args.overwrite, what="the tokenizer") as tmp:  # whole, or --out as it was
+        with staged_output(out, args.overwrite, what="the tokenizer") as tmp:  # whole, or --out as it was
             tok.save(tmp)
         log(
             f"trained {args.kind} tokenizer, {tok.vocab_size:,} pieces, eos id {tok.eos_id}: {out / 'tokenizer.json'}"
@@ -60,7 +60,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> None:
         Path(f).parent.name + "/" + Path(f).name: Path(f).read_text(encoding="utf-8") for f in args.heldout
     }
     rows = tt.compare(base, ext.tokenizer, heldout, protect)
-    with staged_dir(out, args.overwrite, what="the extended tokenizer") as tmp:
+    with staged_output(out, args.overwrite, what="the extended tokenizer") as tmp:
         tt.save_extension(ext, tmp, rows)
     for line in tt.format_report(rows, len(ext.added), base.name):
         log(line)

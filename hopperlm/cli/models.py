@@ -14,7 +14,7 @@ from hopperlm.folder_lock import hold_folder
 
 def holding_out(verb: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], None]:
     """A verb that writes the folder (or file) OUT holds `OUT.lock` beside it for its life: OUT appears whole
-    only at the end (checkpoint/atomic.py), so the lock cannot live inside it, and a second writer of the same
+    only at the end (files.staged_dir), so the lock cannot live inside it, and a second writer of the same
     OUT is refused in one line (folder_lock.py)."""
 
     @functools.wraps(verb)

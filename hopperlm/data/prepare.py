@@ -55,9 +55,9 @@ from hopperlm.data.shards import (  # noqa: F401 - read_manifest/shard_dtype are
 )
 from hopperlm.data.sources import decode_unit, find_sources, iter_units, source_bytes
 from hopperlm.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, train_bpe
-from hopperlm.diskspace import DiskError, check_room, disk_error, tree_bytes
+from hopperlm.diskspace import DiskError, check_room, disk_error
 from hopperlm.errors import DataError, HopperError
-from hopperlm.files import file_sha256, swap_in
+from hopperlm.files import file_sha256, swap_in, tree_bytes
 from hopperlm.folder_lock import hold_folder
 
 PROGRESS_FILE = "progress.json"

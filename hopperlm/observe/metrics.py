@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from hopperlm.diskspace import append_line
+from hopperlm.files import append_line
 
 # every field metrics.jsonl may hold, in the order above (the columns of metrics.csv)
 FIELDS = (

@@ -26,9 +26,9 @@ from typing import Any, Protocol
 import yaml
 
 from hopperlm.config import LogConfig
-from hopperlm.diskspace import append_line, write_failure
+from hopperlm.diskspace import write_failure
 from hopperlm.errors import ConfigError
-from hopperlm.files import write_atomic
+from hopperlm.files import append_line, write_atomic
 from hopperlm.observe.metrics import FIELDS, MetricsFile, read_metrics
 
 TAGS = {

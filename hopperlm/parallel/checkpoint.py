@@ -34,7 +34,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from hopperlm.checkpoint.atomic import fsync_path
 from hopperlm.checkpoint.layout import (
     CHECKSUM_FILE,
     MODEL_FILE,
@@ -67,7 +66,7 @@ from hopperlm.checkpoint.tensors import check_base, read_adapters
 from hopperlm.config import ModelConfig, ParallelConfig
 from hopperlm.diskspace import write_failure
 from hopperlm.errors import CheckpointError, first_line
-from hopperlm.files import file_sha256
+from hopperlm.files import file_sha256, fsync_path
 from hopperlm.model.lora import has_lora
 from hopperlm.parallel.runtime import Runtime
 from hopperlm.plan.strategy import SHARDED

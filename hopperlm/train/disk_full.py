@@ -18,7 +18,8 @@ from pathlib import Path
 from hopperlm.checkpoint.layout import latest_checkpoint, list_checkpoints
 from hopperlm.checkpoint.single import CheckpointSaveError
 from hopperlm.config import ParallelConfig, TrainConfig
-from hopperlm.diskspace import DiskError, check_room, free_bytes, human_bytes
+from hopperlm.diskspace import DiskError, check_room, human_bytes
+from hopperlm.files import free_bytes
 from hopperlm.parallel.runtime import Runtime
 from hopperlm.train.preemption import Preemption
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hopperlm.config import GuardConfig
-from hopperlm.diskspace import append_line, unwritten
+from hopperlm.diskspace import unwritten
 from hopperlm.errors import HopperError
+from hopperlm.files import append_line
 
 
 class GuardStop(HopperError):

@@ -25,8 +25,8 @@ from hopperlm.config.training import BUDGET_KEYS, checkpoint_budget
 from hopperlm.data.batches import BatchLayout, BatchSource
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import default_prefetch
-from hopperlm.diskspace import tree_bytes
 from hopperlm.errors import CheckpointError
+from hopperlm.files import tree_bytes
 from hopperlm.hardware import Hardware, detect_for
 from hopperlm.memory import checkpoint_bytes
 from hopperlm.model.lora import training_flops_per_token
