@@ -343,8 +343,8 @@ class Runtime:
 
     def agreed_attention_probe(self, probe: AttentionProbe | None) -> AttentionProbe | None:
         """The attention probe, timed on every rank; the case least kind to cuDNN over all ranks decides
-        (AttentionTiming.worst_over_ranks), so every rank forces the same kernel. The probe never raises
-        (failures come back as its `error`) and every rank makes the same plan up to it, so all meet here."""
+        (AttentionTiming.worst_over_ranks), so every rank forces the same kernel. Every rank makes the same plan up
+        to it and a probe that raises counts as a failed one, so all ranks meet in the all-reduce."""
         if probe is None or self.world_size == 1:
             return probe
 

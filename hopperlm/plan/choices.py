@@ -194,10 +194,9 @@ def choose_fused_projections(tc: TrainConfig, lc: LoRAConfig, *, fp8: str, kerne
             f"tensors{asked}"
         )
         return False
-    if (
-        want is None
-    ):  # the plan follows measurements: inductor's CPU code has fewer forward kernels fused, but
-        # more backward ones (a block in bf16: 8 + 7 -> 6 + 10), so only the GPU's step time can say
+    # the plan follows measurements: inductor's CPU code has fewer forward kernels fused, but more backward
+    # ones (a block in bf16: 8 + 7 -> 6 + 10), so only the GPU's step time can say
+    if want is None:
         why["fused_projections"] = FUSED_PROJECTIONS_AUTO
         return False
     why["fused_projections"] = FUSED_PROJECTIONS_ON + " (set by train.fused_projections)"

@@ -102,10 +102,11 @@ class Plan:
             return nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        if (
-            self.attention == "cudnn-first"
-        ):  # the probe's pick (plan/attention_probe.py): cuDNN where it takes
-            # the call, else flash and the rest in SDPA's order (an eval or finder shape cuDNN refuses still runs)
+        from hopperlm.plan.attention_probe import CUDNN_FIRST
+
+        # the probe's pick (plan/attention_probe.py): cuDNN where it takes the call, else flash and the rest in
+        # SDPA's order (an eval or finder shape cuDNN refuses still runs)
+        if self.attention == CUDNN_FIRST:
             order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
             return sdpa_kernel([*order, SDPBackend.MATH], set_priority=True)
 
