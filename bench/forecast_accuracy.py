@@ -306,10 +306,9 @@ def run_config(
             "eval_every": max(5, steps // evals),
             "eval_windows": 32 if smoke else 128,
             "log_every": 5 if smoke else 10,
-            "ckpt_every": 0,
-            "keep_last": 1,
             "threads": 1,
         },
+        "checkpoint": {"every": 0, "keep_last": 1},
         "run": {"out_dir": str(run_dir / name)},
     }
 

@@ -157,11 +157,10 @@ def run_config(recipe: dict, data: Path, out: Path, *, seconds: float, steps: in
             "eval_every": max(1, steps // 10),
             "eval_windows": eval_windows,
             "log_every": max(1, min(50, steps // 20)),
-            "ckpt_every": 0,
-            "keep_last": 1,
             "threads": threads,
             "seed": seed,
         },
+        "checkpoint": {"every": 0, "keep_last": 1},
         "run": {"out_dir": str(out)},
     }
 

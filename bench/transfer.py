@@ -96,10 +96,10 @@ def run_one(spec: dict) -> dict:
                 "eval_every": 0,
                 "eval_windows": 32,
                 "log_every": spec["steps"],
-                "ckpt_every": 0,
                 "device": "cpu",
                 "compile": False,
             },  # fmt: skip
+            "checkpoint": {"every": 0},
             "log": {"report": False, "tensorboard": False},
             "run": {"out_dir": spec["out_dir"]},
         }

@@ -65,10 +65,10 @@ def recipe(data: Path, width: int, steps: int) -> dict:
             "eval_every": 0,
             "eval_windows": 256,
             "log_every": 50,
-            "ckpt_every": 0,
             "device": "cpu",
             "compile": False,
         },  # fmt: skip
+        "checkpoint": {"every": 0},
         "log": {"report": False, "tensorboard": False},
     }
 

@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hopperlm.checkpoint.hf import llama_config, require_transformers
 from hopperlm.config import ModelConfig, config_from_dict
 from hopperlm.config.presets import get_preset
 from hopperlm.data.loader import Batch, RandomWindows, TokenShards
 from hopperlm.data.prepare import read_manifest
 from hopperlm.errors import ConfigError, DataError, first_line
 from hopperlm.hardware import Hardware
+from hopperlm.interop.hf import llama_config, require_transformers
 from hopperlm.model.transformer import build_model, flops_per_token
 from hopperlm.plan import make_plan
 from hopperlm.plan.attention_probe import measure_attention

@@ -67,6 +67,14 @@ def usual_permissions(path: Path) -> None:
     os.chmod(path, 0o666 & ~current_umask())
 
 
+def save_safetensors(tensors: dict, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors.torch.save_file with the process's usual file permissions (see usual_permissions)."""
+    from safetensors.torch import save_file  # (imported here: the rest of this floor needs no torch)
+
+    save_file(tensors, str(path), metadata=metadata)
+    usual_permissions(Path(path))
+
+
 def fsync_path(path: Path) -> None:
     """fsync a file or a directory (a directory's entries: a rename survives a crash)."""
     fd = os.open(path, os.O_RDONLY)

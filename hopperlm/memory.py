@@ -198,13 +198,3 @@ def _lora_estimate(
         shards=shards,
         gathered=gathered,
     )
-
-
-def checkpoint_bytes(cfg: ModelConfig, optimizer: str, lora=None) -> int:
-    """About how many bytes one run checkpoint takes on disk: the fp32 weights (a LoRA run: its adapters
-    alone, the base is model.init_from's) and the optimizer state (optimizer_bytes), plus 64 KB for
-    config.json, state.json, rng.pt and checksums.json. The tokenizer folder it copies is the caller's to add."""
-    if lora is not None and lora.enabled:
-        trainable = count_trainable(cfg, lora)
-        return 4 * trainable + optimizer_bytes(cfg, optimizer, trainable) + (64 << 10)
-    return 4 * count_params(cfg)["total"] + optimizer_bytes(cfg, optimizer) + (64 << 10)

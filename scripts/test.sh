@@ -13,4 +13,5 @@ export HOPPERLM_DATA_DIR=${HOPPERLM_DATA_DIR:-$(cd .. && pwd)/shared/data}
 # --durations: the slowest tests, so CI time stays watched
 WORKERS=${HOPPERLM_TEST_WORKERS:-2}
 if [ "$WORKERS" -gt 1 ]; then export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}; fi
-"$PY" -m pytest -q -n "$WORKERS" --dist loadfile --durations=15 "$@"
+# --no-loadscope-reorder: xdist hands files out in conftest's order (slow files first), not by test count
+"$PY" -m pytest -q -n "$WORKERS" --dist loadfile --no-loadscope-reorder --durations=15 "$@"

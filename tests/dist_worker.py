@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from hopperlm.checkpoint.init_from import resolve_init_from
 from hopperlm.config import load_config
+from hopperlm.interop.init_from import resolve_init_from
 from hopperlm.parallel.runtime import session
 from hopperlm.train.loop import train
 
@@ -41,7 +41,9 @@ def main() -> None:
         cli.main(["train", str(DEBUG), *run["args"]])
         return
     configs = [resolve_init_from(load_config(DEBUG, run["args"])) for run in spec["runs"]]
-    with session(configs[0]):  # one process group for all the runs
+    first = configs[0]
+    # one process group for all the runs
+    with session(first.parallel, device=first.train.device, run_dir=first.run.out_dir):
         for cfg, run in zip(configs, spec["runs"], strict=True):
             train(cfg, resume=run.get("resume", False), log=lambda line: None)
 

@@ -68,8 +68,8 @@ def save_hf(model, out: Path, max_shard_size: str | None = None, tokenizer_from:
 def finetune_config(init_from: Path, data_dir: Path, run_dir: Path, *extra: str):
     """The debug recipe turned into a short fine-tune of `init_from` on the Alpaca-GPT4 demo; `extra`
     overrides come last and win."""
-    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
+    from hopperlm.interop.init_from import resolve_init_from
 
     cfg = load_config(
         REPO / "configs" / "debug.yaml",

@@ -1,14 +1,16 @@
 """The Checkpointer owns what it saves: built once with the model, optimizer, scaler, run state, tokenizer
-and keep policy, then `save(step)`, `latest()`, `load(path)` and nothing else passed (parallel/checkpoint.py).
+and the checkpoint section, then `save(step)`, `latest()`, `load(path)` and nothing else passed
+(checkpoint/checkpointer.py).
 The format, resume, kill and async behaviour are tested through `train` (test_train.py, faults/, test_dist.py);
 this pins the object's own calls, in both formats."""
 
 import pytest
 import torch
 
-from hopperlm.config import ModelConfig, OptimConfig, ParallelConfig
+from hopperlm.checkpoint.checkpointer import Checkpointer
+from hopperlm.checkpoint.single import Parts
+from hopperlm.config import CheckpointConfig, ModelConfig, OptimConfig
 from hopperlm.model.transformer import build_model
-from hopperlm.parallel.checkpoint import Checkpointer
 from hopperlm.parallel.runtime import Runtime
 from hopperlm.train.optim import build_optimizer
 
@@ -43,9 +45,9 @@ def test_save_step_latest_and_load_path_with_nothing_else_passed(tmp_path, fmt):
     state, tokens = Counter(), torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
     (tmp_path / "tokenizer").mkdir()
     (tmp_path / "tokenizer" / "tokenizer.json").write_text("{}")
-    ckpt = Checkpointer(Runtime(), run_dir=tmp_path, strategy="single", cfg=ParallelConfig(checkpoint=fmt),
-                        model=model, model_cfg=cfg, optimizer=optimizer, scaler=None, state=state,
-                        tokenizer_dir=tmp_path / "tokenizer", keep_last=1)  # fmt: skip
+    ckpt = Checkpointer(CheckpointConfig(format=fmt, keep_last=1), Runtime(),
+                        Parts(model, cfg, optimizer, None, tokenizer_dir=tmp_path / "tokenizer"), state,
+                        run_dir=tmp_path, strategy="single")  # fmt: skip
     assert ckpt.latest() is None
     for step in (1, 2):
         train_a_step(model, optimizer, tokens)

@@ -1,14 +1,17 @@
 """Config loading, strict overrides and the one-line errors users see."""
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from hopperlm.checkpoint.init_from import resolve_init_from
-from hopperlm.config import Config, config_from_dict, load_config, parse_overrides
+from hopperlm.config import SECTIONS, CheckpointConfig, Config, config_from_dict, load_config, parse_overrides
+from hopperlm.config.loading import MOVED
 from hopperlm.errors import ConfigError
+from hopperlm.interop.init_from import resolve_init_from
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,6 +64,36 @@ def test_preset_with_overrides_from_yaml_and_cli(tmp_path):
             {"model": {"max_seq_len": 128}, "train": {"max_steps": 1, "seq_len": 256}},
             "exceeds model.max_seq_len",
         ),
+        # the checkpoint section checks its own keys
+        (
+            {"train": {"max_steps": 1}, "checkpoint": {"keep_last": 0}},
+            "checkpoint.keep_last=0 must be positive",
+        ),
+        ({"train": {"max_steps": 1}, "checkpoint": {"every": -1}}, "checkpoint.every=-1 must be >= 0"),
+        (
+            {"train": {"max_steps": 1}, "checkpoint": {"keep_every": -5}},
+            "checkpoint.keep_every=-5 must be >= 0",
+        ),
+        (
+            {"train": {"max_steps": 1}, "checkpoint": {"async_save": True, "format": "single"}},
+            "checkpoint.async_save needs the sharded format",
+        ),
+        (
+            {"train": {"max_steps": 1}, "checkpoint": {"format": "zip"}},
+            "checkpoint.format='zip' is not one of",
+        ),
+        (
+            {"train": {"max_steps": 1}, "checkpoint": {"disk_full_retry_s": 0}},
+            "checkpoint.disk_full_retry_s must be positive",
+        ),
+        (
+            {"train": {"max_steps": 1}, "checkpoint": {"on_disk_full": "pause"}},
+            "checkpoint.on_disk_full='pause' is not one of",
+        ),
+        (
+            {"train": {"max_steps": 1}, "checkpoint": {"keep_lats": 2}},
+            "unknown config key 'checkpoint.keep_lats'; did you mean 'keep_last'",
+        ),
     ],
 )
 def test_config_errors_name_the_field(raw, message):
@@ -68,6 +101,82 @@ def test_config_errors_name_the_field(raw, message):
         config_from_dict(raw)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+# a value for each moved key that its new key accepts (and that differs from the default)
+MOVED_VALUES = {
+    ("train", "ckpt_every"): 5,
+    ("train", "keep_last"): 2,
+    ("train", "keep_every"): 10,
+    ("train", "on_disk_full"): "wait",
+    ("train", "disk_full_retry_s"): 1.5,
+    ("train", "disk_full_wait_s"): 10.0,
+    ("parallel", "checkpoint"): "sharded",
+    ("parallel", "async_checkpoint"): True,
+}
+
+
+def test_the_moved_table_names_every_checkpoint_key_once():
+    assert set(MOVED) == set(MOVED_VALUES)
+    news = list(MOVED.values())
+    assert len(set(news)) == len(news)
+    fields = {f.name for f in dataclasses.fields(CheckpointConfig)}
+    for (section, key), new in MOVED.items():
+        new_section, new_key = new.split(".")
+        assert new_section == "checkpoint" and new_key in fields, new
+        assert key not in {f.name for f in dataclasses.fields(SECTIONS[section])}, (
+            f"{section}.{key} still a field"
+        )
+
+
+def moved_recipe(tmp_path, section=None, key=None, value=None) -> Path:
+    raw = {"train": {"max_steps": 1}}
+    if section is not None:
+        raw.setdefault(section, {})[key] = value
+    path = tmp_path / "moved.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def assert_names_the_new_key(error: ConfigError, section: str, key: str) -> None:
+    message = str(error)
+    assert "\n" not in message
+    assert f"'{section}.{key}'" in message and f"'{MOVED[(section, key)]}'" in message, message
+    assert f"--{MOVED[(section, key)]} " in message, message
+
+
+@pytest.mark.parametrize("section, key", list(MOVED), ids=[f"{s}.{k}" for s, k in MOVED])
+def test_a_moved_key_in_yaml_is_refused_naming_the_new_key(tmp_path, section, key):
+    path = moved_recipe(tmp_path, section, key, MOVED_VALUES[(section, key)])
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert_names_the_new_key(e.value, section, key)
+
+
+@pytest.mark.parametrize("section, key", list(MOVED), ids=[f"{s}.{k}" for s, k in MOVED])
+def test_a_moved_key_on_the_command_line_is_refused_naming_the_new_key(tmp_path, section, key):
+    value = MOVED_VALUES[(section, key)]
+    shown = str(value).lower() if isinstance(value, bool) else str(value)
+    with pytest.raises(ConfigError) as e:
+        load_config(moved_recipe(tmp_path), [f"--{section}.{key}", shown])
+    assert_names_the_new_key(e.value, section, key)
+    # the key it names takes the value
+    new = MOVED[(section, key)]
+    cfg = load_config(moved_recipe(tmp_path), [f"--{new}", shown])
+    assert getattr(cfg.checkpoint, new.split(".")[1]) == value
+    cfg = load_config(moved_recipe(tmp_path, "checkpoint", new.split(".")[1], value))
+    assert getattr(cfg.checkpoint, new.split(".")[1]) == value
+
+
+def test_moved_keys_name_their_new_keys_literally(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(moved_recipe(tmp_path), ["--train.ckpt_every", "5"])
+    assert str(e.value).startswith("config key 'train.ckpt_every' is now 'checkpoint.every'")
+    assert "or pass --checkpoint.every 5" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(moved_recipe(tmp_path, "parallel", "async_checkpoint", True))
+    assert str(e.value).startswith("config key 'parallel.async_checkpoint' is now 'checkpoint.async_save'")
+    assert "'async_save: true' under 'checkpoint:'" in str(e.value)
 
 
 def test_bad_override_syntax():
@@ -94,6 +203,15 @@ def test_cli_errors_are_one_line_exit_2(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_cli_refuses_a_moved_key_in_one_line_naming_the_new_one():
+    result = run_cli("train", "configs/debug.yaml", "--train.ckpt_every", "5", "--print-config")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "checkpoint.every" in lines[0] and "train.ckpt_every" in lines[0]
+    assert result.stdout == ""  # no config printed
 
 
 def test_cli_debug_shows_traceback():

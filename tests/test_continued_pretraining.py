@@ -8,14 +8,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hopperlm.checkpoint.init_from import resolve_init_from
 from hopperlm.checkpoint.layout import checkpoint_dir
-from hopperlm.checkpoint.tensors import iter_model_tensors
 from hopperlm.cli import main
 from hopperlm.config import load_config
 from hopperlm.data import tokenizer_train as tt
 from hopperlm.data.prepare import PrepareOptions, prepare
 from hopperlm.errors import ConfigError, DataError
+from hopperlm.interop.init_from import resolve_init_from
+from hopperlm.interop.tensors import iter_model_tensors
 from hopperlm.train.initial_model import build_train_model
 from hopperlm.train.loop import train
 
@@ -103,9 +103,9 @@ def test_embed_warmup_moves_only_new_rows_then_everything(tinyllama_hf, tigrinya
     args = [
         "--train.max_steps",
         "3",
-        "--train.ckpt_every",
+        "--checkpoint.every",
         "1",
-        "--train.keep_last",
+        "--checkpoint.keep_last",
         "5",
         "--train.log_every",
         "1",
@@ -142,7 +142,7 @@ def test_the_tokenizer_travels_whole_from_import_to_export(tinyllama_hf, data_di
     main(["import", str(tinyllama_hf), str(imported)])
     options = PrepareOptions(tokenizer=str(imported / "tokenizer" / "tokenizer.json"))
     prepare([data_dir / "hornmt" / "eng.txt"], data, options, progress=False, log=QUIET)
-    train(cpt_config(imported, data, run, "--train.max_steps", "1", "--train.ckpt_every", "1"), log=QUIET)
+    train(cpt_config(imported, data, run, "--train.max_steps", "1", "--checkpoint.every", "1"), log=QUIET)
     main(["export", str(run), str(exported)])
     whole = ("tokenizer.json", "tokenizer.model", "special_tokens_map.json")
     for folder in (imported / "tokenizer", data, run / "tokenizer", checkpoint_dir(run, 1) / "tokenizer"):

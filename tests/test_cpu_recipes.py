@@ -15,7 +15,7 @@ from shared_data import DATA_DIR
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "configs" / "lora-alpaca-cpu.yaml"
 SHORTER = {  # verb -> overrides appended to the header's command (later flags win)
-    "train": ["--train.max_steps", "40", "--train.eval_every", "40", "--train.ckpt_every", "40"],
+    "train": ["--train.max_steps", "40", "--train.eval_every", "40", "--checkpoint.every", "40"],
     "finetune": ["--train.max_steps", "20", "--train.log_every", "5", "--train.eval_every", "20"],
     "generate": ["--max-new-tokens", "8"],
 }

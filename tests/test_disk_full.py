@@ -1,5 +1,5 @@
 """A full disk never costs a run (issue 37): room checked before the work, one line when a write fails, the
-run's train.on_disk_full choice (stop / continue / wait), and no partial file or folder left behind.
+run's checkpoint.on_disk_full choice (stop / continue / wait), and no partial file or folder left behind.
 
 The disk fills in two ways here: small tmpfs mounts (root only: CI runs as root; skipped with the reason where
 mounting is refused), and ENOSPC injected at the file layer, as torch.save reports it (a RuntimeError from its
@@ -33,11 +33,11 @@ TORCH_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 698432 
 SHORT = [
     "--train.max_steps",
     "8",
-    "--train.ckpt_every",
+    "--checkpoint.every",
     "2",
     "--train.log_every",
     "2",
-    "--train.keep_last",
+    "--checkpoint.keep_last",
     "5",
 ]
 
@@ -134,7 +134,7 @@ def test_a_real_full_disk_under_torch_save_is_one_line_and_leaves_no_partial_che
             debug_config(
                 shakespeare_bytes,
                 run,
-                "--train.keep_last",
+                "--checkpoint.keep_last",
                 "1",
                 "--train.max_steps",
                 "4",
@@ -167,7 +167,7 @@ def test_stop_at_the_third_checkpoint_then_resume_equals_an_uninterrupted_run(
     assert attempts == [6]
     line = str(e.value)
     assert "could not write checkpoint step_000006" in line and "step_000004 is intact" in line
-    assert "train.on_disk_full stop" in line and "--resume" in line and "\n" not in line
+    assert "checkpoint.on_disk_full stop" in line and "--resume" in line and "\n" not in line
     assert steps_of(cut) == [2, 4]
     no_partial_left(cut)
 
@@ -185,14 +185,18 @@ def test_continue_trains_on_and_ends_non_zero_only_when_the_last_state_is_unsave
     lines = []
     fill_at(monkeypatch, 6)
     result = train(
-        debug_config(shakespeare_bytes, tmp_path / "a", "--train.on_disk_full", "continue"), log=lines.append
+        debug_config(shakespeare_bytes, tmp_path / "a", "--checkpoint.on_disk_full", "continue"),
+        log=lines.append,
     )
     assert result.step == 8 and steps_of(tmp_path / "a") == [2, 4, 8]  # step 8 saved: nothing lost
-    assert sum("training goes on (train.on_disk_full continue)" in x for x in lines) == 1
+    assert sum("training goes on (checkpoint.on_disk_full continue)" in x for x in lines) == 1
 
     fill_at(monkeypatch, 8)  # the last save fails too
     with pytest.raises(DiskError) as e:
-        train(debug_config(shakespeare_bytes, tmp_path / "b", "--train.on_disk_full", "continue"), log=QUIET)
+        train(
+            debug_config(shakespeare_bytes, tmp_path / "b", "--checkpoint.on_disk_full", "continue"),
+            log=QUIET,
+        )
     assert "its last state is unsaved" in str(e.value) and "step 8" in str(e.value)
     assert steps_of(tmp_path / "b") == [2, 4]
     assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [2, 4, 6, 8]
@@ -203,16 +207,16 @@ def test_continue_trains_on_and_ends_non_zero_only_when_the_last_state_is_unsave
 def test_wait_pauses_until_there_is_room_or_the_limit_passes(shakespeare_bytes, tmp_path, monkeypatch):
     lines = []
     attempts = fill_at(monkeypatch, 6, times=2)  # room comes back on the third attempt
-    wait = ["--train.on_disk_full", "wait", "--train.disk_full_retry_s", "0.01"]
+    wait = ["--checkpoint.on_disk_full", "wait", "--checkpoint.disk_full_retry_s", "0.01"]
     result = train(debug_config(shakespeare_bytes, tmp_path / "a", *wait), log=lines.append)
     assert attempts == [6, 6] and result.step == 8 and steps_of(tmp_path / "a") == [2, 4, 6, 8]
-    assert any("training paused at step 6 (train.on_disk_full wait)" in x for x in lines)
+    assert any("training paused at step 6 (checkpoint.on_disk_full wait)" in x for x in lines)
     assert any("room again" in x for x in lines)
 
     fill_at(monkeypatch, 6)  # never room
     with pytest.raises(DiskError) as e:
         train(
-            debug_config(shakespeare_bytes, tmp_path / "b", *wait, "--train.disk_full_wait_s", "0.05"),
+            debug_config(shakespeare_bytes, tmp_path / "b", *wait, "--checkpoint.disk_full_wait_s", "0.05"),
             log=QUIET,
         )
     assert "no room after 0.05 s" in str(e.value) and steps_of(tmp_path / "b") == [2, 4]
@@ -229,7 +233,7 @@ def test_an_async_sharded_checkpoint_that_fails_in_the_background(shakespeare_by
         raise OSError(errno.ENOSPC, "No space left on device")
 
     run = tmp_path / "run"
-    async_save = ["--parallel.checkpoint", "sharded", "--parallel.async_checkpoint", "true"]
+    async_save = ["--checkpoint.format", "sharded", "--checkpoint.async_save", "true"]
     monkeypatch.setattr(filesystem, "_write_files_from_queue", full)
     lines = []
     with pytest.raises(DiskError) as e:
@@ -253,14 +257,14 @@ def test_preflight_refuses_a_run_whose_checkpoints_cannot_fit_before_any_step(
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: not enough room for 4 checkpoints of about") and "\n" not in err
-    assert "(train.keep_last 3 + the one being written)" in err
-    assert "train.keep_last" in err and "--run.out_dir" in err
+    assert "(checkpoint.keep_last 3 + the one being written)" in err
+    assert "checkpoint.keep_last" in err and "--run.out_dir" in err
     assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
 
 
 @pytest.mark.slow  # trains
 def test_a_preemption_signal_ends_a_wait_for_room_promptly(shakespeare_bytes, tmp_path, monkeypatch):
-    """SIGTERM while train.on_disk_full wait sleeps (a 60 s look, a 600 s limit): the stop line within a
+    """SIGTERM while checkpoint.on_disk_full wait sleeps (a 60 s look, a 600 s limit): the stop line within a
     second, not at the next look."""
     import os
     import signal
@@ -269,11 +273,11 @@ def test_a_preemption_signal_ends_a_wait_for_room_promptly(shakespeare_bytes, tm
 
     fill_at(monkeypatch, 2)  # never room
     wait = [
-        "--train.on_disk_full",
+        "--checkpoint.on_disk_full",
         "wait",
-        "--train.disk_full_retry_s",
+        "--checkpoint.disk_full_retry_s",
         "60",
-        "--train.disk_full_wait_s",
+        "--checkpoint.disk_full_wait_s",
         "600",
     ]
     sent = []
@@ -288,41 +292,48 @@ def test_a_preemption_signal_ends_a_wait_for_room_promptly(shakespeare_bytes, tm
     # the wait was for 600 s: the signal ended it, busy or not
     assert sent and time.monotonic() - sent[0] < 60
     line = str(e.value)
-    assert "SIGTERM received after" in line and "train.on_disk_full wait" in line and "\n" not in line
+    assert "SIGTERM received after" in line and "checkpoint.on_disk_full wait" in line and "\n" not in line
     assert "could not write checkpoint step_000002" in line and "start again with: hopperlm train" in line
     assert steps_of(tmp_path / "run") == []
     no_partial_left(tmp_path / "run")
 
 
 def test_the_preflight_counts_the_keep_every_milestones_a_run_keeps():
-    from hopperlm.config import TrainConfig
-    from hopperlm.train.disk_full import checkpoints_at_once
+    from hopperlm.checkpoint.disk import checkpoints_at_once
+    from hopperlm.config import CheckpointConfig, TrainConfig
+
+    def split(kw):  # the budget is the train section's, the rest the checkpoint section's
+        budget = {k: kw.pop(k) for k in ("max_steps", "max_tokens", "max_hours") if k in kw}
+        every = kw.pop("ckpt_every")
+        return CheckpointConfig(every=every, **kw), TrainConfig(**budget)
 
     def at_once(**kw):
-        return checkpoints_at_once(TrainConfig(**kw), tokens_per_step=1000)
+        return checkpoints_at_once(*split(kw), tokens_per_step=1000)
 
-    assert at_once(max_steps=100, ckpt_every=10)[:2] == (4, "train.keep_last 3 + the one being written")
+    assert at_once(max_steps=100, ckpt_every=10)[:2] == (4, "checkpoint.keep_last 3 + the one being written")
     # saves at 10..100; the last 4 (70-100) are the kept ones; 20, 40, 60 are milestones kept besides
     assert at_once(max_steps=100, ckpt_every=10, keep_every=20)[:2] == (
         7,
-        "train.keep_last 3 + the one being written + 3 train.keep_every 20 milestones",
+        "checkpoint.keep_last 3 + the one being written + 3 checkpoint.keep_every 20 milestones",
     )
     assert at_once(max_tokens=100_000, ckpt_every=10, keep_every=20)[0] == 7  # 100 steps of 1000 tokens
     assert (
-        checkpoints_at_once(TrainConfig(max_steps=100, ckpt_every=10, keep_every=20), step=50)[0] == 5
+        checkpoints_at_once(*split(dict(max_steps=100, ckpt_every=10, keep_every=20)), step=50)[0] == 5
     )  # 60
     count, _, note = at_once(max_hours=1.0, ckpt_every=10, keep_every=20)
     assert count == 4 and "a max_hours run's last step is not known ahead" in note
 
 
 def test_diagnose_shows_the_checkpoint_size_and_how_many_fit(shakespeare_bytes, small_disk, capsys):
-    from hopperlm.memory import checkpoint_bytes
+    from hopperlm.checkpoint.disk import checkpoint_bytes
 
     disk = small_disk("8m")
     args = ["diagnose", "debug", "--no-selftest", "--data.path", str(shakespeare_bytes), "--run.out_dir"]
-    main([*args, str(disk / "run"), "--train.keep_every", "20", "--train.ckpt_every", "10"])
+    main([*args, str(disk / "run"), "--checkpoint.keep_every", "20", "--checkpoint.every", "10"])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("checkpoints: "))
-    assert "up to 7 at once (train.keep_last 3 + the one being written + 3 train.keep_every 20" in line
+    assert (
+        "up to 7 at once (checkpoint.keep_last 3 + the one being written + 3 checkpoint.keep_every 20" in line
+    )
     assert "8.4 MB free there: 4 fit" in line
     main([*args, str(disk / "run"), "--json"])
     room = json.loads(capsys.readouterr().out)["checkpoints"]
@@ -470,7 +481,7 @@ def trained(shakespeare_bytes, tmp_path_factory) -> Path:
         [
             *("--data.path", str(shakespeare_bytes), "--run.out_dir", str(run)),
             *("--train.max_steps", "12", "--train.eval_every", "2", "--train.eval_windows", "4"),
-            *("--train.log_every", "2", "--train.ckpt_every", "0", "--optim.warmup_steps", "2"),
+            *("--train.log_every", "2", "--checkpoint.every", "0", "--optim.warmup_steps", "2"),
             *("--log.report", "false", "--log.tensorboard", "false"),
         ],
     )
@@ -492,7 +503,7 @@ def test_a_metric_sink_that_fills_warns_once_and_the_run_goes_on(
     cfg = debug_config(
         shakespeare_bytes,
         run,
-        *("--train.max_steps", "5", "--train.log_every", "1", "--train.ckpt_every", "0"),
+        *("--train.max_steps", "5", "--train.log_every", "1", "--checkpoint.every", "0"),
         *("--log.csv", "true", "--log.tensorboard", "true", "--log.report", "false"),
     )
     result = train(cfg, log=lines.append, on_step=lambda step: setattr(full, "on", step >= 2))
@@ -586,7 +597,7 @@ def safetensors_fill(monkeypatch, module) -> None:
 def test_merge_filling_mid_file_leaves_no_half_folder(
     trained, shakespeare_bytes, tmp_path, monkeypatch, capsys
 ):
-    from hopperlm.checkpoint import hf_convert
+    from hopperlm.interop import hf_convert
 
     lora = tmp_path / "lora"
     cfg = load_config(
@@ -597,7 +608,7 @@ def test_merge_filling_mid_file_leaves_no_half_folder(
             *("--train.max_steps", "1", "--train.eval_every", "0", "--log.report", "false"),
         ],
     )
-    from hopperlm.checkpoint.init_from import resolve_init_from
+    from hopperlm.interop.init_from import resolve_init_from
 
     train(resolve_init_from(cfg), log=QUIET)
     out = tmp_path / "merged"
@@ -612,7 +623,7 @@ def test_merge_filling_mid_file_leaves_no_half_folder(
 
 
 def test_import_filling_mid_file_leaves_no_half_folder(tinyllama_hf, tmp_path, monkeypatch, capsys):
-    from hopperlm.checkpoint import hf_convert
+    from hopperlm.interop import hf_convert
 
     out = tmp_path / "imported"
     out.mkdir()

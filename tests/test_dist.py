@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from hopperlm import cli
-from hopperlm.checkpoint.inference import load_for_inference
 from hopperlm.checkpoint.layout import latest_valid_checkpoint, list_checkpoints
 from hopperlm.config import config_from_dict, load_config
 from hopperlm.data.loader import RandomWindows, TokenShards
 from hopperlm.errors import ConfigError
 from hopperlm.hardware import simulated
+from hopperlm.interop.inference import load_for_inference
 from hopperlm.observe.metrics import read_metrics
 from hopperlm.parallel.launch import launch_command, sbatch_script
 from hopperlm.parallel.runtime import read_env
@@ -87,9 +87,7 @@ def test_explicit_strategies_and_their_errors():
     with pytest.raises(ConfigError, match="shard_size=3 does not divide"):
         plan_for("H100 80GB", World(8, 8), parallel={"strategy": "hsdp", "shard_size": 3})
     with pytest.raises(ConfigError, match="sharded format"):
-        config_from_dict(
-            {"train": {"max_steps": 1}, "parallel": {"async_checkpoint": True, "checkpoint": "single"}}
-        )
+        config_from_dict({"train": {"max_steps": 1}, "checkpoint": {"async_save": True, "format": "single"}})
 
 
 QLORA = {"rank": 16, "alpha": 32, "targets": "all-linear", "quantize": "nf4"}
@@ -208,7 +206,7 @@ def test_slurm_script(tmp_path, capsys):
 
 def debug(data, run_dir, *overrides):
     args = ["--data.path", str(data), "--run.out_dir", str(run_dir), "--train.log_every", "1"]
-    args += ["--train.eval_windows", "16", "--parallel.checkpoint", "sharded", *overrides]
+    args += ["--train.eval_windows", "16", "--checkpoint.format", "sharded", *overrides]
     return load_config(REPO / "configs" / "debug.yaml", args)
 
 
@@ -217,7 +215,7 @@ def losses(run_dir):
 
 
 def test_sharded_checkpoints_in_one_process(shakespeare_bytes, tmp_path, monkeypatch):
-    steps = ["--train.max_steps", "6", "--train.ckpt_every", "3", "--train.eval_every", "3"]
+    steps = ["--train.max_steps", "6", "--checkpoint.every", "3", "--train.eval_every", "3"]
     full = tmp_path / "full"
     train(debug(shakespeare_bytes, full, *steps), log=QUIET)
     ckpts = list_checkpoints(full)
@@ -266,8 +264,9 @@ def test_failed_sharded_save_keeps_the_previous_checkpoint(shakespeare_bytes, tm
     monkeypatch.setattr(dcp, "save", full_disk_on_second_save)
     lines = []
     run = tmp_path / "run"
-    steps = ["--train.max_steps", "6", "--train.ckpt_every", "2", "--train.eval_every", "0"]
-    steps += ["--train.on_disk_full", "continue"]  # (stop, the default, is tested in tests/test_disk_full.py)
+    steps = ["--train.max_steps", "6", "--checkpoint.every", "2", "--train.eval_every", "0"]
+    # (stop, the default, is tested in tests/test_disk_full.py)
+    steps += ["--checkpoint.on_disk_full", "continue"]
     result = train(debug(shakespeare_bytes, run, *steps), log=lines.append)
     assert result.step == 6  # training went on
     assert any(
@@ -278,9 +277,9 @@ def test_failed_sharded_save_keeps_the_previous_checkpoint(shakespeare_bytes, tm
 
 
 def test_async_sharded_checkpoint_completes_and_resumes(shakespeare_bytes, tmp_path):
-    steps = ["--train.max_steps", "4", "--train.ckpt_every", "2", "--train.eval_every", "0"]
+    steps = ["--train.max_steps", "4", "--checkpoint.every", "2", "--train.eval_every", "0"]
     run, lines = tmp_path / "async", []
-    train(debug(shakespeare_bytes, run, *steps, "--parallel.async_checkpoint", "true"), log=lines.append)
+    train(debug(shakespeare_bytes, run, *steps, "--checkpoint.async_save", "true"), log=lines.append)
     assert [c.name for c in list_checkpoints(run)] == ["step_000002", "step_000004"]
     assert sum("written in the background" in x for x in lines) == 2
     assert latest_valid_checkpoint(run, QUIET).name == "step_000004"  # checksums complete and correct

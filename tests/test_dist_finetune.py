@@ -29,9 +29,9 @@ pytestmark = pytest.mark.slow  # every test here starts torchrun: several Python
 REPO = Path(__file__).resolve().parents[1]
 QUIET = lambda line: None  # noqa: E731
 STEPS = ["--train.max_steps", "4", "--train.log_every", "1", "--train.eval_every", "2"]
-STEPS += ["--train.ckpt_every", "2"]
+STEPS += ["--checkpoint.every", "2"]
 LORA = ["--sft.max_examples", "200", "--optim.lr", "1e-2", "--optim.warmup_steps", "2", "--lora.rank", "8"]
-LORA += ["--lora.targets", "all-linear", "--train.eval_windows", "8", "--train.keep_last", "5", *STEPS]
+LORA += ["--lora.targets", "all-linear", "--train.eval_windows", "8", "--checkpoint.keep_last", "5", *STEPS]
 # 8 rows per step: one micro-batch of 8 in one process; 4 per rank on 2; 2 x 2 accumulated per rank
 ACCUM = ["--train.micro_batch", "2", "--train.batch_tokens", str(8 * 128)]
 
@@ -82,8 +82,7 @@ def test_lora_sft_on_two_ranks_trains_the_one_process_curve(runs):
     single = root / "ddp" / "checkpoints" / "step_000002"
     sharded = root / "fsdp" / "checkpoints" / "step_000002"
     assert (single / "adapter.safetensors").is_file() and not (single / "model.safetensors").exists()
-    from hopperlm.checkpoint.layout import read_lora_config
-    from hopperlm.checkpoint.sharded import load_sharded_adapters
+    from hopperlm.checkpoint.layout import load_sharded_adapters, read_lora_config
 
     assert read_lora_config(sharded).rank == 8 and len(list((sharded / "sharded").glob("*.distcp"))) == 2
     adapters = load_sharded_adapters(sharded)  # A and B of 7 targets x 2 blocks, nothing else
@@ -129,11 +128,11 @@ def test_a_checkpoint_with_other_adapters_is_refused_under_fsdp(runs):
 def test_merge_and_export_of_a_two_rank_run_equal_the_one_process_run(runs, tmp_path):
     from safetensors.torch import load_file
 
-    from hopperlm.checkpoint.hf_convert import save_merged
-    from hopperlm.checkpoint.layout import read_lora_config
-    from hopperlm.checkpoint.peft import export_peft, read_peft
-    from hopperlm.checkpoint.single import export_model
-    from hopperlm.checkpoint.tensors import iter_model_tensors, read_adapters
+    from hopperlm.checkpoint.layout import read_adapters, read_lora_config
+    from hopperlm.interop.export import export_model
+    from hopperlm.interop.hf_convert import save_merged
+    from hopperlm.interop.peft import export_peft, read_peft
+    from hopperlm.interop.tensors import iter_model_tensors
     from hopperlm.model.lora import scale_of
 
     root, base, _ = runs
@@ -169,7 +168,7 @@ def test_merge_and_export_of_a_two_rank_run_equal_the_one_process_run(runs, tmp_
                 want = want.float() + (b.float() @ a.float()) * scale
             torch.testing.assert_close(tensor, want.to(tensor.dtype), rtol=1e-6, atol=1e-6)
     # `generate` reads the sharded LoRA checkpoint as its merged folder
-    from hopperlm.checkpoint.inference import load_for_inference
+    from hopperlm.interop.inference import load_for_inference
 
     ids = torch.arange(1, 33).unsqueeze(0)
     with torch.no_grad():

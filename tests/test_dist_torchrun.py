@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow  # every test here starts torchrun: several Python
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "dist_worker.py"
 STEPS = ["--train.max_steps", "6", "--train.log_every", "1", "--train.eval_every", "3"]
-STEPS += ["--train.ckpt_every", "3", "--train.eval_windows", "24", "--train.keep_last", "5"]
+STEPS += ["--checkpoint.every", "3", "--train.eval_windows", "24", "--checkpoint.keep_last", "5"]
 QUIET = lambda line: None  # noqa: E731
 
 

@@ -241,8 +241,8 @@ def test_instruction_rows_start_with_one_bos_or_as_the_chat_template_says(tinyll
     BOS; TinyLlama-Chat's own template is encoded exactly as apply_chat_template(tokenize=True) (no BOS). Each
     equals transformers' apply_chat_template with the template the run saves for inference."""
     transformers = pytest.importorskip("transformers")
-    from hopperlm.checkpoint.inference import sft_tokenizer_path
     from hopperlm.data.sft import open_sft_data, read_records
+    from hopperlm.interop.inference import sft_tokenizer_path
 
     own = transformers.AutoTokenizer.from_pretrained(TINYLLAMA_DIR)
     records = read_records(data_dir / "alpaca_gpt4_demo" / "alpaca_en_demo.json")[:6]

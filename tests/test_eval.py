@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hopperlm.checkpoint.inference import load_for_inference
 from hopperlm.eval.gsm8k import normalize, predicted_answer, reference_answer
 from hopperlm.eval.heldout import heldout_loss, token_stream
+from hopperlm.interop.inference import load_for_inference
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hopperlm.checkpoint import hf
-from hopperlm.checkpoint.hf_convert import export_hf, import_hf
-from hopperlm.checkpoint.layout import TOKENIZER_DIR
-from hopperlm.checkpoint.peft import export_peft
-from hopperlm.checkpoint.single import write_model
+from hopperlm.checkpoint.layout import TOKENIZER_DIR, write_model
 from hopperlm.config import LoRAConfig, ModelConfig
+from hopperlm.interop import hf
+from hopperlm.interop.hf_convert import export_hf, import_hf
+from hopperlm.interop.peft import export_peft
 from hopperlm.model.transformer import build_empty
 from hopperlm.train.initial_model import build_lora_model
 

@@ -145,7 +145,7 @@ def tiny_run(shakespeare_bytes, tmp_path_factory) -> Path:
         [
             *("--data.path", str(shakespeare_bytes), "--run.out_dir", str(run_dir)),
             *("--train.max_steps", "60", "--train.eval_every", "5", "--train.eval_windows", "16"),
-            *("--train.ckpt_every", "0", "--optim.warmup_steps", "3", "--train.target_loss", "2.0"),
+            *("--checkpoint.every", "0", "--optim.warmup_steps", "3", "--train.target_loss", "2.0"),
         ],
     )
     train(cfg, log=lambda line: None)
@@ -162,7 +162,7 @@ def test_a_run_resumed_with_its_schedule_kept_is_forecast_to_its_new_end(tiny_ru
         [
             *("--data.path", cfg.data.path, "--run.out_dir", str(run_dir)),
             *("--train.max_steps", "90", "--train.eval_every", "5", "--train.eval_windows", "16"),
-            *("--train.ckpt_every", "0", "--optim.warmup_steps", "3", "--optim.resume_horizon", "keep"),
+            *("--checkpoint.every", "0", "--optim.warmup_steps", "3", "--optim.resume_horizon", "keep"),
         ],
     )
     train(resumed, resume=True, log=lambda line: None)

@@ -21,7 +21,7 @@ def test_evaluations_carry_a_forecast_and_an_unreachable_target_is_warned(shakes
         shakespeare_bytes,
         run_dir,
         *("--train.max_steps", "100", "--train.eval_every", "10", "--train.eval_windows", "16"),
-        *("--train.target_loss", "0.2", "--train.ckpt_every", "0", "--log.report", "false"),
+        *("--train.target_loss", "0.2", "--checkpoint.every", "0", "--log.report", "false"),
     )
     lines = []
     train(cfg, log=lines.append)
@@ -51,7 +51,7 @@ def test_a_wall_clock_budget_says_what_it_buys(shakespeare_bytes, tmp_path):
         shakespeare_bytes,
         run_dir,
         *("--train.max_steps", "null", "--train.max_hours", "0.002", "--train.eval_every", "0"),
-        *("--train.ckpt_every", "0", "--log.report", "false", "--log.tensorboard", "false"),
+        *("--checkpoint.every", "0", "--log.report", "false", "--log.tensorboard", "false"),
     )
     lines = []
     train(cfg, log=lines.append)

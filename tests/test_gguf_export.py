@@ -34,7 +34,7 @@ def hub_llama(data_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def imported(hub_llama) -> Path:
-    from hopperlm.checkpoint.hf_convert import import_hf
+    from hopperlm.interop.hf_convert import import_hf
 
     return import_hf(hub_llama, hub_llama.parent / "imported", log=lambda line: None)
 
@@ -56,7 +56,7 @@ def test_f32_gguf_holds_the_architecture_vocabulary_and_llama_cpp_tensors(hub_ll
     import sentencepiece
     import transformers
 
-    from hopperlm.checkpoint.gguf import export_gguf
+    from hopperlm.interop.gguf import export_gguf
 
     out = export_gguf(imported, tmp_path / "tiny.gguf", "f32", log=lambda line: None)
     assert [p.name for p in tmp_path.iterdir()] == ["tiny.gguf"]  # nothing left beside it
@@ -114,7 +114,7 @@ def test_f32_gguf_holds_the_architecture_vocabulary_and_llama_cpp_tensors(hub_ll
 
 
 def test_q8_0_and_f16_keep_norms_in_f32_and_stay_close(imported, tmp_path):
-    from hopperlm.checkpoint.gguf import export_gguf
+    from hopperlm.interop.gguf import export_gguf
 
     f32 = gguf.GGUFReader(export_gguf(imported, tmp_path / "f32.gguf", "f32", log=lambda line: None))
     for outtype, matrix_type, tolerance in (
@@ -139,8 +139,8 @@ def test_a_lora_run_exports_merged_with_its_whole_tokenizer(hub_llama, data_dir,
     the SentencePiece vocabulary the run was trained with."""
     from hf_tiny import finetune_config
 
-    from hopperlm.checkpoint.gguf import export_gguf
-    from hopperlm.checkpoint.hf_convert import save_merged
+    from hopperlm.interop.gguf import export_gguf
+    from hopperlm.interop.hf_convert import save_merged
     from hopperlm.train.loop import train
 
     extra = [
@@ -175,7 +175,7 @@ def hopperlm(*args) -> subprocess.CompletedProcess:
 def test_bad_gguf_exports_are_one_line_each(imported, hub_llama, tmp_path, data_dir, capsys):
     from hf_tiny import save_hf, tiny_hf_model
 
-    from hopperlm.checkpoint.hf_convert import import_hf
+    from hopperlm.interop.hf_convert import import_hf
 
     cases = []
     cases.append(
@@ -224,7 +224,7 @@ def test_llama_cpp_tokenizes_and_continues_as_hopperlm(imported, tmp_path):
     bin_dir = next(cache_dir().glob("llama_cpp_python-*/vendor/llama.cpp/build/bin"), None)
     if bin_dir is None or not all((bin_dir / b).is_file() for b in BINARIES):
         pytest.skip("llama.cpp is not built on this machine: python3 bench/llamacpp_check.py --build-only")
-    from hopperlm.checkpoint.gguf import export_gguf
+    from hopperlm.interop.gguf import export_gguf
 
     out = export_gguf(imported, tmp_path / "tiny.gguf", "f32", log=lambda line: None)
     prompt = "ROMEO: What light through yonder window breaks?"

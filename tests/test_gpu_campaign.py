@@ -252,8 +252,8 @@ def test_random_token_benchmarks_load_a_checkpoint_without_a_data_tokenizer(tiny
     """data_tokenizer=None: nothing to check the checkpoint's tokenizer against (bench/gpu/qlora.py's rows)."""
     import torch
 
-    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import config_from_dict
+    from hopperlm.interop.init_from import resolve_init_from
     from hopperlm.train.initial_model import build_train_model
 
     for lora in ({}, {"lora": {"rank": 4, "alpha": 8, "targets": "all-linear"}}):

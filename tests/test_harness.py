@@ -153,7 +153,7 @@ def test_tasks_during_training(shakespeare_bytes, task_dir, tmp_path, capsys, mo
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     common = ["--data.path", str(shakespeare_bytes), "--train.max_steps", "20", "--train.log_every", "5"]
-    common += ["--train.eval_every", "10", "--train.ckpt_every", "10", "--model.dropout", "0.1"]
+    common += ["--train.eval_every", "10", "--checkpoint.every", "10", "--model.dropout", "0.1"]
     tasks = ["--eval.tasks", "tir_news", "--eval.include_path", str(task_dir), "--eval.limit", "8"]
     train(load_config(REPO / "configs" / "debug.yaml", [*common, "--run.out_dir", str(tmp_path / "plain")]))
     run = tmp_path / "tasks"

@@ -6,14 +6,14 @@ import pytest
 import torch
 from hf_tiny import FAMILIES, save_hf, tiny_hf_model
 
-from hopperlm.checkpoint import hf
-from hopperlm.checkpoint.hf_convert import export_hf, import_hf, write_shards
-from hopperlm.checkpoint.inference import load_for_inference
-from hopperlm.checkpoint.init_from import resolve_init_from
-from hopperlm.checkpoint.tensors import iter_model_tensors, load_weights
 from hopperlm.config import ModelConfig, load_config
 from hopperlm.diskspace import DiskError
 from hopperlm.errors import CheckpointError, ConfigError
+from hopperlm.interop import hf
+from hopperlm.interop.hf_convert import export_hf, import_hf, write_shards
+from hopperlm.interop.inference import load_for_inference
+from hopperlm.interop.init_from import resolve_init_from
+from hopperlm.interop.tensors import iter_model_tensors, load_weights
 from hopperlm.model.transformer import build_empty, count_params
 
 transformers = pytest.importorskip("transformers")
@@ -58,7 +58,7 @@ def test_shards_never_exceed_the_limit(tmp_path):
 
 
 def test_a_failed_export_leaves_the_old_folder_and_no_partial_one(tmp_path, monkeypatch):
-    from hopperlm.checkpoint import hf_convert
+    from hopperlm.interop import hf_convert
 
     src = save_hf(tiny_hf_model("tinyllama"), tmp_path / "hf")
     out = export_hf(import_hf(src, tmp_path / "imported", log=QUIET), tmp_path / "out", log=QUIET)
@@ -80,7 +80,7 @@ def test_a_failed_export_leaves_the_old_folder_and_no_partial_one(tmp_path, monk
 
 def iter_model_tensors_files(folder):
     from hopperlm.checkpoint.layout import weight_files
-    from hopperlm.checkpoint.tensors import iter_file_tensors
+    from hopperlm.interop.tensors import iter_file_tensors
 
     return iter_file_tensors(weight_files(folder))
 
@@ -161,7 +161,7 @@ def test_preset_configs_round_trip_through_config_json(preset):
 
 
 def test_export_refuses_qk_norm_before_writing_anything(tmp_path):
-    from hopperlm.checkpoint.single import write_model
+    from hopperlm.checkpoint.layout import write_model
     from hopperlm.model.transformer import build_model
 
     cfg = ModelConfig(dim=32, n_layers=1, n_heads=2, ffn_dim=64, vocab_size=64, max_seq_len=32, qk_norm=True)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from hopperlm.checkpoint.inference import load_for_inference
 from hopperlm.cli import main
 from hopperlm.config import ModelConfig, load_config
 from hopperlm.data.loader import TokenShards, eval_windows
 from hopperlm.data.tokenizer import ByteTokenizer
 from hopperlm.eval import heldout
+from hopperlm.interop.inference import load_for_inference
 from hopperlm.model.transformer import build_model
 from hopperlm.observe.metrics import read_metrics
 from hopperlm.train.loop import train

@@ -11,8 +11,8 @@ import pytest
 import torch
 from hf_tiny import TINYLLAMA_TOKENIZER, tiny_hf_model
 
-from hopperlm.checkpoint.hf_convert import export_hf, import_hf
 from hopperlm.data.tokenizer import ByteTokenizer, load_tokenizer
+from hopperlm.interop.hf_convert import export_hf, import_hf
 from hopperlm.model.generate import (
     SAMPLING_DEFAULTS,
     generate,
@@ -217,7 +217,7 @@ def test_import_and_export_carry_generation_config(folders, tmp_path, capsys):
 def test_repetition_penalty_greedy_equals_transformers_token_for_token(folders):
     from transformers import AutoModelForCausalLM
 
-    from hopperlm.checkpoint.inference import load_for_inference
+    from hopperlm.interop.inference import load_for_inference
 
     folder = folders["qwen2"]["hf"]
     model, tokenizer = load_for_inference(folder, device="cpu")

@@ -25,11 +25,12 @@ LAYERS = {
     "hopperlm.selftest": 2.0,
     "hopperlm.model": 2.1,
     "hopperlm.data": 2.2,
-    "hopperlm.checkpoint": 3,  # how parts are stored and exchanged
     "hopperlm.plan": 4,  # how this run will use this machine
     "hopperlm.memory": 4,
     "hopperlm.parallel": 4.1,  # carries out the plan's data parallelism (plan/strategy.py chooses it)
     "hopperlm.speed": 4.1,  # carries out the plan's speed-ups (plan/float8_payoff.py says which layers pay)
+    "hopperlm.checkpoint": 4.2,  # a run's checkpoints, one owner: when, which format, room, resume (all ranks)
+    "hopperlm.interop": 4.3,  # model folders in and out of other tools (HF, PEFT, GGUF), loading weights
     "hopperlm.observe": 4.5,  # watching a run: what training reports to, so below it
     "hopperlm.train": 5,  # running it, judging it
     "hopperlm.eval": 5,

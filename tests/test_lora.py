@@ -8,9 +8,9 @@ import pytest
 import torch
 from hf_tiny import REPO, finetune_config
 
-from hopperlm.checkpoint.peft import export_peft, read_peft
 from hopperlm.config import LoRAConfig, ModelConfig
 from hopperlm.errors import ConfigError
+from hopperlm.interop.peft import export_peft, read_peft
 from hopperlm.model.lora import (
     LoRALinear,
     apply_lora,
@@ -119,13 +119,13 @@ def test_lora_run_saves_adapters_resumes_exactly_and_round_trips_through_peft(
     peft = pytest.importorskip("peft")
     import transformers
 
-    from hopperlm.checkpoint.inference import load_for_inference
     from hopperlm.checkpoint.layout import list_checkpoints
+    from hopperlm.interop.inference import load_for_inference
 
     args = [
         "--train.max_steps",
         "6",
-        "--train.ckpt_every",
+        "--checkpoint.every",
         "3",
         "--train.log_every",
         "1",

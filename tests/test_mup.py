@@ -92,21 +92,23 @@ def test_coordinate_check_is_flat_under_mup_and_grows_under_standard():
     sys.path.insert(0, str(REPO / "bench"))
     from coord_check import QUANTITIES, coordinates
 
-    for optimizer in ("adamw", "muon"):
+    # Muon's Newton-Schulz iterations at width 1024 take ~40 s on a CPU: its widest is 512 (8x the base width; the
+    # standard parametrization's growth is still 4x there, against the 2x asked)
+    for optimizer, widths in (("adamw", (64, 256, 1024)), ("muon", (64, 256, 512))):
         got = {
             (p, w): coordinates(p, w, optimizer=optimizer, steps=4)
             for p in ("standard", "mup")
-            for w in (64, 256, 1024)
+            for w in widths
         }
         for quantity in QUANTITIES[:2]:  # activations and attention logits: flat
-            mup = [got["mup", w][quantity] for w in (64, 256, 1024)]
+            mup = [got["mup", w][quantity] for w in widths]
             assert max(mup) / min(mup) < 1.5, (optimizer, quantity, mup)
         # output logits: no growth (their share from the initial head shrinks as 1/sqrt(width) under μP, which is
         # what the output multiplier is for); under standard they grow, as do the activations
-        mup = [got["mup", w]["output logits"] for w in (64, 256, 1024)]
+        mup = [got["mup", w]["output logits"] for w in widths]
         assert mup[2] <= 1.2 * mup[0] and mup[1] <= 1.2 * mup[0], (optimizer, mup)
         for quantity in ("activations", "output logits"):
-            standard = [got["standard", w][quantity] for w in (64, 256, 1024)]
+            standard = [got["standard", w][quantity] for w in widths]
             assert standard[2] / standard[0] > 2.0, (optimizer, quantity, standard)
 
 
@@ -120,8 +122,8 @@ def test_bad_mup_configs_are_one_line_each():
 
 
 def test_an_hf_checkpoint_keeps_standard(tinyllama_hf):
-    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import config_from_dict
+    from hopperlm.interop.init_from import resolve_init_from
 
     model = {"init_from": str(tinyllama_hf), "parametrization": "mup", "base_dim": 32}
     cfg = config_from_dict({"model": model, "train": {"max_steps": 1, "seq_len": 32}})
@@ -133,8 +135,8 @@ def test_an_export_folds_the_output_multiplier_into_the_head(tmp_path):
     """transformers computes the logits hopperlm computes for a μP model: the multiplier lives in lm_head."""
     import transformers
 
-    from hopperlm.checkpoint.hf_convert import export_hf
-    from hopperlm.checkpoint.single import write_model
+    from hopperlm.checkpoint.layout import write_model
+    from hopperlm.interop.hf_convert import export_hf
 
     cfg = mup_cfg(128)
     model = build_model(cfg, seed=0).eval()

@@ -21,7 +21,7 @@ QUIET = lambda line: None  # noqa: E731
 OVERRIDES = [
     "--train.max_steps",
     "12",
-    "--train.ckpt_every",
+    "--checkpoint.every",
     "6",
     "--train.log_every",
     "1",

@@ -7,8 +7,8 @@ import pytest
 import torch
 from hf_tiny import save_hf, tiny_hf_model
 
-from hopperlm.checkpoint import hf
 from hopperlm.config import LoRAConfig, ModelConfig
+from hopperlm.interop import hf
 from hopperlm.model.lora import count_trainable, lora_modules
 from hopperlm.model.transformer import build_empty
 from hopperlm.train.initial_model import build_lora_model
@@ -21,7 +21,7 @@ QUIET = lambda line: None  # noqa: E731
 
 @needs_bnb
 def test_nf4_base_matches_its_dequantized_weights_and_trains_only_adapters(tmp_path):
-    from hopperlm.checkpoint.tensors import load_weights
+    from hopperlm.interop.tensors import load_weights
     from hopperlm.model.qlora import dequantized_weight, is_quantized, nf4_bytes
 
     # q/k/v biases ride along with the 4-bit weights; widths that are multiples of 64 (bitsandbytes CPU layout)
@@ -71,8 +71,8 @@ def quant_tensors(layer):
 def test_qlora_trains_on_cuda_with_paged_8bit_adamw(tinyllama_hf, data_dir, tmp_path):
     from pathlib import Path
 
-    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
+    from hopperlm.interop.init_from import resolve_init_from
     from hopperlm.observe.metrics import read_metrics
     from hopperlm.train.loop import train
 

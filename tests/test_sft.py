@@ -130,9 +130,9 @@ def test_tiny_sft_run_learns_replies(tinyllama_hf, data_dir, tmp_path):
 
 
 def test_builtin_template_is_saved_for_inference(tinyllama_hf, data_dir, tmp_path):
-    from hopperlm.checkpoint.inference import sft_tokenizer_path
     from hopperlm.data.chat import BUILTIN
     from hopperlm.data.sft import open_sft_data
+    from hopperlm.interop.inference import sft_tokenizer_path
 
     cfg = sft_config(
         tinyllama_hf, data_dir, tmp_path / "r", "--sft.template", "alpaca", "--sft.max_examples", "20"

@@ -35,7 +35,8 @@ train:
   eval_every: 0
   eval_windows: 4
   log_every: 3
-  ckpt_every: 0
+checkpoint:
+  every: 0
 {run}"""
 RECIPE = TEMPLATE.format(head="mup", mup="  parametrization: mup\n  base_dim: 32\n", data="{data}", run="")
 PLAIN = TEMPLATE.format(head="standard", mup="", data="not/prepared", run="run:\n  out_dir: runs/tiny\n")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hopperlm.checkpoint.inference import load_for_inference
 from hopperlm.checkpoint.layout import latest_checkpoint, list_checkpoints
 from hopperlm.config import load_config
 from hopperlm.errors import CheckpointError, DataError
+from hopperlm.interop.inference import load_for_inference
 from hopperlm.observe.metrics import read_metrics
 from hopperlm.train.loop import train
 
@@ -85,7 +85,7 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(shakespeare_bytes,
     overrides = [
         "--train.max_steps",
         "12",
-        "--train.ckpt_every",
+        "--checkpoint.every",
         "6",
         "--train.log_every",
         "1",

@@ -31,7 +31,7 @@ def mixture_overrides(corpora, *extra):
     mixture = "{" + f"{corpora['tir']}: 0.7, {corpora['eng']}: 0.3" + "}"
     return [
         "--data.mixture", mixture, "--data.sampling", "sequential", "--data.packing", "true",
-        "--train.max_steps", "8", "--train.ckpt_every", "4", "--train.eval_every", "4", "--train.log_every", "1",
+        "--train.max_steps", "8", "--checkpoint.every", "4", "--train.eval_every", "4", "--train.log_every", "1",
         "--train.eval_windows", "8", *extra,
     ]  # fmt: skip
 
@@ -68,7 +68,7 @@ def test_mixture_with_packing_resumes_exactly(corpora, tmp_path):
 
 def test_resume_needs_the_data_position(corpora, tmp_path):
     run = tmp_path / "run"
-    base = ["--train.max_steps", "2", "--train.ckpt_every", "2", "--train.eval_every", "0"]
+    base = ["--train.max_steps", "2", "--checkpoint.every", "2", "--train.eval_every", "0"]
     train(debug_config(corpora["eng"], run, *base), log=QUIET)  # random sampling: no position saved
     with pytest.raises(DataError, match="holds no data position"):
         train(

@@ -139,7 +139,7 @@ stage_cudagraphs_accum() {  # micro-batch 16 x 4 accumulation steps under CUDA g
   [ "$SMOKE" = 1 ] && size=($(tiny_train) --train.micro_batch 2 --train.batch_tokens 512 --train.max_steps 4)
   $PY -m hopperlm train shakespeare-char-gpu --data.path "$data" --train.compile_mode reduce-overhead \
     "${size[@]}" --train.target_loss null --train.eval_every 0 --train.eval_windows 4 --train.log_every 2 \
-    --train.ckpt_every 0 --log.report false --log.tensorboard false --run.out_dir "$W/run"
+    --checkpoint.every 0 --log.report false --log.tensorboard false --run.out_dir "$W/run"
 }
 stage_flash_ac_finder() {  # train.micro_batch unset: the finder's trial steps run with the forced kernel and AC
   local data attention=flash size=(--train.max_steps 10)
@@ -148,7 +148,7 @@ stage_flash_ac_finder() {  # train.micro_batch unset: the finder's trial steps r
   [ "$SMOKE" = 1 ] && attention=math size=($(tiny_train) --train.max_steps 4)
   $PY -m hopperlm train shakespeare-char-gpu --data.path "$data" --train.attention $attention \
     --train.activation_checkpointing full --train.micro_batch null "${size[@]}" --train.target_loss null \
-    --train.eval_every 0 --train.eval_windows 4 --train.log_every 2 --train.ckpt_every 0 \
+    --train.eval_every 0 --train.eval_windows 4 --train.log_every 2 --checkpoint.every 0 \
     --log.report false --log.tensorboard false --run.out_dir "$W/run"
 }
 stage_owt_350m() {  # the recipe as shipped (batch 262,144 tokens, micro-batch by the finder) but for the
@@ -159,7 +159,7 @@ stage_owt_350m() {  # the recipe as shipped (batch 262,144 tokens, micro-batch b
   [ "$SMOKE" = 1 ] && size=(--model.preset debug --model.max_seq_len 64 --train.seq_len 64
     --train.batch_tokens 256 --train.max_steps 4 --train.eval_every 4 --train.eval_windows 2 --train.log_every 2)
   $PY -m hopperlm train configs/owt-350m-h100.yaml --data.path "$data" --train.target_loss null \
-    --optim.warmup_steps 5 --train.ckpt_every 0 --train.keep_last 1 --log.tensorboard false "${size[@]}" \
+    --optim.warmup_steps 5 --checkpoint.every 0 --checkpoint.keep_last 1 --log.tensorboard false "${size[@]}" \
     --run.out_dir "$W/run"
 }
 stage_profile_h100_350m() {  # the trace stays on the machine (too large to come back): the table is the result

@@ -106,8 +106,8 @@ def make_base(folder: Path, tiny: bool, device: str) -> None:
 
     import transformers
 
-    from hopperlm.checkpoint.hf import hf_config_dict
     from hopperlm.config.presets import get_preset
+    from hopperlm.interop.hf import hf_config_dict
 
     if (folder / "config.json").is_file():
         return  # written whole by an earlier call on this machine (the rename below makes it all or nothing)
@@ -152,9 +152,9 @@ def hopperlm_step(
 ):
     import dataclasses
 
-    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import config_from_dict
     from hopperlm.hardware import detect_for
+    from hopperlm.interop.init_from import resolve_init_from
     from hopperlm.plan import make_plan
     from hopperlm.train.initial_model import build_train_model
     from hopperlm.train.step import build_step, train_step

@@ -1,16 +1,11 @@
-"""How the parts are stored and exchanged: checkpoint folders, Hugging Face and PEFT formats.
+"""Training checkpoints, with one owner: the Checkpointer decides when a run saves, writes the format its
+strategy calls for, keeps what the checkpoint section says, checks the room on disk and restores every part.
 
-  layout.py      the files of run checkpoints and model folders: names, listing, checksums, reading configs
-  atomic.py      folders that are complete or absent: fsync, staged folders, swap into place
-  hf.py          Hugging Face config.json <-> ModelConfig
-  init_from.py   resolve_init_from: a config's model section filled in from the checkpoint model.init_from names
-  sharded.py     the sharded (torch.distributed.checkpoint) format, read whole in one process
-  tensors.py     any checkpoint as a stream of tensors under hopperlm's names, and into a built model
-  single.py      run checkpoints in the single-file format: save, load weights and training state, export
-  hf_convert.py  import from and export to Hugging Face folders; merge LoRA adapters into a model folder
-  hf_tokenizer.py  the tokenizer files of an exported folder, for every kind of tokenizer hopperlm writes
-  peft.py        LoRA adapters to and from PEFT adapter folders
-  inference.py   a model and its tokenizer from any checkpoint (generate, eval); where a tokenizer is
-Nothing here imports plan, dist, train or anything above them; parallel/checkpoint.py is where the ranks of a
-data-parallel run take turns writing and reading these files.
+  checkpointer.py  the Checkpointer (built from the checkpoint section and the parts a checkpoint holds), the
+                   loop's `step(step)`, `load`, `roll_back`; `find_resume`: which checkpoint a run starts from
+  disk.py          each checkpoint's size, the room checked before the first step, checkpoint.on_disk_full
+  single.py        the single-file format (one process, DDP's rank 0): write, prune, load
+  sharded.py       the sharded format (torch.distributed.checkpoint, every rank its shards), save and load
+  layout.py        the files of checkpoints and model folders: names, listing, checksums, reading configs
+Model folders in and out of other tools (Hugging Face, PEFT, GGUF, export) are hopperlm/interop/'s.
 """

@@ -11,20 +11,29 @@ Layout of RUN_DIR/checkpoints/step_000100/:
 The model part (model.safetensors, or the shards of model.safetensors.index.json, + config.json + tokenizer/)
 is also the format of exported model folders. The sharded format of FSDP runs (sharded.py) has `sharded/`
 (torch.distributed.checkpoint: model, optimizer and scaler state) in place of model.safetensors + optimizer.pt;
-the rest is alike, and everything here reads both. Writing them is single.py's and parallel/checkpoint.py's.
+the rest is alike, and everything here reads both. Writing them is single.py's and sharded.py's.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import shutil
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
+import torch
+
 from hopperlm.config import LoRAConfig, ModelConfig
-from hopperlm.errors import CheckpointError
-from hopperlm.files import file_sha256
+from hopperlm.errors import CheckpointError, first_line
+from hopperlm.files import file_sha256, save_safetensors, usual_permissions
+from hopperlm.model.lora import adapter_state, has_lora
 
 PREFIX = "step_"
 MODEL_FILE, CONFIG_FILE, STATE_FILE = "model.safetensors", "config.json", "state.json"
@@ -180,3 +189,115 @@ def read_state(ckpt: Path) -> dict[str, Any]:
         return json.loads((Path(ckpt) / STATE_FILE).read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {ckpt} has no readable {STATE_FILE} ({e}); pick another") from None
+
+
+def is_hf_dir(path: Path) -> bool:
+    """A folder with a transformers config.json (not a hopperlm one)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "model_type" in data and data.get("format") != FORMAT
+
+
+# ---- writing a model folder; a LoRA checkpoint's adapters and the base they belong to ----------------------
+def read_adapters(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The adapters of a LoRA checkpoint by name, from adapter.safetensors (one process, DDP) or from the
+    sharded format (FSDP), so merge and export read a run however many ranks trained it."""
+    from safetensors.torch import load_file
+
+    if (Path(model_dir) / ADAPTER_FILE).is_file():
+        return load_file(str(Path(model_dir) / ADAPTER_FILE))
+    if is_sharded(model_dir):
+        return load_sharded_adapters(model_dir)
+    raise CheckpointError(f"{model_dir} has a lora config but neither {ADAPTER_FILE} nor sharded adapters")
+
+
+def base_fingerprint(init_from: str | None) -> dict[str, Any] | None:
+    """Size and edge hashes of the base's weight files: a LoRA checkpoint is only valid on the same base."""
+    if not init_from:
+        return None
+    base = Path(init_from)
+    model_dir = base if is_hf_dir(base) else resolve_model_dir(base)
+    files = [model_dir / ADAPTER_FILE] if (model_dir / ADAPTER_FILE).is_file() else weight_files(model_dir)
+    return {"path": str(base), "files": {f.name: _edge_hash(f) for f in files}}
+
+
+def _edge_hash(path: Path, span: int = 1 << 20) -> str:
+    h = hashlib.sha256(str(path.stat().st_size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(span))
+        f.seek(max(0, path.stat().st_size - span))
+        h.update(f.read(span))
+    return h.hexdigest()
+
+
+def write_model(
+    directory: Path, model: torch.nn.Module, cfg: ModelConfig, tokenizer_dir: Path | None
+) -> None:
+    """The model part of a checkpoint (also the export format). A LoRA model writes its adapters only."""
+    directory.mkdir(parents=True, exist_ok=True)
+    adapters = adapter_state(model)
+    if adapters is None:
+        safetensors.torch.save_model(model, str(directory / MODEL_FILE))  # tied tensors stored once
+        usual_permissions(directory / MODEL_FILE)
+        write_model_config(directory, cfg, tokenizer_dir)
+    else:
+        save_safetensors({k: v.contiguous() for k, v in adapters.items()}, directory / ADAPTER_FILE)
+        write_model_config(directory, cfg, tokenizer_dir, lora_record(model, cfg))
+
+
+def lora_record(model: torch.nn.Module, cfg: ModelConfig) -> dict[str, Any] | None:
+    """What config.json adds for a LoRA model (its lora section and the base's fingerprint); None otherwise."""
+    if not has_lora(model):
+        return None
+    return {"lora": dataclasses.asdict(model.lora), "base": base_fingerprint(cfg.init_from)}
+
+
+def check_base(model_dir: Path) -> None:
+    """CheckpointError when a LoRA checkpoint's base files changed since it was written."""
+    saved = json.loads((model_dir / CONFIG_FILE).read_text()).get("base")
+    if not saved or not saved.get("files"):
+        return
+    now = base_fingerprint(saved["path"])
+    if now is None or now["files"] != saved["files"]:
+        raise CheckpointError(
+            f"{model_dir} holds LoRA adapters trained on {saved['path']}, whose weight files have changed "
+            "since; point model.init_from at the original base"
+        )
+
+
+# ---- the sharded format's adapters, read whole in one process (the format is sharded.py's) ----------------
+@contextmanager
+def single_process_ok() -> Iterator[None]:
+    """DCP warns that it assumes one process when there is no process group: that is what we asked for."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+        )
+        yield
+
+
+def load_sharded_adapters(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The LoRA adapters of a sharded checkpoint (an FSDP LoRA run saves the adapters alone), gathered whole in
+    this process, by name (layers.0.attn.q_proj.lora_A.weight), in the dtype they were saved in."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(model_dir) / SHARDED_DIR
+    try:
+        stored = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+        adapters = {
+            key.removeprefix("model."): torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+            for key, meta in stored.items()
+            if key.startswith("model.") and ".lora_" in key
+        }
+        with single_process_ok():
+            dcp.load({"model": adapters}, checkpoint_id=folder, no_dist=True)
+    except Exception as e:
+        raise CheckpointError(f"cannot read the adapters of {folder} ({first_line(e)})") from None
+    if not adapters:
+        raise CheckpointError(f"{folder} holds no LoRA adapters although {model_dir} has a lora config")
+    return adapters

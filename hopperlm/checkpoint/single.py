@@ -1,19 +1,20 @@
-"""Run checkpoints in the single-file format: write one, load its weights and training state, export it.
+"""Run checkpoints in the single-file format: write one, load its weights and training state.
 
 A checkpoint (layout.py: RUN_DIR/checkpoints/step_N/) is written under a temporary name, checksummed, fsynced,
 then renamed: a kill during saving leaves the previous checkpoint as the latest. One process writes it (rank 0
-of a DDP run, which holds the whole state); the sharded format of FSDP runs is parallel/checkpoint.py's, and the
-loaders here read the model of both. LoRA runs store their adapters only, beside a fingerprint of the base.
+of a DDP run, which holds the whole state; checkpointer.py has the others wait); the sharded format of FSDP
+runs is sharded.py's, and the loaders here read the model of both. LoRA runs store their adapters only, beside
+a fingerprint of the base. `Parts` names what a checkpoint holds beside state.json, in either format.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pickle
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,38 +22,47 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from hopperlm.checkpoint.atomic import save_safetensors
 from hopperlm.checkpoint.layout import (
-    ADAPTER_FILE,
     CHECKSUM_FILE,
-    CONFIG_FILE,
-    INDEX_FILE,
     MODEL_FILE,
     OPTIM_FILE,
     PREFIX,
     RNG_FILE,
-    SHARDED_DIR,
     STATE_FILE,
-    TOKENIZER_DIR,
+    check_base,
     checkpoint_dir,
     checkpoint_step,
-    is_sharded,
     latest_checkpoint,
     list_checkpoints,
+    read_adapters,
     read_lora_config,
-    read_model_config,
     read_state,
-    resolve_model_dir,
-    weight_files,
-    write_model_config,
+    write_model,
 )
-from hopperlm.checkpoint.sharded import load_sharded_model, materialize_model
-from hopperlm.checkpoint.tensors import base_fingerprint, check_base, load_weights, read_adapters
 from hopperlm.config import ModelConfig
-from hopperlm.diskspace import DiskError, room, staged_output, write_failure
+from hopperlm.diskspace import DiskError, room, write_failure
 from hopperlm.errors import CheckpointError
-from hopperlm.files import file_sha256, fsync_path, fsync_tree, swap_in, tree_bytes, usual_permissions
-from hopperlm.model.lora import adapter_state, has_lora, load_adapter_state
+from hopperlm.files import (
+    file_sha256,
+    fsync_path,
+    fsync_tree,
+    swap_in,
+    tree_bytes,
+)
+from hopperlm.model.lora import load_adapter_state
+
+
+@dataclass
+class Parts:
+    """What a checkpoint holds beside state.json. `model`: the unwrapped model (not the DDP wrapper; FSDP
+    shards it in place), whose weights are saved and loaded; `optimizer`: the run's (train/optim.py's
+    OptimizerPair saves both of its own); `tokenizer_dir`: copied into every checkpoint."""
+
+    model: torch.nn.Module
+    model_cfg: ModelConfig
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    tokenizer_dir: Path | None
 
 
 class CheckpointSaveError(CheckpointError, DiskError):
@@ -104,53 +114,27 @@ def set_rng_state(plain: dict[str, Any], tensors: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(tensors["cuda"])
 
 
-def write_model(
-    directory: Path, model: torch.nn.Module, cfg: ModelConfig, tokenizer_dir: Path | None
-) -> None:
-    """The model part of a checkpoint (also the export format). A LoRA model writes its adapters only."""
-    directory.mkdir(parents=True, exist_ok=True)
-    adapters = adapter_state(model)
-    if adapters is None:
-        safetensors.torch.save_model(model, str(directory / MODEL_FILE))  # tied tensors stored once
-        usual_permissions(directory / MODEL_FILE)
-        write_model_config(directory, cfg, tokenizer_dir)
-    else:
-        save_safetensors({k: v.contiguous() for k, v in adapters.items()}, directory / ADAPTER_FILE)
-        write_model_config(directory, cfg, tokenizer_dir, lora_record(model, cfg))
-
-
-def lora_record(model: torch.nn.Module, cfg: ModelConfig) -> dict[str, Any] | None:
-    """What config.json adds for a LoRA model (its lora section and the base's fingerprint); None otherwise."""
-    if not has_lora(model):
-        return None
-    return {"lora": dataclasses.asdict(model.lora), "base": base_fingerprint(cfg.init_from)}
-
-
 def save_checkpoint(
     run_dir: Path,
     step: int,
-    *,
-    model: torch.nn.Module,
-    model_cfg: ModelConfig,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None,
+    parts: Parts,
     state: dict[str, Any],
-    tokenizer_dir: Path | None,
-    keep_last: int,
-    keep_every: int = 0,
+    *,
+    keep: tuple[int, int],
     rank_rng: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """Write the checkpoint of `step` in one process, then prune to the keep policy (a run's checkpoints are
-    saved through parallel/checkpoint.py's Checkpointer, which calls this on rank 0). `state`: state.json
-    without the step and RNGs, added here; `rank_rng`: every data-parallel rank's torch RNG states (rng.pt
-    keeps them beside rank 0's)."""
+    """Write the checkpoint of `step` in one process, then prune to the keep policy `keep` (keep_last,
+    keep_every): checkpointer.py's Checkpointer calls this on rank 0. `state`: state.json without the step
+    and RNGs, added here; `rank_rng`: every data-parallel rank's torch RNG states (rng.pt keeps them beside
+    rank 0's)."""
+    model, model_cfg, optimizer, scaler = parts.model, parts.model_cfg, parts.optimizer, parts.scaler
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f"{PREFIX}*.tmp-*"):  # left by a save that was killed
         shutil.rmtree(stale, ignore_errors=True)
     tmp = final.parent / f"{final.name}.tmp-{os.getpid()}"
     try:
-        write_model(tmp, model, model_cfg, tokenizer_dir)
+        write_model(tmp, model, model_cfg, parts.tokenizer_dir)
         torch.save(
             {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict() if scaler else None},
             tmp / OPTIM_FILE,
@@ -169,15 +153,17 @@ def save_checkpoint(
             raise
         raise save_failed(final, run_dir, why) from e
     try:
-        publish_checkpoint(tmp, final, run_dir, keep_last, keep_every)
+        publish_checkpoint(tmp, final, run_dir, keep)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise save_failed(final, run_dir, write_failure(e) or e.strerror or str(e)) from e
     return final
 
 
-def publish_checkpoint(tmp: Path, final: Path, run_dir: Path, keep_last: int, keep_every: int) -> None:
-    """Rename a complete (checksummed, fsynced) temporary checkpoint into place, then drop old ones."""
+def publish_checkpoint(tmp: Path, final: Path, run_dir: Path, keep: tuple[int, int]) -> None:
+    """Rename a complete (checksummed, fsynced) temporary checkpoint into place, then drop old ones: all but
+    the newest keep_last, except the steps that are multiples of keep_every (`keep`)."""
+    keep_last, keep_every = keep
     swap_in(tmp, final)  # the same step saved by an earlier attempt goes only once the new one is whole
     fsync_path(final.parent)
     removable = [
@@ -188,12 +174,9 @@ def publish_checkpoint(tmp: Path, final: Path, run_dir: Path, keep_last: int, ke
 
 
 def load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
-    """The weights of any hopperlm model folder or checkpoint (one file, index shards, sharded, LoRA adapters)
-    into a model built on its config."""
-    lora = read_lora_config(model_dir) is not None
-    if is_sharded(model_dir) and not lora:
-        return load_sharded_model(model_dir, model)
-    if lora or (model_dir / INDEX_FILE).is_file():
+    """The weights of a single-format checkpoint or model folder (one file, index shards, LoRA adapters) into
+    a model built on its config (a sharded checkpoint is sharded.py's)."""
+    if read_lora_config(model_dir) is not None:
         load_checkpoint_weights(model_dir, model)
         return
     try:
@@ -208,13 +191,10 @@ def load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
 
 
 def load_checkpoint_weights(model_dir: Path, model: torch.nn.Module) -> None:
-    """Resume: a LoRA checkpoint's adapters into the LoRA model (its base checked first), or the weights of a
-    model folder sharded by an index."""
-    if read_lora_config(model_dir) is not None:
-        check_base(model_dir)
-        load_adapter_state(model, read_adapters(model_dir), str(model_dir))
-    else:
-        load_weights(model, model_dir)
+    """Resume: a LoRA checkpoint's adapters into the LoRA model, its base checked first. (A checkpoint never
+    holds index-sharded weights: those are exported folders, which have no state.json to resume from.)"""
+    check_base(model_dir)
+    load_adapter_state(model, read_adapters(model_dir), str(model_dir))
 
 
 def load_training_state(
@@ -238,42 +218,3 @@ def load_training_state(
         scaler.load_state_dict(opt["scaler"])
     set_rng_state(state["rng"], rng)
     return state
-
-
-def export_model(path: str | Path, out_dir: Path, overwrite: bool = False) -> Path:
-    """Copy the model part of a checkpoint (weights, config, tokenizer) to out_dir, atomically. config.json
-    also keeps how the run trained (inference.py's TrainedWith), so `eval` of the copy repeats the run's
-    context and validation windows."""
-    from hopperlm.checkpoint.inference import TRAINED_WITH, trained_with
-
-    model_dir, out_dir = resolve_model_dir(path), Path(out_dir)
-    needed = sum(tree_bytes(model_dir / name) for name in _weight_file_names(model_dir)) + tree_bytes(
-        model_dir / TOKENIZER_DIR
-    )  # (a sharded checkpoint: its shards hold the optimizer state too, so this is generous)
-    if is_sharded(model_dir):
-        needed = tree_bytes(model_dir / SHARDED_DIR)
-    with staged_output(out_dir, overwrite, what="the exported model", needed=needed) as tmp:
-        if is_sharded(model_dir) and read_lora_config(model_dir) is not None:  # an FSDP LoRA run's adapters
-            save_safetensors(read_adapters(model_dir), tmp / ADAPTER_FILE)
-            shutil.copy2(model_dir / CONFIG_FILE, tmp / CONFIG_FILE)
-        elif is_sharded(model_dir):  # gather the shards into one model.safetensors
-            write_model(tmp, materialize_model(model_dir), read_model_config(model_dir), None)
-        else:
-            for name in (CONFIG_FILE, *_weight_file_names(model_dir)):
-                shutil.copy2(model_dir / name, tmp / name)
-        trained = trained_with(model_dir)
-        if trained is not None:
-            config = json.loads((tmp / CONFIG_FILE).read_text())
-            (tmp / CONFIG_FILE).write_text(json.dumps({**config, TRAINED_WITH: trained.to_dict()}, indent=2))
-        if (model_dir / TOKENIZER_DIR).is_dir():
-            shutil.copytree(model_dir / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
-        fsync_tree(tmp)
-    return out_dir
-
-
-def _weight_file_names(model_dir: Path) -> list[str]:
-    if (model_dir / ADAPTER_FILE).is_file():
-        return [ADAPTER_FILE]
-    if (model_dir / INDEX_FILE).is_file():
-        return [INDEX_FILE, *(f.name for f in weight_files(model_dir))]
-    return [MODEL_FILE]

@@ -29,8 +29,8 @@ def run_config(name_or_path: str, overrides: list[str]):
     """The config a verb that runs or plans a run starts from: a recipe (a YAML path or a shipped recipe's
     name) with its --section.key overrides, and its model.init_from resolved (the checkpoint's shape filled
     in), once, here."""
-    from hopperlm.checkpoint.init_from import resolve_init_from
     from hopperlm.config import load_config
+    from hopperlm.interop.init_from import resolve_init_from
 
     return resolve_init_from(load_config(resolve_recipe(name_or_path), overrides))
 

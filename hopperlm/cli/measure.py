@@ -35,12 +35,11 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
     report: dict = {"hardware": hw.to_dict()}
     lines = ["== hardware" + (f" (simulated: {args.simulate})" if args.simulate else ""), *hw.summary()]
     if args.config:
+        from hopperlm.checkpoint.disk import checkpoint_bytes, checkpoint_line, checkpoint_room
         from hopperlm.data.train_data import resolve_datasets
         from hopperlm.errors import DataError
-        from hopperlm.memory import checkpoint_bytes
         from hopperlm.plan import World
         from hopperlm.train.data_and_plan import plan_run, resolve_model_config
-        from hopperlm.train.disk_full import checkpoint_line, checkpoint_room
 
         cfg = run_config(args.config, overrides)
         model_cfg, vocab_note = cfg.model, ""
@@ -67,6 +66,7 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
         lines += [f"== plan for {args.config}{vocab_note}", *plan.lines()]
         # the checkpoints' room in the run folder's filesystem: the training banner's line (DiskFull.preflight)
         room = checkpoint_room(
+            cfg.checkpoint,
             cfg.train,
             checkpoint_bytes(model_cfg, plan.optimizer, cfg.lora),
             Path(cfg.run.out_dir),

@@ -27,7 +27,7 @@ def holding_out(verb: Callable[[argparse.Namespace], None]) -> Callable[[argpars
 
 @holding_out
 def cmd_import(args: argparse.Namespace) -> None:
-    from hopperlm.checkpoint.hf_convert import import_hf
+    from hopperlm.interop.hf_convert import import_hf
 
     out = import_hf(Path(args.hf_dir), Path(args.out), overwrite=args.overwrite, log=log)
     log(f"imported {args.hf_dir} -> {out} (hopperlm model folder: weights, config.json, tokenizer/)")
@@ -35,7 +35,7 @@ def cmd_import(args: argparse.Namespace) -> None:
 
 @holding_out
 def cmd_merge(args: argparse.Namespace) -> None:
-    from hopperlm.checkpoint.hf_convert import export_hf, hf_files, save_merged
+    from hopperlm.interop.hf_convert import export_hf, hf_files, save_merged
 
     if args.format == "hf":
         out = export_hf(Path(args.run), Path(args.out), args.dtype, args.max_shard_size, args.overwrite, log)
@@ -53,8 +53,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     import torch
 
-    from hopperlm.checkpoint.inference import load_for_inference, trained_with
     from hopperlm.eval.harness import require_lm_eval
+    from hopperlm.interop.inference import load_for_inference, trained_with
 
     if not args.data and not args.gsm8k and not args.tasks:
         raise ConfigError(
@@ -128,8 +128,8 @@ def harness_tasks(args: argparse.Namespace, model, tokenizer) -> dict:
 
     import torch
 
-    from hopperlm.checkpoint.inference import tokenizer_path, trained_with
     from hopperlm.eval.harness import metrics_of, run_tasks
+    from hopperlm.interop.inference import tokenizer_path, trained_with
 
     if not args.debug:  # lm-eval's progress bars (its log lines go to the third-party log file)
         os.environ.setdefault("TQDM_DISABLE", "1")
@@ -182,9 +182,9 @@ def generation_settings(args: argparse.Namespace, source: Path) -> dict:
     """Sampling settings and EOS ids: each flag given wins, then the generation_config.json of the Hugging Face
     model behind `source` (its folder; an import or export of it; a run fine-tuned from either), then
     hopperlm's defaults."""
-    from hopperlm.checkpoint.hf import is_hf_dir, read_json
-    from hopperlm.checkpoint.hf_convert import hf_origin
     from hopperlm.checkpoint.layout import read_model_config
+    from hopperlm.interop.hf import is_hf_dir, read_json
+    from hopperlm.interop.hf_convert import hf_origin
     from hopperlm.model.generate import MAX_NEW_TOKENS, SAMPLING_DEFAULTS, generation_defaults
 
     if is_hf_dir(source):
@@ -214,9 +214,9 @@ def generation_settings(args: argparse.Namespace, source: Path) -> dict:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from hopperlm.checkpoint.hf import is_hf_dir
-    from hopperlm.checkpoint.inference import load_for_inference
     from hopperlm.checkpoint.layout import resolve_model_dir
+    from hopperlm.interop.hf import is_hf_dir
+    from hopperlm.interop.inference import load_for_inference
 
     source = Path(args.run) if is_hf_dir(Path(args.run)) else resolve_model_dir(args.run)
     settings = generation_settings(args, source)
@@ -291,23 +291,23 @@ def model_samples(
 @holding_out
 def cmd_export(args: argparse.Namespace) -> None:
     if args.peft:
-        from hopperlm.checkpoint.peft import export_peft
+        from hopperlm.interop.peft import export_peft
 
         out = export_peft(Path(args.run), Path(args.out), overwrite=args.overwrite)
         files = sorted(p.name for p in out.iterdir())
         log(f"exported {out} (PEFT adapter: {', '.join(files)})")
     elif args.format == "gguf":
-        from hopperlm.checkpoint.gguf import export_gguf
+        from hopperlm.interop.gguf import export_gguf
 
         out = export_gguf(Path(args.run), Path(args.out), args.outtype, overwrite=args.overwrite, log=log)
         log(f"exported {out} (GGUF, {args.outtype}: llama-cli -m {out}, or an Ollama Modelfile FROM it)")
     elif args.format == "hopperlm":
-        from hopperlm.checkpoint.single import export_model
+        from hopperlm.interop.export import export_model
 
         out = export_model(Path(args.run), Path(args.out), overwrite=args.overwrite)
         log(f"exported {out} (hopperlm model folder: weights + config.json + tokenizer/)")
     else:
-        from hopperlm.checkpoint.hf_convert import export_hf, hf_files
+        from hopperlm.interop.hf_convert import export_hf, hf_files
 
         out = export_hf(Path(args.run), Path(args.out), args.dtype, args.max_shard_size, args.overwrite, log)
         log(f"exported {out} (Hugging Face folder: {hf_files(out)})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import sys
 import time
@@ -23,8 +24,8 @@ from hopperlm.errors import ConfigError
 from hopperlm.files import write_atomic
 
 if TYPE_CHECKING:  # (the CLI imports torch only when a verb needs it)
+    from hopperlm.checkpoint.checkpointer import Resume
     from hopperlm.config import Config
-    from hopperlm.train.run import Resume
 
 DEMO_RECIPE = "shakespeare-char"
 
@@ -37,8 +38,8 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 def train_until_done(cfg: Config, resume: Resume) -> None:
-    """`train` and `finetune`: `--resume` as train/run.py's `resolve_resume` reads it (`auto`: continue the
-    run if it has checkpoints, else start it: a (re)queued job); a preemption signal exits with
+    """`train` and `finetune`: `--resume` as checkpoint/checkpointer.py's `find_resume` reads it (`auto`:
+    continue the run if it has checkpoints, else start it: a (re)queued job); a preemption signal exits with
     train.requeue_exit_code so the scheduler may requeue us."""
     from hopperlm.train.loop import train
 
@@ -204,7 +205,9 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
         command[3:],  # after `python -m torch.distributed.run`: torchrun's argv
         run_dir,
         resume_command=[*again, "--resume", *overrides],
-        fresh_command=[*again, *overrides],
+        where_to_go_on=lambda: latest_checkpoint_clause(
+            run_dir, [*again, "--resume", *overrides], [*again, *overrides]
+        ),
         debug=args.debug,
         # torchrun's agent's log lines
         quiet=None if args.debug else Redirect(node_file(run_dir, "launch", ".log", node)),
@@ -258,10 +261,10 @@ def cmd_finetune(args: argparse.Namespace, overrides: list[str]) -> None:
 
 def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     """Tiny Shakespeare end to end: find the text, prepare it, train the demo recipe, print samples."""
-    from hopperlm.checkpoint.inference import load_for_inference
     from hopperlm.checkpoint.layout import list_checkpoints
     from hopperlm.data.demo_text import resolve_demo_text
     from hopperlm.data.prepare import PrepareOptions, prepare
+    from hopperlm.interop.inference import load_for_inference
     from hopperlm.train.loop import train
 
     start = time.perf_counter()
@@ -464,3 +467,13 @@ def add_forecast_parser(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target", type=number(float), help="val loss to compare with (default train.target_loss)"
     )
+
+
+def latest_checkpoint_clause(run_dir: Path, resume_command: list[str], fresh_command: list[str]) -> str:
+    """The end of `launch`'s failure line: the latest checkpoint and the command that goes on from it."""
+    from hopperlm.checkpoint.layout import list_checkpoints
+
+    found = list_checkpoints(run_dir)
+    if not found:
+        return f"no checkpoint was written yet; start again with: {shlex.join(fresh_command)}"
+    return f"latest checkpoint {found[-1].name}; resume with: {shlex.join(resume_command)}"

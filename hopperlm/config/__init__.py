@@ -1,9 +1,10 @@
 """Typed run configuration: dataclasses with one docstring per field, YAML loading and strict CLI overrides.
 
-A config file has up to eleven sections (model, data, optim, train, guard, log, parallel, run, lora, sft, eval).
+A config file has up to twelve sections (model, data, optim, train, checkpoint, guard, log, parallel, run, lora,
+sft, eval).
 `model.preset` starts the model section from a preset in presets.py; keys beside it override the preset.
 `model.init_from` starts it from a Hugging Face or hopperlm checkpoint instead: reading a config opens no
-checkpoint, so such a section awaits an explicit `hopperlm.checkpoint.init_from.resolve_init_from(cfg)`,
+checkpoint, so such a section awaits an explicit `hopperlm.interop.init_from.resolve_init_from(cfg)`,
 which fills in the checkpoint's shape. Every key is checked against the dataclass: an unknown key, a wrong type
 or an impossible shape raises ConfigError naming the field and the fix.
 
@@ -19,15 +20,15 @@ from hopperlm.config.loading import (
     merge,
     parse_overrides,
     read_yaml,
-    save_config,
 )
 from hopperlm.config.model import ModelConfig
 from hopperlm.config.recipe import SECTIONS, Config
-from hopperlm.config.run import EvalConfig, LogConfig, ParallelConfig, RunConfig
+from hopperlm.config.run import CheckpointConfig, EvalConfig, LogConfig, ParallelConfig, RunConfig
 from hopperlm.config.training import DataConfig, GuardConfig, OptimConfig, TrainConfig
 
 __all__ = [
     "SECTIONS",
+    "CheckpointConfig",
     "Config",
     "DataConfig",
     "EvalConfig",
@@ -46,5 +47,4 @@ __all__ = [
     "merge",
     "parse_overrides",
     "read_yaml",
-    "save_config",
 ]

@@ -77,6 +77,28 @@ def _unknown(key: str, known: list[str], where: str) -> ConfigError:
 
 # keys that were renamed: configs saved by earlier versions (run folders, checkpoints) still load
 RENAMED = {("parallel", "timeout_s"): "startup_timeout_s"}
+# keys that moved to another section: refused in one line naming the new key (the checkpoint section owns
+# every checkpoint setting)
+MOVED = {
+    ("train", "ckpt_every"): "checkpoint.every",
+    ("train", "keep_last"): "checkpoint.keep_last",
+    ("train", "keep_every"): "checkpoint.keep_every",
+    ("train", "on_disk_full"): "checkpoint.on_disk_full",
+    ("train", "disk_full_retry_s"): "checkpoint.disk_full_retry_s",
+    ("train", "disk_full_wait_s"): "checkpoint.disk_full_wait_s",
+    ("parallel", "checkpoint"): "checkpoint.format",
+    ("parallel", "async_checkpoint"): "checkpoint.async_save",
+}
+
+
+def _moved(section: str, key: str, value: Any) -> ConfigError:
+    new = MOVED[(section, key)]
+    new_section, new_key = new.split(".")
+    value = yaml.safe_dump(value).removesuffix("\n...\n").strip()  # as YAML writes it: true, not True
+    return ConfigError(
+        f"config key '{section}.{key}' is now '{new}' (every checkpoint setting lives in the checkpoint "
+        f"section): write '{new_key}: {value}' under '{new_section}:' in the YAML, or pass --{new} {value}"
+    )
 
 
 def _build_section(name: str, values: dict[str, Any]) -> Any:
@@ -93,6 +115,8 @@ def _build_section(name: str, values: dict[str, Any]) -> Any:
         values = {**dataclasses.asdict(get_preset(values["preset"])), **values}
     kwargs = {}
     for key, value in values.items():
+        if (name, key) in MOVED:
+            raise _moved(name, key, value)
         if key not in known:
             raise _unknown(key, known, f"{name}.")
         kwargs[key] = _coerce(value, hints[key], f"{name}.{key}")
@@ -103,7 +127,7 @@ def _build_section(name: str, values: dict[str, Any]) -> Any:
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Build and validate a Config from nested plain data (as read from YAML); a model.init_from still awaits
-    resolve_init_from (checkpoint/init_from.py)."""
+    resolve_init_from (interop/init_from.py)."""
     if not isinstance(raw, dict):
         raise ConfigError(f"a config must be a mapping of sections ({', '.join(SECTIONS)})")
     sections = {}
@@ -185,14 +209,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read a YAML recipe, apply `--section.key value` overrides, validate everything. Reads no checkpoint: a
-    model.init_from is filled in by checkpoint/init_from.py's resolve_init_from, called before the run."""
+    model.init_from is filled in by interop/init_from.py's resolve_init_from, called before the run."""
     return config_from_dict(merge(read_yaml(path), parse_overrides(overrides or [])))
 
 
 def config_yaml(config: Config) -> str:
     """The whole config as YAML, every default included (what RUN_DIR/config.yaml and --print-config hold)."""
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
-
-
-def save_config(config: Config, path: str | Path) -> None:
-    Path(path).write_text(config_yaml(config))

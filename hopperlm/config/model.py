@@ -1,7 +1,7 @@
 """The model section: the transformer's shape, and where its weights may start from.
 
 A section with model.init_from takes its shape from that checkpoint; reading the config does not open it:
-until `hopperlm.checkpoint.init_from.resolve_init_from` fills the shape in, the section `awaits_init_from`.
+until `hopperlm.interop.init_from.resolve_init_from` fills the shape in, the section `awaits_init_from`.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class ModelConfig:
     @property
     def awaits_init_from(self) -> bool:
         """True for a model section read beside model.init_from whose shape has not been filled in from the
-        checkpoint yet (checkpoint/init_from.py's resolve_init_from does that): until then its fields are
+        checkpoint yet (interop/init_from.py's resolve_init_from does that): until then its fields are
         defaults, and `recipe_keys` holds what the recipe set."""
         return self.recipe_keys is not None
 

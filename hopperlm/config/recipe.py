@@ -1,4 +1,4 @@
-"""The whole recipe: a Config of eleven sections, and the checks that span two of them."""
+"""The whole recipe: a Config of twelve sections, and the checks that span two of them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from hopperlm.config.finetune import LoRAConfig, SFTConfig
 from hopperlm.config.model import ModelConfig
-from hopperlm.config.run import EvalConfig, LogConfig, ParallelConfig, RunConfig
+from hopperlm.config.run import CheckpointConfig, EvalConfig, LogConfig, ParallelConfig, RunConfig
 from hopperlm.config.training import DataConfig, GuardConfig, OptimConfig, TrainConfig
 from hopperlm.errors import ConfigError
 
@@ -19,6 +19,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     log: LogConfig = field(default_factory=LogConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -49,6 +50,7 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "optim": OptimConfig,
     "train": TrainConfig,
+    "checkpoint": CheckpointConfig,
     "guard": GuardConfig,
     "log": LogConfig,
     "parallel": ParallelConfig,

@@ -24,7 +24,7 @@ HEADER = f"""\
 <!-- Generated from the field docstrings in hopperlm/config/*.py; do not edit by hand.
      Regenerate: {COMMAND} -->
 
-A recipe (YAML) has up to eleven sections; every key below may also be set on the command line as
+A recipe (YAML) has up to twelve sections; every key below may also be set on the command line as
 `--section.key value` (e.g. `--train.max_steps 100`). Unknown keys and wrong types are refused with the
 field's name. `hopperlm train CONFIG --print-config` prints a recipe with every default filled in.
 `null` means "not set": the description says what is chosen then (often by the plan, see

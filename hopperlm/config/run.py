@@ -69,13 +69,6 @@ class ParallelConfig:
     fsdp otherwise."""
     shard_size: int | None = None
     """hsdp: ranks that share one copy of the model; null = the processes of one node (LOCAL_WORLD_SIZE)."""
-    checkpoint: Literal["auto", "single", "sharded"] = "auto"
-    """single: model.safetensors + optimizer.pt, written by rank 0; sharded: every rank writes its part through
-    torch.distributed.checkpoint; auto = sharded for fsdp/hsdp (and async saves), single otherwise. Both load
-    at any world size."""
-    async_checkpoint: bool = False
-    """Sharded checkpoints: copy the state to CPU memory and write the files in a background thread while
-    training goes on; the checkpoint is completed (checksums, rename) at the next save or at the end."""
     startup_timeout_s: float = 600.0
     """Seconds a collective may wait for the other ranks through start-up (loading, data checks, compile, the
     first log step) and in the long phases after it (evaluation, checkpoint saves): generous, since one rank
@@ -92,9 +85,55 @@ class ParallelConfig:
             value = getattr(self, key)
             if value is not None and value <= 0:
                 raise ConfigError(f"parallel.{key}={value} must be positive")
-        if self.async_checkpoint and self.checkpoint == "single":
+
+
+@dataclass
+class CheckpointConfig:
+    """Every checkpoint setting: when a run saves, what it keeps, in which format, and what a full disk does.
+    hopperlm/checkpoint/ reads this section alone."""
+
+    every: int = 1000
+    """Checkpoint every this many steps (on log steps, after the stability guard has reviewed them), and at
+    the end; 0 = only at the end."""
+    keep_last: int = 3
+    """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
+    keep_every: int = 0
+    """Also keep every checkpoint whose step is a multiple of this (milestones); 0 = none."""
+    format: Literal["auto", "single", "sharded"] = "auto"
+    """single: model.safetensors + optimizer.pt, written by rank 0; sharded: every rank writes its part through
+    torch.distributed.checkpoint; auto = sharded for fsdp/hsdp (and async saves), single otherwise. Both load
+    at any world size."""
+    async_save: bool = False
+    """Sharded checkpoints: copy the state to CPU memory and write the files in a background thread while
+    training goes on; the checkpoint is completed (checksums, rename) at the next save or at the end."""
+    on_disk_full: Literal["stop", "continue", "wait"] = "stop"
+    """When a checkpoint cannot be written (a full disk, a quota, a read-only or failing filesystem; the
+    previous checkpoint is always kept): `stop` exits at once (code 2) naming the latest complete checkpoint
+    and the resume command; `continue` warns once per failed checkpoint and trains on, and exits non-zero if
+    the run ends with its last state unsaved; `wait` pauses before the next step and retries every
+    disk_full_retry_s until there is room or disk_full_wait_s pass, then stops. Default stop: a full disk
+    seldom empties by itself, a stopped run loses at most the steps since its last checkpoint (as a
+    preemption does) and frees its GPUs at once, where `continue` risks hours of unsaved work and `wait`
+    holds idle GPUs; choose wait where a person or a clean-up job frees space."""
+    disk_full_retry_s: float = 60.0
+    """on_disk_full wait: seconds between looks for free space (several ranks: at most half of
+    parallel.startup_timeout_s, the collective limit of the checkpoint phase)."""
+    disk_full_wait_s: float = 1800.0
+    """on_disk_full wait: seconds to wait for space before stopping as `stop` does."""
+
+    def __post_init__(self) -> None:
+        if self.keep_last <= 0:
+            raise ConfigError(f"checkpoint.keep_last={self.keep_last} must be positive")
+        for name in ("every", "keep_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"checkpoint.{name}={getattr(self, name)} must be >= 0")
+        if self.disk_full_retry_s <= 0 or self.disk_full_wait_s < 0:
             raise ConfigError(
-                "parallel.async_checkpoint needs the sharded format; set parallel.checkpoint sharded or auto"
+                "checkpoint.disk_full_retry_s must be positive and checkpoint.disk_full_wait_s >= 0"
+            )
+        if self.async_save and self.format == "single":
+            raise ConfigError(
+                "checkpoint.async_save needs the sharded format; set checkpoint.format sharded or auto"
             )
 
 

@@ -120,26 +120,6 @@ class TrainConfig:
     """Most validation windows of seq_len tokens per evaluation (evenly spaced over the val split)."""
     log_every: int = 10
     """Print and record metrics every this many steps (the only steps that sync with the device)."""
-    ckpt_every: int = 1000
-    """Checkpoint every this many steps (and at the end); 0 = only at the end."""
-    keep_last: int = 3
-    """Checkpoints kept on disk; older ones are deleted after a newer one is complete."""
-    keep_every: int = 0
-    """Also keep every checkpoint whose step is a multiple of this (milestones); 0 = none."""
-    on_disk_full: Literal["stop", "continue", "wait"] = "stop"
-    """When a checkpoint cannot be written (a full disk, a quota, a read-only or failing filesystem; the
-    previous checkpoint is always kept): `stop` exits at once (code 2) naming the latest complete checkpoint
-    and the resume command; `continue` warns once per failed checkpoint and trains on, and exits non-zero if
-    the run ends with its last state unsaved; `wait` pauses before the next step and retries every
-    disk_full_retry_s until there is room or disk_full_wait_s pass, then stops. Default stop: a full disk
-    seldom empties by itself, a stopped run loses at most the steps since its last checkpoint (as a
-    preemption does) and frees its GPUs at once, where `continue` risks hours of unsaved work and `wait`
-    holds idle GPUs; choose wait where a person or a clean-up job frees space."""
-    disk_full_retry_s: float = 60.0
-    """on_disk_full wait: seconds between looks for free space (several ranks: at most half of
-    parallel.startup_timeout_s, the collective limit of the checkpoint phase)."""
-    disk_full_wait_s: float = 1800.0
-    """on_disk_full wait: seconds to wait for space before stopping as `stop` does."""
     requeue_exit_code: int = 0
     """Exit code after a SIGTERM/SIGUSR1 checkpoint (set e.g. 124 to let a scheduler requeue the job)."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
@@ -198,16 +178,14 @@ class TrainConfig:
     many steps first (the rest frozen, old rows unchanged), then everything; 0 = off."""
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "log_every", "keep_last", "eval_windows", "ac_every"):
+        for name in ("seq_len", "log_every", "eval_windows", "ac_every"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train.{name}={getattr(self, name)} must be positive")
         for name in ("max_steps", "max_tokens", "max_hours", "batch_tokens", "micro_batch", "threads"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"train.{name}={value} must be positive (or null)")
-        if self.disk_full_retry_s <= 0 or self.disk_full_wait_s < 0:
-            raise ConfigError("train.disk_full_retry_s must be positive and train.disk_full_wait_s >= 0")
-        for name in ("eval_every", "ckpt_every", "embed_warmup_steps"):
+        for name in ("eval_every", "embed_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}={getattr(self, name)} must be >= 0")
         if self.max_steps is None and self.max_tokens is None and self.max_hours is None:

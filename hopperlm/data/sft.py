@@ -314,7 +314,7 @@ def describe(sc, device: torch.device, dropout: float) -> str:
 
 # ---- what the loop opens -------------------------------------------------------------------------------------
 def sft_tokenizer(path: Path) -> HFTokenizer:
-    """The tokenizer at `path` (checkpoint/inference.py's sft_tokenizer_path finds a run's), which must be a
+    """The tokenizer at `path` (interop/inference.py's sft_tokenizer_path finds a run's), which must be a
     Hugging Face one."""
     tok = load_tokenizer(path)
     if not isinstance(tok, HFTokenizer):
@@ -352,7 +352,7 @@ def open_sft_data(
     save_tokenizer: bool = True,
 ) -> SFTData:
     """Read, template, tokenize and lay out sft.path with the tokenizer at `tokenizer_path` (where
-    checkpoint/inference.py's sft_tokenizer_path finds it), in rows of train.seq_len, and train.eval_windows
+    interop/inference.py's sft_tokenizer_path finds it), in rows of train.seq_len, and train.eval_windows
     validation rows; save the tokenizer (with the chat template used) to RUN_DIR/tokenizer, so checkpoints,
     exports and `generate --chat` render prompts the same way (`save_tokenizer`: one rank of several writes
     it)."""

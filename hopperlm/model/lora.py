@@ -8,8 +8,8 @@ forward, fused loss, activation checkpointing and torch.compile work on the wrap
 LoRA before `apply_speedups` (float8 converts only trainable layers, so the frozen base is left alone).
 
 Names follow PEFT (`q_proj.lora_A.weight`, `q_proj.lora_B.weight`), so the PEFT export is a renaming
-(checkpoint/peft.py). Checkpoints of a LoRA run hold the adapters only; the base comes from model.init_from
-(checkpoint/tensors.py folds them into it on the way out).
+(interop/peft.py). Checkpoints of a LoRA run hold the adapters only; the base comes from model.init_from
+(interop/tensors.py folds them into it on the way out).
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ class RunObserver:
 
     def _guarded(self, sink, action: Callable[[], None]) -> None:
         """A sink that cannot write (a full disk, a quota) is dropped with one warning: its file stops growing
-        where it was whole, and training, whose checkpoints train.on_disk_full looks after, goes on."""
+        where it was whole, and training, whose checkpoints checkpoint.on_disk_full looks after, goes on."""
         try:
             action()
         except Exception as e:

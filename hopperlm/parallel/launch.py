@@ -8,7 +8,7 @@ The job asks for the warning signal USR1 two minutes before its time limit (`--s
 shell), which forwards it to every process of the job step; each training rank checkpoints at its next log
 step and exits, and the script requeues the job (`--requeue`), which resumes from that checkpoint
 (`--resume auto`). torchrun's agent ignores USR1 and TERM there, so that each rank receives the signal once,
-from SLURM: a second one would mean "exit now" (train/preemption.py).
+from SLURM: a second one would mean "exit now" (parallel/preemption.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The distributed runtime: one process per GPU (or per CPU rank) started by torchrun, and what the loop needs
 to know about the others.
 
-`session(cfg)` reads torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+`session(...)` reads torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), starts the process group (NCCL on GPUs, gloo on CPU) with `parallel.startup_timeout_s` as the
 limit for any collective (the shorter step limit follows at the first log step: parallel/watchdog.py), pins
 each rank to the GPU of its local rank, and tears the group down at the end. Without torchrun there is one
@@ -40,7 +40,7 @@ from hopperlm.plan import Plan, World
 from hopperlm.plan.attention_probe import AttentionProbe, AttentionShape, AttentionTiming
 
 if TYPE_CHECKING:
-    from hopperlm.config import Config
+    from hopperlm.config import ParallelConfig
 
 FIRST_ERROR_KEY = "hopperlm/first_error"
 STRATEGIES_NEEDING_A_GROUP = ("ddp", "fsdp", "hsdp")
@@ -374,20 +374,22 @@ def current() -> Runtime:
 
 
 @contextmanager
-def session(cfg: Config, log: Callable[[str], None] = print) -> Iterator[Runtime]:
+def session(
+    pc: ParallelConfig, *, device: str, run_dir: str | Path, log: Callable[[str], None] = print
+) -> Iterator[Runtime]:
     """The process group for one run, holding its run folder (hold_run_dir) for the run's life (re-entrant: an
-    inner session reuses the outer one, and holds its own run folder too). Reads three sections: parallel
-    (strategy, the two limits), train.device and run.out_dir (the lock, the heartbeats)."""
+    inner session reuses the outer one, and holds its own run folder too). `pc`: the strategy and the two
+    limits; `device`: train.device; `run_dir`: the folder it locks and writes heartbeats into."""
     global _current
-    run_dir = Path(cfg.run.out_dir)
+    run_dir = Path(run_dir)
     if _current is not None:
         with _current.hold_run_dir(run_dir):
             yield _current
         return
     rank, local_rank, world, launched = read_env()
     rt = Runtime(rank, local_rank, world, log, launched)
-    if world.size > 1 or cfg.parallel.strategy in STRATEGIES_NEEDING_A_GROUP:
-        rt.start(device_type(cfg.train.device, world), cfg.parallel.startup_timeout_s)
+    if world.size > 1 or pc.strategy in STRATEGIES_NEEDING_A_GROUP:
+        rt.start(device_type(device, world), pc.startup_timeout_s)
     with ExitStack() as held:
         try:  # before the heartbeats: nothing is written into the run folder before its lock is held
             held.enter_context(rt.hold_run_dir(run_dir))
@@ -395,7 +397,6 @@ def session(cfg: Config, log: Callable[[str], None] = print) -> Iterator[Runtime
             rt.close()
             raise
         if rt.active and world.size > 1:
-            pc = cfg.parallel
             rt.watchdog = Watchdog(rank, run_dir, pc.startup_timeout_s, pc.step_timeout_s, rt.log)
             rt.watchdog.start()
         _current = rt

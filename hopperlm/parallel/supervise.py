@@ -9,7 +9,7 @@ command runs, with the same options), and a thread watches the ranks' heartbeats
   launch-HOST-PID.log, so launchers sharing a run folder on a shared filesystem do not overwrite each other).
   The ranks stay quiet (the launcher speaks for them); `--debug` shows everything.
 - `--max-restarts N`: the agent restarts the whole group after a failure, up to N times; a restarted rank
-  resumes from the latest checkpoint by itself (TORCHELASTIC_RESTART_COUNT, train/run.py `resolve_resume`).
+  resumes from the latest checkpoint by itself (TORCHELASTIC_RESTART_COUNT, checkpoint/checkpointer.py `find_resume`).
 - On GPUs the workers get NCCL's flight recorder (dumped into RUN_DIR/flight-recorder on a timeout) and
   asynchronous error handling (a timed-out NCCL call aborts its process instead of hanging it).
 """
@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,28 +245,21 @@ def write_failure(
     return path
 
 
-def latest_checkpoint_clause(run_dir: Path, resume_command: list[str], fresh_command: list[str]) -> str:
-    from hopperlm.checkpoint.layout import list_checkpoints
-
-    found = list_checkpoints(run_dir)
-    if not found:
-        return f"no checkpoint was written yet; start again with: {shlex.join(fresh_command)}"
-    return f"latest checkpoint {found[-1].name}; resume with: {shlex.join(resume_command)}"
-
-
 def supervise(
     torchrun_argv: list[str],
     run_dir: Path,
     *,
     resume_command: list[str],
-    fresh_command: list[str],
+    where_to_go_on: Callable[[], str],
     debug: bool = False,
     quiet=None,
     node: str | None = None,
 ) -> int:
     """Run the job; the exit code for `hopperlm launch` (0: every rank finished). `quiet`: a context manager
     that keeps the agent's log lines off the console while it runs (the CLI's, writing RUN_DIR/launch.log).
-    `node`: this launcher's name when the job spans several nodes (its failure file is failure-NODE.json)."""
+    `node`: this launcher's name when the job spans several nodes (its failure file is failure-NODE.json).
+    `where_to_go_on()`: the failure line's end, the run's latest checkpoint and the command that goes on from it
+    (the CLI's: this layer reads no checkpoint)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -287,7 +281,7 @@ def supervise(
 
     def _failed(what: str, failures: dict, beats: list[dict], agent_error: str | None) -> int:
         after = f"the job stopped {time.time() - started:.0f} s after launch"
-        where = latest_checkpoint_clause(run_dir, resume_command, fresh_command)
+        where = where_to_go_on()
         line = f"{what}; {after}; {where}"
         details = write_failure(run_dir, line, failures, beats, node, agent_error)
         print(f"error: {line} (details: {details})", file=sys.stderr, flush=True)

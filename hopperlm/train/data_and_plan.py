@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hopperlm.checkpoint.inference import sft_tokenizer_path
 from hopperlm.config import Config, ModelConfig
 from hopperlm.data.batches import BatchLayout, BatchSource, train_batches
 from hopperlm.data.sft import open_sft_data
@@ -19,6 +18,7 @@ from hopperlm.data.tokenizer import Tokenizer, load_tokenizer
 from hopperlm.data.train_data import Dataset, ValSet, open_train_shards, open_val_sets, resolve_datasets
 from hopperlm.errors import ConfigError, DataError
 from hopperlm.hardware import Hardware
+from hopperlm.interop.inference import sft_tokenizer_path
 from hopperlm.parallel.runtime import Runtime
 from hopperlm.plan import SHARDED, Plan, World, make_plan
 from hopperlm.plan.attention_probe import measure_attention
@@ -31,7 +31,7 @@ def resolve_model_config(cfg: ModelConfig, data_vocab: int) -> ModelConfig:
     if cfg.awaits_init_from:  # a config from load_config that skipped the explicit step
         raise ConfigError(
             f"model.init_from={cfg.init_from} is not resolved yet; call "
-            "hopperlm.checkpoint.init_from.resolve_init_from(cfg) after loading the config"
+            "hopperlm.interop.init_from.resolve_init_from(cfg) after loading the config"
         )
     if cfg.vocab_size is None:
         return dataclasses.replace(cfg, vocab_size=64 * math.ceil(data_vocab / 64))

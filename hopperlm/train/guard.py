@@ -46,6 +46,9 @@ class Guard:
     def __init__(self, cfg: GuardConfig, events_path: Path, log) -> None:
         self.cfg, self.events_path, self.log = cfg, Path(events_path), log
         self.state = GuardState()
+        self.halt: GuardStop | None = (
+            None  # guard.policy stop: what the run raises once its checkpoint is saved
+        )
         self._recent: deque[float] = deque(maxlen=cfg.window)
 
     def load(self, raw: dict | None) -> None:

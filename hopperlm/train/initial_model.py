@@ -8,7 +8,7 @@ Training (`build_train_model`), by the config:
   + lora.rank                  the base built straight into its frozen form, target matrices in the compute
                                dtype (bf16 on a GPU: half of fp32's memory) or in NF4 (lora.quantize nf4),
                                never materialised in fp32 on the device; then the adapters (model/lora.py)
-Inference (`load_for_inference`) is hopperlm/checkpoint/inference.py's, resuming (`load_checkpoint_weights`)
+Inference (`load_for_inference`) is hopperlm/interop/inference.py's, resuming (`load_checkpoint_weights`)
 hopperlm/checkpoint/single.py's.
 """
 
@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from hopperlm.checkpoint import hf
 from hopperlm.checkpoint.layout import TOKENIZER_DIR, resolve_model_dir
-from hopperlm.checkpoint.tensors import load_weights
 from hopperlm.config import Config, LoRAConfig, ModelConfig
 from hopperlm.data.tokenizer import Tokenizer, load_tokenizer
 from hopperlm.errors import CheckpointError, ConfigError, DataError
+from hopperlm.interop import hf
+from hopperlm.interop.tensors import load_weights
 from hopperlm.model.lora import apply_lora, target_module_names
 from hopperlm.model.qlora import nf4_linear
 from hopperlm.model.transformer import Transformer, build_empty, build_model

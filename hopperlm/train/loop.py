@@ -1,12 +1,14 @@
 """The training loop. Start reading hopperlm here.
 
     train(cfg)  ->  setup_run (train/run.py: data, plan, model, optimizer, checkpoint to resume from)
-                ->  loop: LR -> train_step (train/step.py) -> maybe log / evaluate / checkpoint -> stop?
+                ->  loop: checkpoint if due -> LR -> train_step (train/step.py) -> maybe log / evaluate -> stop?
 
 Nothing in a step waits on the host: loss and grad norm stay on the device and are read (`.item()`) only on
 log steps. The data of step s is a function of (seed, s) or of a position saved in the checkpoint, so a
 resumed run continues exactly. Under torchrun every rank runs this loop: each reads its block of the global
-batch, losses are averaged over ranks on log steps, and rank 0 logs and writes (parallel/).
+batch, losses are averaged over ranks on log steps, and rank 0 logs and writes (parallel/). Checkpoints are the
+checkpointer's (checkpoint/checkpointer.py): the loop calls its `step` in one place, on every step the guard
+has reviewed, and it decides whether one is due.
 """
 
 from __future__ import annotations
@@ -18,20 +20,19 @@ from pathlib import Path
 
 import torch
 
-from hopperlm.checkpoint.layout import list_checkpoints
-from hopperlm.checkpoint.single import CheckpointSaveError
+from hopperlm.checkpoint.checkpointer import Resume
 from hopperlm.config import Config
 from hopperlm.data.train_data import combined_val_loss
 from hopperlm.errors import HopperError
 from hopperlm.model.transformer import count_params
 from hopperlm.observe.metrics import Interval, human_count, mfu, peak_memory_gb
+from hopperlm.parallel.preemption import Preemption
 from hopperlm.parallel.runtime import session
 from hopperlm.schedule import budget_progress, lr_at
 from hopperlm.train.banner import print_preflight_check
 from hopperlm.train.evaluate import evaluate
 from hopperlm.train.guard import GuardStop
-from hopperlm.train.preemption import Preemption
-from hopperlm.train.run import Resume, Run, setup_run
+from hopperlm.train.run import Run, setup_run
 from hopperlm.train.step import StepDropped, StepResult, train_step
 
 
@@ -57,9 +58,10 @@ def train(
     log: Callable[[str], None] = print,
     on_step: Callable[[int], None] | None = None,
 ) -> TrainResult:
-    """Train from `cfg`, fresh or from a checkpoint (`resume`: train/run.py's `Resume`), until a budget ends.
+    """Train from `cfg`, fresh or from a checkpoint (`resume`: checkpoint/checkpointer.py's `Resume`), until a
+    budget ends.
     Under torchrun every rank calls this. `on_step(steps_done)` runs before every step (profiler marks)."""
-    with session(cfg, log) as rt:
+    with session(cfg.parallel, device=cfg.train.device, run_dir=cfg.run.out_dir, log=log) as rt:
         run = setup_run(cfg, resume, rt)
         return run_loop(run, on_step)
 
@@ -69,17 +71,22 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
     stopped_by = budget_done(run)
     if stopped_by:
         run.log(f"nothing to do: the run already reached its {stopped_by} budget at step {s.step}")
-    elif run.cfg.guard.policy == "rollback" and not list_checkpoints(run.run_dir):
-        checkpoint_now(run)  # rollback needs a good checkpoint to return to, even before the first log step
     pending: list[StepResult] = []  # the steps since the last log step
     interval, lr = Interval(), 0.0
     run.model.train()
     # one process stops at the next micro-batch boundary; several ranks must agree first (on log steps)
     one_process = run.rt.world_size == 1
+    reviewed = True  # the step the run starts from: step 0, or a checkpoint's
     with Preemption(run.log, at_micro_batch=one_process) as preemption, run.observer:
         signalled = (lambda: preemption.requested is not None) if one_process else None
-        run.disk_full.watch(lambda: preemption.requested)  # a signal ends a wait for room (on_disk_full wait)
-        while stopped_by is None:
+        # a signal ends a wait for room (checkpoint.on_disk_full wait)
+        run.checkpointer.watch(lambda: preemption.requested)
+        while True:
+            if reviewed:  # the loop's one save: the checkpointer decides whether this step's is due
+                run.checkpointer.step(s.step, last=stopped_by is not None)
+                reviewed = False
+            if stopped_by is not None:
+                break
             if on_step is not None:
                 on_step(s.step)
             budget = run.schedule_budget  # the run's, or the checkpoint's (optim.resume_horizon keep)
@@ -97,7 +104,8 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
                 continue
             if isinstance(result, StepDropped):  # a signal mid-step: keep the last complete one
                 stopped_by = stop_mid_step(run, result, pending, interval, lr, preemption.requested)
-                break
+                reviewed = True  # its checkpoint is written at the loop's top, then the loop ends
+                continue
             pending.append(result)
             s.step, s.tokens = s.step + 1, s.tokens + run.tokens_per_step
             run.rt.beat(s.step)  # several ranks: the heartbeat the launcher watches (parallel/watchdog.py)
@@ -108,8 +116,11 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
             stopped_by = budget_done(run) or (f"signal {signal}" if signal else None)
             if is_log_step or stopped_by:
                 stopped_by = log_step(run, pending, interval, lr, stopped_by)
+                reviewed = True
                 pending.clear()
                 interval.reset()
+    if run.guard.halt is not None:  # guard.policy stop: raised once the good step before it is saved
+        raise run.guard.halt
     return finish(run, stopped_by, preemption)
 
 
@@ -117,7 +128,8 @@ def stop_mid_step(
     run: Run, dropped: StepDropped, pending: list[StepResult], interval: Interval, lr: float, signal: str
 ) -> str:
     """The signal arrived between micro-batches of step s+1: its partial work is dropped, the data position
-    goes back to the step's start, and the run checkpoints step s (resuming redoes step s+1 exactly)."""
+    goes back to the step's start, and the run stops at step s, whose checkpoint the loop then writes
+    (resuming redoes step s+1 exactly)."""
     s = run.state
     run.log(
         f"step {s.step + 1} dropped after {dropped.at_micro} of {dropped.grad_accum} micro-batches; "
@@ -127,7 +139,6 @@ def stop_mid_step(
     stopped_by = f"signal {signal}"
     if pending:  # the steps since the last log step are logged (and validated) first
         return log_step(run, pending, interval, lr, stopped_by) or stopped_by
-    checkpoint_now(run)
     return stopped_by
 
 
@@ -144,20 +155,20 @@ def budget_done(run: Run) -> str | None:
 
 
 def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float, stopped_by: str | None):
-    """The one host sync of the interval: the guard's review, evaluation, the metrics record, a checkpoint.
-    Returns why the run stops now (None: it goes on)."""
+    """The one host sync of the interval: the guard's review, evaluation, the metrics record. Returns why the
+    run stops now (None: it goes on); the loop then asks the checkpointer whether a checkpoint is due."""
     s, tc = run.state, run.cfg.train
     losses, flags = run.rt.log_step_losses([(r.loss, r.finite) for r in pending])  # mean over ranks
     verdict = run.guard.review(s.step - len(pending) + 1, losses, flags)
     if verdict is not None:
         action, bad_step = verdict
-        if action == "stop":
-            checkpoint_now(run)  # the bad update never reached the weights: this checkpoint is good
+        if action == "stop":  # the bad update never reached the weights: the checkpoint of this step is good
             run.guard.event(bad_step, "non-finite loss or gradient norm", "stopped (guard.policy stop)")
-            raise GuardStop(
+            run.guard.halt = GuardStop(
                 f"non-finite loss or gradient at step {bad_step}; stopped with a checkpoint "
                 "(guard.policy stop). Lower optim.lr, or use guard.policy skip or rollback"
             )
+            return "guard.policy stop"
         rollback(run, bad_step)
         return None
     good = [x for x, ok in zip(losses, flags, strict=True) if ok]
@@ -207,8 +218,6 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
             warm=not interval.cold,
         )
         s.preflight_checked = True
-    if (tc.ckpt_every and s.step % tc.ckpt_every == 0) or stopped_by:
-        checkpoint_now(run)
     return stopped_by
 
 
@@ -284,31 +293,10 @@ def rollback(run: Run, bad_step: int) -> None:
     run.observer.restart_at(s.step, s.tokens, run.elapsed())  # the curve restarts; events.jsonl keeps why
 
 
-def checkpoint_now(run: Run) -> None:
-    """A checkpoint of the step the run has reached. A save that cannot be written (a full disk, a quota)
-    leaves every earlier checkpoint as it was; train.on_disk_full decides what happens next
-    (train/disk_full.py)."""
-    save = partial(run.checkpointer.save, run.state.step)
-    try:
-        path = save()
-    except CheckpointSaveError as e:
-        path = run.disk_full.failed(e, run.state.step, retry=save)
-        if path is None:  # continue: the run trains on without it
-            return
-    run.disk_full.saved()
-    run.log(f"checkpoint: {path}")
-
-
 def finish(run: Run, stopped_by: str, preemption: Preemption | None = None) -> TrainResult:
     s = run.state
     run.batches.close()
-    try:
-        with run.rt.long_phase("finishing"):
-            run.checkpointer.finish()  # a background checkpoint completes before the run ends
-    except CheckpointSaveError as e:  # it failed in the background: as any failed save
-        path = run.disk_full.failed(e, s.step, retry=partial(run.checkpointer.save, s.step, wait=True))
-        if path is not None:
-            run.disk_full.saved()
+    run.checkpointer.close(s.step)  # a background checkpoint completes before the run ends
     total = run.elapsed()
     run.log(
         f"done: {stopped_by} after {s.step:,} steps, {human_count(s.tokens)} tokens, {total:.1f} s"
@@ -318,5 +306,5 @@ def finish(run: Run, stopped_by: str, preemption: Preemption | None = None) -> T
     run.observer.finish(result)  # result.json, the report
     if preemption is not None and preemption.requested:  # how much of a scheduler's warning the exit took
         run.log(f"exit {preemption.seconds_since():.1f} s after {preemption.requested}")
-    run.disk_full.check_end(s.step)  # continue: a run whose last state is unsaved does not end quietly
+    run.checkpointer.check_end(s.step)  # on_disk_full continue: a run whose last state is unsaved fails
     return result

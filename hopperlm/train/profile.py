@@ -76,8 +76,8 @@ def profile_config(
             max_hours=None,
             target_loss=None,
             eval_every=0,
-            ckpt_every=0,
         ),
+        checkpoint=dataclasses.replace(cfg.checkpoint, every=0),
         guard=dataclasses.replace(cfg.guard, policy="skip"),  # rollback would write a checkpoint first
         log=dataclasses.replace(
             cfg.log, tensorboard=False, wandb=False, csv=False, report=False, progress="plain"

@@ -11,10 +11,11 @@
     batches                     the position of the data stream (data/batches.py)
 
 The weights, the optimizer's and loss scaler's state and the RNGs travel beside state.json in the same
-checkpoint. The checkpointer (parallel/checkpoint.py) is built at set-up with this state and those parts,
-and makes the three calls: its `save(step)`, `load(path)` and `roll_back(path, bad_step)`. What state.json
-records of the run for the checks a resume makes (its config, its data's tokenizer) is `run_record`, set once
-at set-up.
+checkpoint. The checkpointer (checkpoint/checkpointer.py) is built at set-up with this state and those parts,
+and makes the three calls: its saves, `load(start)` and `roll_back(path, bad_step)`. What state.json records
+of the run for the checks a resume makes (its config, its data's tokenizer) is `run_record`, set once at
+set-up. A resume restores `elapsed_before` (the clock starts from it) and `saved_budget` (the budget the
+checkpoint's LR schedule was laid over) for the set-up to use.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class TrainState:
     run_record: dict[str, Any] = field(default_factory=dict)  # config, data tokenizer: saved, never restored
     # not saved: each process's first log step compares its measured speed with the prediction, a resumed one too
     preflight_checked: bool = False
+    elapsed_before: float = 0.0  # restored: seconds of training before this process (the clock starts there)
+    saved_budget: dict[str, Any] | None = None  # restored: the budget the checkpoint's schedule was laid over
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
         """state.json of a checkpoint of the current step (the checkpointer adds the step and the RNGs)."""
@@ -69,11 +72,14 @@ class TrainState:
         }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        """Resume: where the run was, what it measured, the guard, the data position. The micro-batch and
-        the schedule's budget were settled from the same state.json before the plan was made (train/run.py),
-        and the clock starts from `saved["elapsed_s"]` (Runtime.start_clock)."""
+        """Resume: where the run was, what it measured, the guard, the data position, the clock and the
+        schedule's budget before. (The micro-batch and the attention kernel were kept from the same
+        state.json when the plan was made: checkpointer.py's ResumePoint.)"""
         self.step, self.tokens = saved["step"], saved["tokens"]
         self.best_val = saved.get("best_val_loss")
+        self.elapsed_before = saved["elapsed_s"]
+        # (a run resumed with keep remembers its original; older checkpoints: their config's budget)
+        self.saved_budget = saved.get("schedule_budget") or saved.get("config", {}).get("train", {})
         self.guard.load(saved.get("guard"))
         self.batches.load_state_dict(saved.get("data"))
 

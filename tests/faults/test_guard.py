@@ -28,7 +28,7 @@ def config(data, run, *extra):
             str(run),
             "--train.max_steps",
             str(STEPS),
-            "--train.ckpt_every",
+            "--checkpoint.every",
             "10",
             "--train.eval_every",
             "50",

@@ -17,7 +17,7 @@ STEPS = 24
 ARGS = [
     "--train.max_steps",
     str(STEPS),
-    "--train.ckpt_every",
+    "--checkpoint.every",
     "3",
     "--train.log_every",
     "1",

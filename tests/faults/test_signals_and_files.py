@@ -17,8 +17,8 @@ from hopperlm.config import load_config
 from hopperlm.data.loader import TokenShards
 from hopperlm.errors import CheckpointError, DataError
 from hopperlm.observe.metrics import read_metrics
+from hopperlm.parallel.preemption import Preemption
 from hopperlm.train.loop import train
-from hopperlm.train.preemption import Preemption
 
 REPO = Path(__file__).resolve().parents[2]
 QUIET = lambda line: None  # noqa: E731
@@ -43,7 +43,7 @@ def start(data, run, *extra):
         str(run),
         "--train.log_every",
         "1",
-        "--train.ckpt_every",
+        "--checkpoint.every",
         "0",
         *extra,
     ]
@@ -98,13 +98,13 @@ def test_second_signal_is_immediate(monkeypatch):
 
 def test_corrupt_latest_checkpoint_falls_back(shakespeare_bytes, tmp_path):
     run = tmp_path / "run"
-    train(config(shakespeare_bytes, run, "--train.max_steps", "20", "--train.ckpt_every", "10"), log=QUIET)
+    train(config(shakespeare_bytes, run, "--train.max_steps", "20", "--checkpoint.every", "10"), log=QUIET)
     newest = latest_checkpoint(run)
     weights = newest / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # truncated
     lines = []
     result = train(
-        config(shakespeare_bytes, run, "--train.max_steps", "25", "--train.ckpt_every", "10"),
+        config(shakespeare_bytes, run, "--train.max_steps", "25", "--checkpoint.every", "10"),
         resume=True,
         log=lines.append,
     )
@@ -156,8 +156,8 @@ def test_full_disk_keeps_previous_checkpoint(shakespeare_bytes, tmp_path, monkey
     monkeypatch.setattr(single.torch, "save", save)
     lines = []
     result = train(  # (the default, stop, is tested in tests/test_disk_full.py)
-        config(shakespeare_bytes, run, "--train.max_steps", "30", "--train.ckpt_every", "10",
-               "--train.on_disk_full", "continue"),
+        config(shakespeare_bytes, run, "--train.max_steps", "30", "--checkpoint.every", "10",
+               "--checkpoint.on_disk_full", "continue"),
         log=lines.append,
     )  # fmt: skip
     assert result.step == 30
@@ -177,7 +177,7 @@ def test_tampered_checkpoint_never_unpickles_code(shakespeare_bytes, tmp_path):
     import torch
 
     run = tmp_path / "run"
-    train(config(shakespeare_bytes, run, "--train.max_steps", "10", "--train.ckpt_every", "10"), log=QUIET)
+    train(config(shakespeare_bytes, run, "--train.max_steps", "10", "--checkpoint.every", "10"), log=QUIET)
     ckpt = latest_checkpoint(run)
     torch.save({"optimizer": Payload()}, ckpt / "optimizer.pt")
     sums = json.loads((ckpt / "checksums.json").read_text())  # an attacker who also fixes the checksums
@@ -191,7 +191,7 @@ def test_tampered_checkpoint_never_unpickles_code(shakespeare_bytes, tmp_path):
 
 def test_generate_and_export_skip_a_corrupt_newest_checkpoint(shakespeare_bytes, tmp_path, capsys):
     run = tmp_path / "run"
-    train(config(shakespeare_bytes, run, "--train.max_steps", "20", "--train.ckpt_every", "10"), log=QUIET)
+    train(config(shakespeare_bytes, run, "--train.max_steps", "20", "--checkpoint.every", "10"), log=QUIET)
     (latest_checkpoint(run) / "rng.pt").write_bytes(b"")
     assert layout.resolve_model_dir(run).name == "step_000010"
     assert "step_000020 is corrupt" in capsys.readouterr().err
@@ -221,7 +221,7 @@ def test_signal_mid_step_drops_the_partial_step_and_resumes_exactly(shakespeare_
     stopped = int(latest_checkpoint(run).name.split("_")[1])
     assert read_metrics(run / "metrics.jsonl")[-1]["step"] == stopped  # no partial step was counted
 
-    steps = ["--train.log_every", "1", "--train.ckpt_every", "0", *long_step]
+    steps = ["--train.log_every", "1", "--checkpoint.every", "0", *long_step]
     train(
         config(shakespeare_bytes, run, "--train.max_steps", str(stopped + 2), *steps), resume=True, log=QUIET
     )

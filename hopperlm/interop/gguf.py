@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hopperlm.checkpoint.hf_convert import fold_output_multiplier
 from hopperlm.checkpoint.layout import TOKENIZER_DIR, read_model_config, resolve_model_dir
-from hopperlm.checkpoint.tensors import iter_model_tensors, to_hf_name
 from hopperlm.config import ModelConfig
 from hopperlm.diskspace import check_room, disk_errors_as_one_line
 from hopperlm.errors import CheckpointError, ConfigError
+from hopperlm.interop.hf_convert import fold_output_multiplier
+from hopperlm.interop.tensors import iter_model_tensors, to_hf_name
 from hopperlm.model.transformer import count_params
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")

@@ -13,19 +13,20 @@ from pathlib import Path
 
 import torch
 
-from hopperlm.checkpoint.atomic import save_safetensors
-from hopperlm.checkpoint.hf_tokenizer import write_hf_tokenizer
 from hopperlm.checkpoint.layout import (
     TOKENIZER_DIR,
+    read_adapters,
     read_lora_config,
     read_model_config,
     resolve_model_dir,
 )
-from hopperlm.checkpoint.tensors import from_hf_name, read_adapters, to_hf_name
 from hopperlm.config import LoRAConfig
 from hopperlm.config.finetune import TARGETS, parse_targets
 from hopperlm.diskspace import staged_output
 from hopperlm.errors import CheckpointError, ConfigError
+from hopperlm.files import save_safetensors
+from hopperlm.interop.hf_tokenizer import write_hf_tokenizer
+from hopperlm.interop.tensors import from_hf_name, to_hf_name
 
 PEFT_PREFIX = "base_model.model."
 PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"

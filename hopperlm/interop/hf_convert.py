@@ -19,9 +19,6 @@ from pathlib import Path
 
 import torch
 
-from hopperlm.checkpoint.atomic import save_safetensors
-from hopperlm.checkpoint.hf import hf_config_dict, is_hf_dir, model_values_from_hf, read_json
-from hopperlm.checkpoint.hf_tokenizer import token_ids, write_hf_tokenizer
 from hopperlm.checkpoint.layout import (
     CONFIG_FILE,
     INDEX_FILE,
@@ -33,11 +30,14 @@ from hopperlm.checkpoint.layout import (
     weight_files,
     write_model_config,
 )
-from hopperlm.checkpoint.tensors import iter_model_tensors, to_hf_name
 from hopperlm.config import ModelConfig
 from hopperlm.data.tokenizer import BYTE_MARKER, TOKENIZER_FILES
 from hopperlm.diskspace import staged_output
 from hopperlm.errors import CheckpointError, ConfigError
+from hopperlm.files import save_safetensors
+from hopperlm.interop.hf import hf_config_dict, is_hf_dir, model_values_from_hf, read_json
+from hopperlm.interop.hf_tokenizer import token_ids, write_hf_tokenizer
+from hopperlm.interop.tensors import iter_model_tensors, to_hf_name
 from hopperlm.model.generate import sampling_generation_config
 from hopperlm.model.mup import output_multiplier
 from hopperlm.model.transformer import count_params
@@ -247,7 +247,7 @@ def save_merged(
         raise CheckpointError(
             f"{model_dir} has no LoRA adapters to merge; use it as it is (or hopperlm export)"
         )
-    from hopperlm.checkpoint.inference import TRAINED_WITH, trained_with
+    from hopperlm.interop.inference import TRAINED_WITH, trained_with
 
     cfg = read_model_config(model_dir)
     torch_dtype = output_dtype(dtype, model_dir)

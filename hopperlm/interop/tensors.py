@@ -5,7 +5,9 @@ Nothing here holds a whole model twice: tensors are read one at a time from memo
 checkpoint loads with about one tensor of memory beside the source's page cache. Sources: a Hugging Face
 folder, a hopperlm model folder (one file or shards), a sharded FSDP checkpoint (gathered whole), or a LoRA
 checkpoint, whose base (model.init_from) is streamed with the adapters folded in; a LoRA checkpoint is only
-valid on the base it was trained on, which its config.json fingerprints (`base_fingerprint`).
+valid on the base it was trained on, which its config.json fingerprints (`base_fingerprint`). A sharded
+checkpoint is read whole in one process here, without a process group (its saving and resuming, where every
+rank takes part, are checkpoint/sharded.py's).
 
 Names: hopperlm's modules follow HF's Llama layout, so conversion is a renaming:
   embed.weight                       <-> model.embed_tokens.weight
@@ -19,26 +21,23 @@ No permutation is needed: hopperlm's RoPE is HF's rotate-half.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from hopperlm.checkpoint.hf import is_hf_dir
 from hopperlm.checkpoint.layout import (
-    ADAPTER_FILE,
-    CONFIG_FILE,
+    check_base,
+    is_hf_dir,
     is_sharded,
+    read_adapters,
     read_lora_config,
     read_model_config,
     resolve_model_dir,
     weight_files,
 )
-from hopperlm.checkpoint.sharded import load_sharded_adapters, materialize_model
+from hopperlm.checkpoint.sharded import materialize_model
 from hopperlm.errors import CheckpointError
 from hopperlm.model.lora import scale_of
 
@@ -134,50 +133,6 @@ def merged_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
             b = adapters[f"{module}.lora_B.weight"]
             tensor = (tensor.float() + (b.float() @ a.float()) * scale).to(tensor.dtype)
         yield name, tensor
-
-
-def read_adapters(model_dir: Path) -> dict[str, torch.Tensor]:
-    """The adapters of a LoRA checkpoint by name, from adapter.safetensors (one process, DDP) or from the
-    sharded format (FSDP), so merge and export read a run however many ranks trained it."""
-    from safetensors.torch import load_file
-
-    if (Path(model_dir) / ADAPTER_FILE).is_file():
-        return load_file(str(Path(model_dir) / ADAPTER_FILE))
-    if is_sharded(model_dir):
-        return load_sharded_adapters(model_dir)
-    raise CheckpointError(f"{model_dir} has a lora config but neither {ADAPTER_FILE} nor sharded adapters")
-
-
-def base_fingerprint(init_from: str | None) -> dict[str, Any] | None:
-    """Size and edge hashes of the base's weight files: a LoRA checkpoint is only valid on the same base."""
-    if not init_from:
-        return None
-    base = Path(init_from)
-    model_dir = base if is_hf_dir(base) else resolve_model_dir(base)
-    files = [model_dir / ADAPTER_FILE] if (model_dir / ADAPTER_FILE).is_file() else weight_files(model_dir)
-    return {"path": str(base), "files": {f.name: _edge_hash(f) for f in files}}
-
-
-def _edge_hash(path: Path, span: int = 1 << 20) -> str:
-    h = hashlib.sha256(str(path.stat().st_size).encode())
-    with open(path, "rb") as f:
-        h.update(f.read(span))
-        f.seek(max(0, path.stat().st_size - span))
-        h.update(f.read(span))
-    return h.hexdigest()
-
-
-def check_base(model_dir: Path) -> None:
-    """CheckpointError when a LoRA checkpoint's base files changed since it was written."""
-    saved = json.loads((model_dir / CONFIG_FILE).read_text()).get("base")
-    if not saved or not saved.get("files"):
-        return
-    now = base_fingerprint(saved["path"])
-    if now is None or now["files"] != saved["files"]:
-        raise CheckpointError(
-            f"{model_dir} holds LoRA adapters trained on {saved['path']}, whose weight files have changed "
-            "since; point model.init_from at the original base"
-        )
 
 
 @torch.no_grad()

@@ -14,9 +14,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hopperlm.checkpoint.hf import model_values
 from hopperlm.config import Config, ModelConfig
 from hopperlm.errors import ConfigError
+from hopperlm.interop.hf import model_values
 
 # keys of the model section that must equal the checkpoint's when model.init_from is set
 SHAPE_KEYS = (

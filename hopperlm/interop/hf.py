@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hopperlm.checkpoint.layout import FORMAT, read_model_config, resolve_model_dir
+from hopperlm.checkpoint.layout import is_hf_dir, read_model_config, resolve_model_dir
 from hopperlm.config import ModelConfig
 from hopperlm.errors import CheckpointError, ConfigError
 
@@ -44,18 +44,6 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} is not a JSON object; point at a model folder with a valid config.json")
     return data
-
-
-def is_hf_dir(path: Path) -> bool:
-    """A folder with a transformers config.json (not a hopperlm one)."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        data = json.loads(config.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "model_type" in data and data.get("format") != FORMAT
 
 
 def _rope(raw: dict, where: str) -> tuple[float, dict[str, float] | None]:

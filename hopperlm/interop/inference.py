@@ -11,7 +11,6 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hopperlm.checkpoint.hf import is_hf_dir, model_values
 from hopperlm.checkpoint.layout import (
     CONFIG_FILE,
     STATE_FILE,
@@ -20,11 +19,12 @@ from hopperlm.checkpoint.layout import (
     read_model_config,
     resolve_model_dir,
 )
-from hopperlm.checkpoint.tensors import load_weights
 from hopperlm.config import ModelConfig, SFTConfig
 from hopperlm.data.tokenizer import BYTE_MARKER, Tokenizer, load_tokenizer
 from hopperlm.errors import CheckpointError, ConfigError, DataError
 from hopperlm.hardware import detect_for
+from hopperlm.interop.hf import is_hf_dir, model_values
+from hopperlm.interop.tensors import load_weights
 from hopperlm.model.transformer import Transformer, build_empty
 
 
@@ -66,7 +66,7 @@ def _tokenizer_of(path: Path, tokenizer_dir: Path) -> Tokenizer:
 def unmerged_lora(model_dir: Path, device) -> Transformer:
     """A LoRA checkpoint's model as it trained: its base (model.init_from, checked unchanged) wrapped with the
     adapters, in eval mode. A QLoRA run's base is its 16-bit weights (the NF4 copy is rebuilt only to train)."""
-    from hopperlm.checkpoint.tensors import check_base, read_adapters
+    from hopperlm.checkpoint.layout import check_base, read_adapters
     from hopperlm.model.lora import apply_lora, load_adapter_state
 
     model_cfg, lora_cfg = read_model_config(model_dir), read_lora_config(model_dir)
