@@ -1,8 +1,8 @@
 """Exit 0 when this Python already has what `scripts/setup.sh [--dev]` would install, so setup can skip pip.
 
-    python3 scripts/installed.py [--dev] [REQUIREMENT ...]
+    python3 scripts/installed.py [--extras dev|gguf,eval] [REQUIREMENT ...]
 
-Checks, from pyproject.toml: every requirement of the project (and of its `dev` extra with --dev, plus any
+Checks, from pyproject.toml: every requirement of the project (and of the extras named, plus any
 REQUIREMENT given, e.g. the mup pin setup.sh installs on its own) is installed at a version its specifier accepts, and hopperlm itself is installed editable
 from this checkout with the console scripts the file declares. Anything missing, too old, installed from
 elsewhere or unreadable exits 1 with one line saying what, and setup.sh runs pip as before. Why: pip's own
@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlparse
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def missing(dev: bool, extra: list[str]) -> str | None:
+def missing(extras: list[str], extra: list[str]) -> str | None:
     """What is not installed as setup.sh would install it, or None."""
     import tomllib  # Python 3.11+; on 3.10 the ImportError below sends setup.sh to pip
 
@@ -45,8 +45,8 @@ def missing(dev: bool, extra: list[str]) -> str | None:
     from packaging.requirements import Requirement
 
     wanted = list(project["dependencies"]) + extra
-    if dev:
-        wanted += project["optional-dependencies"]["dev"]
+    for name in extras:
+        wanted += project["optional-dependencies"][name]
     for line in wanted:
         req = Requirement(line)
         if req.marker is not None and not req.marker.evaluate():
@@ -63,7 +63,10 @@ def missing(dev: bool, extra: list[str]) -> str | None:
 if __name__ == "__main__":
     try:
         args = sys.argv[1:]
-        reason = missing("--dev" in args, [a for a in args if a != "--dev"])
+        extras = args[args.index("--extras") + 1].split(",") if "--extras" in args else []
+        if "--extras" in args:
+            del args[args.index("--extras") : args.index("--extras") + 2]
+        reason = missing(extras, args)
     except Exception as e:  # no hopperlm, no packaging, an unreadable file: pip decides
         reason = f"{type(e).__name__}: {e}"
     if reason:

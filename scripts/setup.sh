@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Install hopperlm (editable) and what it needs into the current Python. `--dev` adds the test tools.
+# Install hopperlm (editable) and what it needs into the current Python, with the extras the docs' commands use
+# on any machine: gguf (`export --format gguf`) and eval (`eval --tasks`). `--dev` adds the test tools (the dev
+# extra holds those two too).
 # torch is installed first and on purpose: without a GPU we take the CPU build (torch==2.13.0), so pip never
 # pulls the multi-GB CUDA build onto a machine that cannot use it. An installed torch >= 2.11 is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-extras="" mup=()
+extras="gguf,eval" mup=()
 # Microsoft's mup (--dev), which tests/test_mup.py compares hopperlm's μP multipliers with: installed without its
 # dependencies, as its optimizers and shapes need only torch and pyyaml (its torchvision pin would replace the
 # CPU torch)
-[ "${1:-}" = "--dev" ] && extras="[dev]" mup=("mup==1.0.0")
+[ "${1:-}" = "--dev" ] && extras="dev" mup=("mup==1.0.0")
 
 if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 11))" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -21,10 +23,10 @@ if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.spli
   fi
 fi
 # pip's no-op pass over ~100 installed packages takes 13 s: skipped when everything asked for is already there
-if "$PY" scripts/installed.py ${extras:+--dev} ${mup[@]+"${mup[@]}"}; then
-  echo "setup: every requirement${extras:+ (with $extras)} is installed already, hopperlm editable from here"
+if "$PY" scripts/installed.py --extras "$extras" ${mup[@]+"${mup[@]}"}; then
+  echo "setup: every requirement (with [$extras]) is installed already, hopperlm editable from here"
 else
-  "$PY" -m pip install -q -e ".${extras}" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  "$PY" -m pip install -q -e ".[${extras}]" 2>&1 | grep -v "Running pip as the 'root' user" || true
   if [ ${#mup[@]} -gt 0 ]; then
     "$PY" -m pip install -q --no-deps ${mup[@]+"${mup[@]}"} 2>&1 | grep -v "Running pip as the 'root' user" || true
   fi

@@ -144,3 +144,19 @@ def test_other_libraries_log_lines_go_to_a_file(tmp_path, capfd):
     )
     logging.getLogger("torchao").warning("after the verb")  # the loggers are as they were
     assert "after the verb" not in (tmp_path / "logs" / "third-party.log").read_text()
+
+
+def test_help_points_to_the_config_keys_and_no_verb_line_is_cut(capsys):
+    """`train --help` says where every config key is listed; each verb's line in `hopperlm --help` is a
+    whole phrase (sweep's once ended on "with the best")."""
+    from hopperlm.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "every key is listed in docs/config-reference.md, and --print-config prints them all" in text
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "sweep tune optim.lr of a mup recipe on a narrow proxy; write the tuned recipe" in text
+    assert "device self-test (~30 s on a CPU)" in text

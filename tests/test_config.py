@@ -40,9 +40,9 @@ def test_preset_with_overrides_from_yaml_and_cli(tmp_path):
     [
         (
             {"train": {"max_steps": 1, "max_stpes": 2}},
-            "unknown config key 'train.max_stpes'; did you mean 'max_steps'",
+            "unknown config key 'train.max_stpes'; did you mean --train.max_steps?",
         ),
-        ({"trian": {}}, "unknown config key 'trian'; did you mean 'train'"),
+        ({"trian": {}}, "unknown config key 'trian'; did you mean the section 'train'?"),
         ({"train": {"max_steps": "ten"}}, "train.max_steps='ten' must be an integer"),
         ({"train": {"max_steps": 1, "compile": "yes"}}, "train.compile='yes' must be true or false"),
         (
@@ -92,7 +92,7 @@ def test_preset_with_overrides_from_yaml_and_cli(tmp_path):
         ),
         (
             {"train": {"max_steps": 1}, "checkpoint": {"keep_lats": 2}},
-            "unknown config key 'checkpoint.keep_lats'; did you mean 'keep_last'",
+            "unknown config key 'checkpoint.keep_lats'; did you mean --checkpoint.keep_last?",
         ),
     ],
 )
@@ -217,3 +217,20 @@ def test_cli_refuses_a_moved_key_in_one_line_naming_the_new_one():
 def test_cli_debug_shows_traceback():
     result = run_cli("train", "configs/debug.yaml", "--train.max_stpes", "3", "--debug")
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_a_mistyped_key_and_recipe_get_the_flag_and_the_name_to_paste(capsys):
+    """The paste-ready forms: a mistyped key offers the flag (`--train.max_steps`), a mistyped recipe name the
+    nearest recipe, both in the one `error:` line the CLI prints."""
+    from hopperlm.cli import main
+
+    for argv, expected in (
+        (["configs/debug.yaml", "--train.max_step", "5"], "did you mean --train.max_steps?"),
+        (["debg"], "config debg not found; did you mean debug?"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(["train", *argv, "--print-config"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and expected in err[0], (
+            err
+        )

@@ -179,3 +179,16 @@ def test_rich_display_renders_bar_eta_and_numbers():
         "GPU 97% 650 W 71 C",
     ):
         assert word in text, word
+
+
+def test_budgets_are_shown_in_the_unit_a_person_would_use():
+    from hopperlm.observe.metrics import human_hours
+
+    assert [human_hours(h) for h in (95 / 3600, 0.0264, 0.2, 1.5, 24)] == [
+        "95 s",
+        "95 s",
+        "12 min",
+        "1.5 h",
+        "24 h",
+    ]
+    assert human_hours(2.0) == "2 h" and human_hours(0.002) == "7 s"

@@ -298,10 +298,13 @@ def test_progress_prints_one_summary_line(tmp_path, capsys):
 
 
 def test_read_manifest_errors(tmp_path):
-    with pytest.raises(DataError, match="does not exist; run `hopperlm prepare"):
-        read_manifest(tmp_path / "missing")
-    with pytest.raises(DataError, match="has no manifest.json; run `hopperlm prepare` first"):
+    missing = tmp_path / "missing"
+    with pytest.raises(DataError) as e:
+        read_manifest(missing)
+    assert f"prepare it first: hopperlm prepare TEXT --out {missing} (TEXT: " in str(e.value)
+    with pytest.raises(DataError) as e:
         read_manifest(tmp_path)
+    assert f"has no manifest.json; prepare it: hopperlm prepare TEXT --out {tmp_path} (" in str(e.value)
     (tmp_path / "manifest.json").write_text("{broken")
     with pytest.raises(DataError, match="unreadable"):
         read_manifest(tmp_path)
@@ -346,3 +349,13 @@ def test_dropped_documents_are_counted_on_the_console(tmp_path, capsys):
     assert (
         "prepare: 1 exact duplicate documents dropped (--dedup); 1 documents dropped by --filter " in out[-1]
     )
+
+
+def test_a_mistyped_data_dir_offers_the_prepared_one_beside_it(tmp_path):
+    prepared = tmp_path / "data" / "shakespeare-byte"
+    prepared.mkdir(parents=True)
+    (prepared / "manifest.json").write_text("{}")
+    (tmp_path / "data" / "shakespeare-bytes-unprepared").mkdir()  # no manifest: not offered
+    with pytest.raises(DataError) as e:
+        read_manifest(tmp_path / "data" / "shakespear-byte")
+    assert str(e.value).endswith(f"did you mean {prepared}? (prepared, beside it)")

@@ -18,7 +18,7 @@ def load_check():
 
 def test_this_environment_is_complete_and_the_script_says_so():
     done = subprocess.run(
-        [sys.executable, "scripts/installed.py", "--dev"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "scripts/installed.py", "--extras", "dev"], cwd=REPO, capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
 
@@ -33,15 +33,31 @@ def test_a_missing_or_old_package_or_another_checkout_sends_setup_to_pip(monkeyp
         return real(name)
 
     monkeypatch.setattr(check.metadata, "version", without_peft)
-    assert check.missing(dev=True, extra=[]) == "peft is not installed"
-    assert check.missing(dev=False, extra=[]) is None  # peft is a dev requirement only
+    assert check.missing(["dev"], extra=[]) == "peft is not installed"
+    assert check.missing([], extra=[]) is None  # peft is a dev requirement only
     # what setup.sh installs beside pyproject.toml (mup, without its dependencies) is checked too
-    assert check.missing(dev=False, extra=["mup==9.9"]) == "mup 1.0.0 does not satisfy mup==9.9"
+    assert check.missing([], extra=["mup==9.9"]) == "mup 1.0.0 does not satisfy mup==9.9"
 
     monkeypatch.setattr(check.metadata, "version", lambda name: "0.0.1" if name == "numpy" else real(name))
-    assert check.missing(dev=False, extra=[]) == "numpy 0.0.1 does not satisfy numpy>=1.26"
+    assert check.missing([], extra=[]) == "numpy 0.0.1 does not satisfy numpy>=1.26"
+
+    def without_gguf(name):  # setup.sh without --dev installs the extras the docs use: gguf among them
+        if name == "gguf":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(check.metadata, "version", without_gguf)
+    assert check.missing(["gguf", "eval"], extra=[]) == "gguf is not installed"
 
     monkeypatch.setattr(check.metadata, "version", real)
     monkeypatch.setattr(check, "ROOT", tmp_path)  # a checkout hopperlm was not installed from
     (tmp_path / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
-    assert check.missing(dev=False, extra=[]) == f"hopperlm is not installed editable from {tmp_path}"
+    assert check.missing([], extra=[]) == f"hopperlm is not installed editable from {tmp_path}"
+
+
+def test_setup_installs_the_extras_the_docs_commands_use():
+    """`export --format gguf` and `eval --tasks` run in the docs' blocks: plain setup.sh installs their extras."""
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    assert 'extras="gguf,eval"' in setup
+    docs = " ".join(p.read_text() for p in [REPO / "README.md", *(REPO / "docs").glob("*.md")])
+    assert "--format gguf" in docs and "--tasks" in docs

@@ -178,3 +178,28 @@ def test_finetune_resume_auto_starts_then_continues(tinyllama_hf, data_dir, tmp_
     main([*args, "--train.max_steps", "4"])  # a requeued job: continues from step 2
     steps = [r["step"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
     assert steps == [1, 2, 3, 4]
+
+
+def test_examples_cut_short_above_a_fifth_are_a_warning_naming_the_fix(tinyllama_hf, data_dir, tmp_path):
+    """At seq_len 32 most alpaca examples are cut: the log says so as a warning, with the longest example and
+    train.seq_len, where 20% or fewer cut is the plan line's statistic only."""
+    from hopperlm.data.sft import open_sft_data
+    from hopperlm.interop.inference import sft_tokenizer_path
+
+    for seq_len, warned in (("32", True), ("512", False)):
+        cfg = sft_config(
+            tinyllama_hf, data_dir, tmp_path / seq_len, "--sft.max_examples", "20", "--train.seq_len", seq_len
+        )
+        lines = []
+        open_sft_data(
+            cfg.sft,
+            cfg.train,
+            tmp_path / seq_len,
+            lines.append,
+            tokenizer_path=sft_tokenizer_path(cfg.sft, cfg.model),
+        )
+        warning = [x for x in lines if x.startswith("warning: ")]
+        assert bool(warning) == warned, lines
+        if warned:
+            assert "of the examples were cut short at train.seq_len 32 (the longest, " in warning[0]
+            assert "raise --train.seq_len" in warning[0] and len(warning) == 1

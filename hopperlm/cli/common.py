@@ -4,6 +4,7 @@ checked numbers its flags take."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import re
 import sys
@@ -45,7 +46,11 @@ def resolve_recipe(name_or_path: str) -> Path:
     if named.is_file():
         return named
     known = sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml"))
-    raise ConfigError(f"config {name_or_path} not found; pass a YAML file or one of: {', '.join(known)}")
+    close = difflib.get_close_matches(path.stem, known, n=1)
+    nearest = f"did you mean {close[0]}? " if close else ""
+    raise ConfigError(
+        f"config {name_or_path} not found; {nearest}pass a YAML file or one of: {', '.join(known)}"
+    )
 
 
 RESUME_HELP = "continue from the run's latest checkpoint, or from PATH; `auto`: only if it has checkpoints"
@@ -82,7 +87,11 @@ def add_verb(
     `--section.key value` pairs apply to; `config` is the help of a positional recipe, `resume` adds --resume,
     `print_config` adds --print-config (the verb calls `printed_config`)."""
     if overrides:
-        description = f"{description} Extra --section.key value pairs override {overrides}.".strip()
+        listed = ", and --print-config prints them all with their values" if print_config else ""
+        description = (
+            f"{description} Extra --section.key value pairs override {overrides}; every key is listed in "
+            f"docs/config-reference.md{listed}."
+        ).strip()
     p = verbs.add_parser(name, parents=[common], help=help, description=description or None)
     p.error = _one_line_error(name)  # argparse's usage + error lines -> one `error: ...` line, exit 2
     if config:

@@ -79,6 +79,11 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
     if not args.simulate and not args.no_selftest:
         from hopperlm.selftest import format_selftest, run_selftest
 
+        if not args.json:  # (the compile check alone takes ~25 s on a CPU: say so before it starts)
+            log(
+                "self-test: matmul, copy, attention kernels and a torch.compile check (~30 s on a CPU; "
+                "--no-selftest skips it)"
+            )
         results = run_selftest(hw.device, hw.peak_16bit)
         lines += ["== self-test", *format_selftest(results)]
         report["selftest"] = results
@@ -243,7 +248,7 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         common,
         "diagnose",
         cmd_diagnose,
-        "hardware report, the plan for a config with reasons, and a device self-test",
+        "hardware report, the plan for a config with reasons, and a device self-test (~30 s on a CPU)",
         overrides="CONFIG",
         print_config=True,
     )

@@ -361,7 +361,7 @@ def add_sweep_parser(verbs, common: argparse.ArgumentParser, recipe: str) -> Non
         common,
         "sweep",
         cmd_sweep,
-        "tune optim.lr on a narrow proxy of a mup recipe; write the recipe with the best",
+        "tune optim.lr of a mup recipe on a narrow proxy; write the tuned recipe",
         overrides="the recipe (every run), e.g. --train.eval_every 50",
         config=recipe,
     )

@@ -70,8 +70,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 
 
 def _unknown(key: str, known: list[str], where: str) -> ConfigError:
+    """`where`: the section with its dot ("train."), or "" for a section name. A close match is offered as
+    the flag a user can paste (`--train.max_steps`), or the section's name."""
     close = difflib.get_close_matches(key, known, n=1)
-    hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+    if close:
+        hint = f"did you mean --{where}{close[0]}?" if where else f"did you mean the section '{close[0]}'?"
+    else:
+        hint = f"known {'keys' if where else 'sections'}: {', '.join(known)}"
     return ConfigError(f"unknown config key '{where}{key}'; {hint}")
 
 

@@ -91,6 +91,9 @@ def read_records(path: Path) -> list[tuple[str, dict]]:
     return records
 
 
+TRUNCATION_WARNING = 0.2  # a share of examples cut short above this is a warning, not a statistic
+
+
 def detect_format(record: dict, where: str) -> str:
     if not isinstance(record, dict):
         raise DataError(f"{where}: a record must be a JSON object")
@@ -367,12 +370,15 @@ def open_sft_data(
     records = read_records(Path(sc.path))[: sc.max_examples]
     fmt = sc.format if sc.format != "auto" else detect_format(records[0][1], records[0][0])
     examples: dict[bool, list] = {False: [], True: []}
-    cut = dropped = 0
+    cut = dropped = longest = 0
+    longest_at = ""
     for where, record in records:
         example = to_example(record, fmt, sc.system_prompt, where)
         ids, labels = tokenize(
             example, encoder if example.messages else tokenizer, template, sc.train_on_prompt
         )
+        if len(ids) > longest:
+            longest, longest_at = len(ids), where
         if len(ids) > T + 1:
             ids, labels, cut = ids[: T + 1], labels[: T + 1], cut + 1
         if (labels[1:] == IGNORE_INDEX).all():
@@ -408,4 +414,9 @@ def open_sft_data(
         f"({tokens['train'] / (per_epoch * T):.0%} filled{', packed' if sc.packing else ''}); "
         f"{learned / max(1, tokens['train']):.0%} of tokens in the loss; {cut} cut to {T + 1} tokens, {dropped} dropped"
     )
+    if cut > TRUNCATION_WARNING * len(records):  # the model then mostly learns replies that stop mid-way
+        log(
+            f"warning: {cut / len(records):.0%} of the examples were cut short at train.seq_len {T} (the longest, "
+            f"{longest_at}, has {longest:,} tokens); raise --train.seq_len, or drop the long ones from {sc.path}"
+        )
     return SFTData([Dataset("sft", tokenizer_dir, 1.0, manifest)], val_sets, rows, T, saved)

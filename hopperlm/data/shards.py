@@ -11,6 +11,7 @@ format: the special ids around every document (`eos`: text then EOS; `tokenizer`
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import dataclass
@@ -161,14 +162,28 @@ class ShardWriter:
 # ---- reading the manifest ----------------------------------------------------------------------------------
 
 
+def _nearest_dir(data_dir: Path) -> str:
+    """What to do about a data dir that does not exist: the prepared folder beside it with the closest name, if
+    any, else the prepare command that makes it (TEXT: the text to train on)."""
+    parent = data_dir.parent if str(data_dir.parent) else Path(".")
+    siblings = [p.name for p in parent.iterdir() if (p / MANIFEST).is_file()] if parent.is_dir() else []
+    close = difflib.get_close_matches(data_dir.name, siblings, n=1)
+    if close:
+        return f"did you mean {parent / close[0]}? (prepared, beside it)"
+    return f"prepare it first: hopperlm prepare TEXT --out {data_dir} (TEXT: .txt, .jsonl or .parquet files or folders)"
+
+
 def read_manifest(data_dir: Path) -> dict:
     """The manifest of a prepared data dir, with a DataError that says how to fix whatever is wrong."""
     data_dir = Path(data_dir)
     path = data_dir / MANIFEST
     if not data_dir.is_dir():
-        raise DataError(f"data dir {data_dir} does not exist; run `hopperlm prepare --out {data_dir}` first")
+        raise DataError(f"data dir {data_dir} does not exist; {_nearest_dir(data_dir)}")
     if not path.is_file():
-        raise DataError(f"data dir {data_dir} has no {MANIFEST}; run `hopperlm prepare` first")
+        raise DataError(
+            f"data dir {data_dir} has no {MANIFEST}; prepare it: hopperlm prepare TEXT --out {data_dir} (an "
+            "interrupted prepare resumes when run again with the same inputs)"
+        )
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:

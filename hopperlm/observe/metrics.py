@@ -134,3 +134,13 @@ def human_count(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
     return f"{n:.0f}"
+
+
+def human_hours(hours: float) -> str:
+    """A wall-clock budget in the unit a person would use: `95 s`, `12 min`, `1.5 h` (never `0.0264 h`)."""
+    seconds = hours * 3600
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{hours:.3g} h"

@@ -9,7 +9,7 @@ import torch
 
 from hopperlm.model.mup import describe as describe_parametrization
 from hopperlm.model.transformer import count_params
-from hopperlm.observe.metrics import human_count
+from hopperlm.observe.metrics import human_count, human_hours
 from hopperlm.plan import Plan
 
 
@@ -36,7 +36,7 @@ def print_banner(
         steps = math.ceil(tc.max_tokens / plan.tokens_per_step)
         planned.append(f"{human_count(tc.max_tokens)} tokens = {steps:,} steps")
     if tc.max_hours:
-        planned.append(f"{tc.max_hours:g} h wall clock (LR decay lands at the deadline)")
+        planned.append(f"{human_hours(tc.max_hours)} wall clock (LR decay lands at the deadline)")
     peak = (
         f"{hw.peak_16bit / 1e12:.0f} TFLOP/s dense 16-bit peak" if hw.peak_16bit else "peak unknown: MFU n/a"
     )
@@ -87,7 +87,7 @@ def budget_line(tc, *, params: int, tokens_per_s: float, speed: str) -> str | No
         return None
     tokens = tokens_per_s * tc.max_hours * 3600
     return (
-        f"budget: {tc.max_hours:g} h at {human_count(tokens_per_s)} tokens/s ({speed}) buys "
+        f"budget: {human_hours(tc.max_hours)} at {human_count(tokens_per_s)} tokens/s ({speed}) buys "
         f"{human_count(tokens)} tokens, {tokens / params:.1f} per parameter "
         f"(compute-optimal is about {CHINCHILLA_TOKENS_PER_PARAM})"
     )
@@ -131,7 +131,7 @@ def long_step_warning(plan: Plan, tc, tokens_per_s_bound: float) -> str | None:
     ):
         return None
     when = f"{step_s / 60:.1f} min" if step_s >= 120 else f"{step_s:.0f} s"
-    share = f" ({step_s / budget_s:.0%} of the {tc.max_hours:g} h budget)" if budget_s else ""
+    share = f" ({step_s / budget_s:.0%} of the {human_hours(tc.max_hours)} budget)" if budget_s else ""
     fix = (
         "this recipe is made for a GPU: run it on one, or lower train.batch_tokens / use a smaller model here"
         if cpu
