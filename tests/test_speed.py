@@ -253,8 +253,10 @@ def test_other_optimizers_train_and_resume_exactly(shakespeare_bytes, tmp_path, 
         args = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(run), "--optim.name", name]
         args += ["--train.max_steps", str(steps), "--train.log_every", "1", "--checkpoint.every", "10"]
         model = {"dim": 128, "n_heads": 4, "ffn_dim": 256}
-        if name == "adamw8bit":  # one compile per distinct shape: tests/test_train_step.py's (its compiles reused)
-            model = {"dim": 64, "n_heads": 4, "n_kv_heads": 4, "ffn_dim": 64}  # 8-bit states need >= 4096 values
+        if name == "adamw8bit":
+            # every block matrix 64 x 64 (8-bit states need >= 4096 values): 8-bit AdamW compiles its update
+            # once per distinct shape, and these are tests/test_train_step.py's (whose compiles are reused)
+            model = {"dim": 64, "n_heads": 4, "n_kv_heads": 4, "ffn_dim": 64}
         args += [arg for key, value in model.items() for arg in (f"--model.{key}", str(value))]
         return load_config(REPO / "configs" / "debug.yaml", args)
 
