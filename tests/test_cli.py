@@ -43,6 +43,10 @@ def test_demo_end_to_end_short(tmp_path, data_dir):
     assert records[-1]["step"] == 40 and records[-1]["val_loss"] < 3.5  # ln(256) = 5.55 at the start
     manifest = json.loads((out / "data" / "manifest.json").read_text())
     assert manifest["tokens"] == {"train": 1003855, "val": 111540}
+    report = (out / "report.md").read_text()  # the text it trained on, named and hashed, and its samples
+    assert (
+        "| text | Tiny Shakespeare |" in report and "86c4e6aa9db7c042" in report and "**sample 2**" in report
+    )
     again = run_cli("demo", "--out", str(out), env=env)  # never trains over an existing run
     assert again.returncode == 2 and "already exists" in again.stderr
     assert (out / "metrics.jsonl").is_file()  # ...and leaves the existing run as it was
@@ -160,3 +164,32 @@ def test_help_points_to_the_config_keys_and_no_verb_line_is_cut(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "sweep tune optim.lr of a mup recipe on a narrow proxy; write the tuned recipe" in text
     assert "device self-test (~30 s on a CPU)" in text
+
+
+def test_demo_with_no_data_reachable_says_how_to_give_it_and_its_report_names_the_fallback(
+    tmp_path, monkeypatch, capsys
+):
+    """No --data, no $HOPPERLM_DATA_DIR, no shared data beside the checkout, no cache, no network: the demo
+    trains on the offline fallback, says how to give it Tiny Shakespeare and that the losses do not compare,
+    and its report names the text it trained on."""
+    import urllib.error
+    import urllib.request
+
+    from hopperlm.cli import main
+    from hopperlm.data import demo_text
+
+    def no_network(url, timeout=None):
+        raise urllib.error.URLError("no network in tests")
+
+    monkeypatch.delenv("HOPPERLM_DATA_DIR", raising=False)
+    monkeypatch.setenv("HOPPERLM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(demo_text, "CHECKOUT_DATA", None)
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    out = tmp_path / "demo"
+    main(["demo", "--out", str(out), "--samples", "1", "--train.max_hours", "null", "--train.max_steps", "5"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "not comparable to Tiny Shakespeare's" in first
+    assert "--data PATH" in first and "$HOPPERLM_DATA_DIR" in first
+    report = (out / "report.md").read_text()
+    assert "| text | Python's language reference (pydoc_data.topics): the offline fallback" in report
+    assert "pydoc-topics.txt" in report and "**sample 1**" in report

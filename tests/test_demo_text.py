@@ -33,6 +33,7 @@ class FakeNet:
 def env(tmp_path, monkeypatch):
     """No shared data dir, cache in tmp_path, network that fails unless a test says otherwise."""
     monkeypatch.delenv("HOPPERLM_DATA_DIR", raising=False)
+    monkeypatch.setattr(demo_text, "CHECKOUT_DATA", None)  # (this checkout has ../shared/data beside it)
     monkeypatch.setenv("HOPPERLM_CACHE_DIR", str(tmp_path / "cache"))
     net = FakeNet()
     monkeypatch.setattr(urllib.request, "urlopen", net)
@@ -121,3 +122,24 @@ def test_xdg_cache_home_is_the_default_root(env, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert demo_text.cache_dir() == tmp_path / "xdg" / "hopperlm"
     assert resolve_demo_text(None, log=lambda _: None) == tmp_path / "xdg" / "hopperlm" / "pydoc-topics.txt"
+
+
+def test_the_shared_data_beside_a_checkout_comes_after_the_env_and_before_the_cache(
+    env, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(demo_text, "CHECKOUT_DATA", DATA_DIR)
+    logs = []
+    assert resolve_demo_text(None, log=logs.append) == SHAKESPEARE
+    assert "beside this checkout" in logs[0] and env.calls == []
+    monkeypatch.setenv("HOPPERLM_DATA_DIR", str(tmp_path / "elsewhere"))  # without the file: passed over
+    assert resolve_demo_text(None, log=lambda _: None) == SHAKESPEARE
+
+
+def test_the_fallback_line_says_how_to_give_the_text_and_that_losses_do_not_compare(env):
+    logs = []
+    path = resolve_demo_text(None, log=logs.append)
+    assert "--data PATH" in logs[-1] and "$HOPPERLM_DATA_DIR" in logs[-1]
+    assert "not comparable to Tiny Shakespeare's" in logs[-1]
+    described = demo_text.describe_text(path)
+    assert described["name"].startswith("Python's language reference") and len(described["sha256"]) == 64
+    assert demo_text.describe_text(SHAKESPEARE)["name"] == "Tiny Shakespeare"

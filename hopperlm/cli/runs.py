@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import shutil
 import sys
@@ -262,9 +263,11 @@ def cmd_finetune(args: argparse.Namespace, overrides: list[str]) -> None:
 def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     """Tiny Shakespeare end to end: find the text, prepare it, train the demo recipe, print samples."""
     from hopperlm.checkpoint.layout import list_checkpoints
-    from hopperlm.data.demo_text import resolve_demo_text
+    from hopperlm.data.demo_text import describe_text, resolve_demo_text
     from hopperlm.data.prepare import PrepareOptions, prepare
+    from hopperlm.files import write_atomic
     from hopperlm.interop.inference import load_for_inference
+    from hopperlm.observe.report import DEMO_FILE, write_report
     from hopperlm.train.loop import train
 
     start = time.perf_counter()
@@ -286,8 +289,13 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
         raise
     model, tokenizer = load_for_inference(run_dir, device=cfg.train.device)
     log("\n--- samples ---")
-    for i, sample in enumerate(model_samples(model, tokenizer, "\n", args.samples, 300, 0.8, 200, seed=0)):
-        log(f"[sample {i + 1}]\n{sample.strip()}\n")
+    samples = [s.strip() for s in model_samples(model, tokenizer, "\n", args.samples, 300, 0.8, 200, seed=0)]
+    for i, sample in enumerate(samples):
+        log(f"[sample {i + 1}]\n{sample}\n")
+    # the report names the text it trained on (perhaps the offline fallback) and holds the samples
+    write_atomic(run_dir / DEMO_FILE, json.dumps({"data": describe_text(text), "samples": samples}, indent=1))
+    if cfg.log.report:
+        write_report(run_dir)
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
     log(
         f"demo: val loss {val} nats/token after {result.step} steps; {time.perf_counter() - start:.0f} s in all; "

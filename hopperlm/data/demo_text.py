@@ -1,7 +1,11 @@
 """Find text for the demo run: Tiny Shakespeare if it can be had, otherwise text that ships with Python.
 
-The demo must work on a fresh machine with no network, so the last resort is a corpus that is always present:
-the language-reference topics bundled with the standard library (pydoc_data.topics, ~0.5 MB of English).
+The order: `--data PATH`, `$HOPPERLM_DATA_DIR/tinyshakespeare/input.txt`, `../shared/data/tinyshakespeare`
+beside a checkout of hopperlm (where the README's commands find it), the user cache, a download checked
+against its sha256, and last a corpus that is always present, so the demo works on a fresh machine with no
+network: the language-reference topics bundled with the standard library (pydoc_data.topics, ~0.5 MB of
+English), whose loss is not comparable to Tiny Shakespeare's. `describe_text` names what was chosen, for the
+run's report.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ TINY_SHAKESPEARE_URL = (
 )
 TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 DOWNLOAD_TIMEOUT_S = 10
+FALLBACK_NAME = "pydoc-topics.txt"
+# ../shared/data beside a checkout of hopperlm (None in an installed wheel: no pyproject.toml above the package)
+_REPO = Path(__file__).resolve().parents[2]
+CHECKOUT_DATA = _REPO.parent / "shared" / "data" if (_REPO / "pyproject.toml").is_file() else None
 
 
 def cache_dir() -> Path:
@@ -71,6 +79,11 @@ def resolve_demo_text(data: str | Path | None, log: Callable[[str], None] = prin
         log(f"demo data: Tiny Shakespeare from $HOPPERLM_DATA_DIR ({path})")
         return path
 
+    beside = CHECKOUT_DATA / "tinyshakespeare" / "input.txt" if CHECKOUT_DATA is not None else None
+    if beside is not None and beside.is_file():
+        log(f"demo data: Tiny Shakespeare from the shared data beside this checkout ({beside})")
+        return beside
+
     cached = cache_dir() / "tinyshakespeare" / "input.txt"
     if cached.is_file() and sha256_hex(cached.read_bytes()) == TINY_SHAKESPEARE_SHA256:
         log(f"demo data: Tiny Shakespeare from the cache ({cached})")
@@ -84,11 +97,26 @@ def resolve_demo_text(data: str | Path | None, log: Callable[[str], None] = prin
             return cached
         log(f"demo data: the download from {TINY_SHAKESPEARE_URL} has the wrong sha256; discarded it")
 
-    fallback = cache_dir() / "pydoc-topics.txt"
+    fallback = cache_dir() / FALLBACK_NAME
     _write_atomic(fallback, pydoc_topics_text().encode("utf-8"))
     why = "no network" if body is None else "no verified download"
     log(
         f"demo data: {why} and no local Tiny Shakespeare; training on Python's own language-reference "
-        f"text (pydoc_data.topics) instead ({fallback})"
+        f"text (pydoc_data.topics) instead ({fallback}); its loss is not comparable to Tiny Shakespeare's. "
+        "Give the text with --data PATH, or set $HOPPERLM_DATA_DIR to a folder holding tinyshakespeare/input.txt"
     )
     return fallback
+
+
+def describe_text(path: Path) -> dict[str, str]:
+    """What the demo trained on, for its report: a name, the path and the sha256 of the text (a folder's:
+    none, its files are named by the data's manifest)."""
+    path = Path(path)
+    digest = sha256_hex(path.read_bytes()) if path.is_file() else ""
+    if digest == TINY_SHAKESPEARE_SHA256:
+        name = "Tiny Shakespeare"
+    elif path.name == FALLBACK_NAME:
+        name = "Python's language reference (pydoc_data.topics): the offline fallback, not comparable to Tiny Shakespeare"
+    else:
+        name = f"{path.name} (given)"
+    return {"name": name, "path": str(path), "sha256": digest}

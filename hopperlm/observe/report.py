@@ -22,6 +22,8 @@ from hopperlm.observe.metrics import human_count, read_metrics
 from hopperlm.observe.plot import plot_runs
 from hopperlm.observe.progress import format_duration
 
+DEMO_FILE = "demo.json"  # written by `hopperlm demo` beside the run's files: its text and its samples
+
 
 def _read_json(path: Path) -> Any:
     try:
@@ -127,6 +129,7 @@ def gather(run_dir: Path) -> dict[str, Any]:
         "events": _read_jsonl(run_dir / "events.jsonl"),
         "checkpoints": checkpoint_rows(run_dir),
         "config": (run_dir / "config.yaml").read_text(),
+        "demo": _read_json(run_dir / DEMO_FILE),  # `hopperlm demo`'s text and samples
         "has_metrics": bool(records),
         "written_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
@@ -154,6 +157,14 @@ def _fmt(value: Any, spec: str = "") -> str:
 def blocks(info: dict[str, Any], pngs: list[Path]) -> list[tuple]:
     """The report as (kind, ...) blocks: h2, kv, table, text, muted, plots, code."""
     out: list[tuple] = [("h2", "Summary"), ("kv", info["summary"])]
+    demo = info.get("demo")
+    if demo:  # what the demo trained on (it may be the offline fallback) and what the model then wrote
+        data = demo["data"]
+        out += [
+            ("h2", "Data"),
+            ("kv", [("text", data["name"]), ("file", data["path"]), ("sha256", data["sha256"])]),
+        ]
+        out += [("code", f"sample {i + 1}", text) for i, text in enumerate(demo.get("samples", []))]
     if info.get("tasks"):  # lm-evaluation-harness during training (the eval section)
         names = sorted({name for _, metrics in info["tasks"] for name in metrics})
         rows = [[step, *(_fmt(metrics.get(n), ".4f") for n in names)] for step, metrics in info["tasks"]]
@@ -230,7 +241,9 @@ def render_markdown(info: dict[str, Any], pngs: list[Path]) -> str:
         elif kind == "plots":
             out += [*(f"![{p.stem}]({p.as_posix()})" for p in args[0]), ""]
         elif kind == "code":
-            out += ["```yaml", args[1].rstrip(), "```", ""]
+            language = "yaml" if args[0].endswith(".yaml") else "text"
+            title = [f"**{args[0]}**", ""] if language == "text" else []
+            out += [*title, f"```{language}", args[1].rstrip(), "```", ""]
     out += [f"_Written by hopperlm at {info['written_at']}._", ""]
     return "\n".join(out)
 

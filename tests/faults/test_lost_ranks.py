@@ -56,9 +56,28 @@ def heartbeat(run_dir: Path, rank: int) -> dict | None:
         return None
 
 
-def run_with_fault(command: list[str], run_dir: Path, sig: signal.Signals, at_step: int, timeout: float):
+def logged_step(run_dir: Path) -> int:
+    """The last step in metrics.jsonl (rank 0 appends it as each log step ends; a torn last line is skipped)."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    steps = [0]
+    for line in lines:
+        try:
+            steps.append(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            continue
+    return max(steps)
+
+
+def run_with_fault(
+    command: list[str], run_dir: Path, sig: signal.Signals, at_step: int, timeout: float, logged: bool = False
+):
     """Start the job; when rank 1 has finished `at_step` steps, send it `sig`. (seconds from the signal to
-    the launcher's exit, the finished process, every pid the heartbeats named, rank 1's environment)."""
+    the launcher's exit, the finished process, every pid the heartbeats named, rank 1's environment).
+    `logged`: the steps counted from metrics.jsonl rather than rank 1's heartbeat, which is written once a
+    second (a debug run does 30 to 50 steps a second): for a signal that must land before a short run ends."""
     job = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sent, pids, deadline = None, set(), time.time() + timeout
     while job.poll() is None and time.time() < deadline:
@@ -67,7 +86,11 @@ def run_with_fault(command: list[str], run_dir: Path, sig: signal.Signals, at_st
             if beat is not None:
                 pids.add(beat["pid"])
         beat = heartbeat(run_dir, 1)
-        if sent is None and beat is not None and beat["step"] >= at_step and beat["phase"] == "train":
+        if logged:  # rank 0 logged it, so rank 1 finished it too (the step's all-reduce): it trains on
+            due = beat is not None and logged_step(run_dir) >= at_step
+        else:
+            due = beat is not None and beat["step"] >= at_step and beat["phase"] == "train"
+        if sent is None and due:
             environ = Path(f"/proc/{beat['pid']}/environ").read_bytes().split(b"\0")
             os.kill(beat["pid"], sig)
             sent = time.time()
@@ -132,7 +155,7 @@ def test_max_restarts_resumes_to_the_uninterrupted_losses(shakespeare_bytes, tmp
     assert whole.returncode == 0, whole.stderr[-2000:]
     run_dir = tmp_path / "restarted"
     command = launch(run_dir, shakespeare_bytes, 50, "--max-restarts", "1")
-    _, done, *_ = run_with_fault(command, run_dir, signal.SIGKILL, at_step=25, timeout=900)  # resumes at 20
+    _, done, *_ = run_with_fault(command, run_dir, signal.SIGKILL, at_step=25, timeout=900, logged=True)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     assert "launch: restart 1 of 1" in done.stdout
     assert "restart 1 of this job: continuing from the latest checkpoint" in done.stdout
