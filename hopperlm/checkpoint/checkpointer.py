@@ -171,9 +171,8 @@ class Checkpointer:
         self.rollback_base = rollback_base
         self.saved_step: int | None = None  # the step the newest checkpoint holds (saved, or loaded)
         self._pending: Pending | None = None  # a background save
-        self._group = None  # async: the background writer's process group (False: one process, none)
+        self._group = None  # async: the background writer's process group (None: the default one)
         if cc.async_save:
-            self._group = False
             if not rt.active:  # the background writer would say so on every save
                 warnings.filterwarnings(
                     "ignore", message="torch.distributed is disabled, unavailable or uninit"
@@ -238,7 +237,8 @@ class Checkpointer:
             else:
                 saved = save_sharded(
                     self.rt, self.run_dir, step, self.parts, record, keep=self.keep, rank_rng=rank_rng,
-                    background_group=self._group,
+                    background=self.cc.async_save,
+                    group=self._group,
                 )  # fmt: skip
                 if isinstance(saved, Pending):
                     self._pending, path = saved, saved.final

@@ -87,11 +87,12 @@ def save_sharded(
     *,
     keep: tuple[int, int],
     rank_rng: list | None,
-    background_group=None,
+    background: bool = False,
+    group=None,
 ) -> Path | Pending:
     """The checkpoint of `step`, every rank writing its shards: the small files first (rank 0), then the
-    shards, then checksums.json (complete_sharded). `background_group`: a process group (or False with one
-    process) for an async save, which returns the Pending write; None: saved before returning."""
+    shards, then checksums.json (complete_sharded). `background`: an async save, which returns the Pending
+    write, its collectives over `group` (None: the default group); else saved before returning."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -123,8 +124,7 @@ def save_sharded(
     content = {"model": model_sd, "optim": optim_sd}
     alone = {} if rt.active else {"no_dist": True}  # (passed only when needed: older torch lacks it)
     try:
-        if background_group is not None:
-            group = background_group or None
+        if background:
             with single_process_ok():
                 future = dcp.async_save(
                     content, checkpoint_id=tmp / SHARDED_DIR, process_group=group, **alone

@@ -233,11 +233,21 @@ class GuardConfig:
             raise ConfigError("guard.spike_k must be >= 0 and guard.lr_factor in (0, 1]")
 
 
-def checkpoint_budget(saved: dict[str, Any] | None, tc: TrainConfig) -> TrainConfig | None:
-    """The budget a checkpoint's LR schedule was laid over (its state.json's `schedule_budget`, or the budget of
-    the config it saved), as `tc` with those keys; None when there is none or it is `tc`'s own."""
+def budget_before(saved: dict[str, Any] | None) -> dict[str, Any]:
+    """The budget a checkpoint's LR schedule was laid over, from its state.json: `schedule_budget`, or the
+    budget of the config it saved (older checkpoints); {} when there is none."""
     saved = saved or {}
-    before = saved.get("schedule_budget") or saved.get("config", {}).get("train", {})
+    return saved.get("schedule_budget") or saved.get("config", {}).get("train", {})
+
+
+def checkpoint_budget(saved: dict[str, Any] | None, tc: TrainConfig) -> TrainConfig | None:
+    """The budget a checkpoint's LR schedule was laid over (budget_before), as `tc` with those keys; None when
+    there is none or it is `tc`'s own."""
+    return budget_as(budget_before(saved), tc)
+
+
+def budget_as(before: dict[str, Any], tc: TrainConfig) -> TrainConfig | None:
+    """`tc` with the budget keys of `before`; None when `before` is empty or equals `tc`'s own."""
     if not before or all(before.get(k) == getattr(tc, k) for k in BUDGET_KEYS):
         return None
     return dataclasses.replace(tc, **{k: before.get(k) for k in BUDGET_KEYS})

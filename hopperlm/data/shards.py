@@ -165,7 +165,7 @@ class ShardWriter:
 def _nearest_dir(data_dir: Path) -> str:
     """What to do about a data dir that does not exist: the prepared folder beside it with the closest name, if
     any, else the prepare command that makes it (TEXT: the text to train on)."""
-    parent = data_dir.parent if str(data_dir.parent) else Path(".")
+    parent = data_dir.parent  # (Path("name").parent is ".")
     siblings = [p.name for p in parent.iterdir() if (p / MANIFEST).is_file()] if parent.is_dir() else []
     close = difflib.get_close_matches(data_dir.name, siblings, n=1)
     if close:

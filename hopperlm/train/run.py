@@ -21,7 +21,7 @@ import torch
 from hopperlm.checkpoint.checkpointer import Checkpointer, Resume, ResumePoint, find_resume
 from hopperlm.checkpoint.single import Parts
 from hopperlm.config import Config, ModelConfig, OptimConfig, TrainConfig, config_yaml
-from hopperlm.config.training import BUDGET_KEYS, checkpoint_budget
+from hopperlm.config.training import BUDGET_KEYS, budget_as
 from hopperlm.data.batches import BatchLayout, BatchSource
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import default_prefetch
@@ -210,7 +210,7 @@ def schedule_budget(
     """The budget the LR schedule is laid over: the run's own, or, when a resumed run changed it and
     optim.resume_horizon is keep, the checkpoint's (the state's `saved_budget`). Says in one line how the LR
     changes at the resume step."""
-    original = checkpoint_budget({"schedule_budget": state.saved_budget}, tc) if state.saved_budget else None
+    original = budget_as(state.saved_budget or {}, tc)
     elapsed_s = state.elapsed_before
     if original is None:
         return tc

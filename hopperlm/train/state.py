@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hopperlm.config.training import BUDGET_KEYS
+from hopperlm.config.training import BUDGET_KEYS, budget_before
 
 if TYPE_CHECKING:
     from hopperlm.config import TrainConfig
@@ -78,8 +78,7 @@ class TrainState:
         self.step, self.tokens = saved["step"], saved["tokens"]
         self.best_val = saved.get("best_val_loss")
         self.elapsed_before = saved["elapsed_s"]
-        # (a run resumed with keep remembers its original; older checkpoints: their config's budget)
-        self.saved_budget = saved.get("schedule_budget") or saved.get("config", {}).get("train", {})
+        self.saved_budget = budget_before(saved)  # (a run resumed with keep remembers its original)
         self.guard.load(saved.get("guard"))
         self.batches.load_state_dict(saved.get("data"))
 
