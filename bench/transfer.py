@@ -1,15 +1,22 @@
 """Does the best learning rate transfer across width? The same model at widths 64, 128, 256 and 512 (the same
 depth, data and steps), an LR grid a factor of 2 apart, 2 seeds, under model.parametrization standard and mup,
 with AdamW and with Muon (optim.muon_lr_adjust as --muon-adjust says), each run a real `hopperlm` training run.
+With --depth, across depth instead: 2, 4, 8 and 16 blocks at width 64 (μP at its base width), 200 steps,
+model.depth_parametrization standard against completep (base_depth 2), each optimizer on its own LR grid.
 
     python3 bench/transfer.py --save bench/results/DATE-transfer-cpu.json        # ~40 min on 2 cores
     python3 bench/transfer.py --smoke --save /tmp/transfer-smoke.json             # seconds: CI runs it
+    python3 bench/transfer.py --depth --save bench/results/DATE-transfer-depth-cpu.json [--resume]
+    python3 bench/transfer.py --depth --smoke --save /tmp/transfer-depth-smoke.json
 
 Reports, per (parametrization, optimizer): the best LR at each width (lowest final validation loss, mean over
 seeds), how many grid points it moves from width 64 to 512, and the loss at width 512 with width 64's best LR
 against width 512's own best. Targets (issue 39): under mup the best LR moves at most one grid point and the
 transferred LR is within 0.5% of the best loss; standard's drift is shown beside it. The JSON's `rows` hold
-{parametrization, optimizer, width, params, lr, seed, final_val_loss} for every run, so anyone can recompute it.
+{parametrization, optimizer, width, params, lr, seed, final_val_loss} for every run, so anyone can recompute it;
+--depth's {depth_parametrization, optimizer, n_layers, width, params, lr, seed, steps, final_val_loss}, the same
+summary from 2 to 16 blocks (targets, issue 51: at most one grid point, within 1%). Every finished run is kept in
+SAVE.partial.json as it ends; --resume skips the runs found there.
 Data: Gutenberg books from ../shared/data tokenized with a 1,024-piece BPE learned on them (prepared once in
 --work). Runs go two at a time, one thread each.
 """
@@ -20,10 +27,11 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -43,6 +51,22 @@ FULL = {
 }
 SMOKE = {"widths": (32, 64), "lrs": (2e-3, 4e-3, 8e-3), "seeds": (1,), "steps": 3}
 HEAD_DIM, BASE_DIM, LAYERS, SEQ, MICRO = 32, 64, 2, 64, 8
+# across depth: one width (μP at its base width: only depth changes), an LR grid per optimizer around its optimum
+DEPTH_FULL = {
+    "depths": (2, 4, 8, 16),
+    "lrs": {"adamw": tuple(1e-3 * 2**k for k in range(7)), "muon": tuple(2e-3 * 2**k for k in range(7))},
+    "seeds": (1, 2),
+    "steps": 200,
+}
+DEPTH_SMOKE = {
+    "depths": (1, 2),
+    "lrs": {"adamw": (2e-3, 8e-3), "muon": (4e-3, 1.6e-2)},
+    "seeds": (1,),
+    "steps": 3,
+}
+DEPTH_WIDTH, BASE_DEPTH = 64, 2
+RUN_KEYS = {"width": ("parametrization", "optimizer", "width", "lr", "seed"),
+            "n_layers": ("depth_parametrization", "optimizer", "n_layers", "width", "lr", "seed", "steps")}  # fmt: skip
 
 
 def prepare_data(work: Path, smoke: bool) -> Path:
@@ -73,8 +97,11 @@ def run_one(spec: dict) -> dict:
     from hopperlm.train.loop import train
 
     width, mup = spec["width"], spec["parametrization"] == "mup"
-    model = {"dim": width, "n_layers": LAYERS, "n_heads": width // HEAD_DIM, "max_seq_len": SEQ,
-             "parametrization": spec["parametrization"], **({"base_dim": BASE_DIM} if mup else {})}  # fmt: skip
+    depth = spec.get("depth_parametrization", "standard")
+    model = {"dim": width, "n_layers": spec.get("n_layers", LAYERS), "n_heads": width // HEAD_DIM,
+             "max_seq_len": SEQ, "parametrization": spec["parametrization"],
+             **({"base_dim": spec.get("base_dim", BASE_DIM)} if mup else {}), "depth_parametrization": depth,
+             **({"base_depth": BASE_DEPTH} if depth == "completep" else {})}  # fmt: skip
     cfg = config_from_dict(
         {
             "model": model,
@@ -104,25 +131,32 @@ def run_one(spec: dict) -> dict:
             "run": {"out_dir": spec["out_dir"]},
         }
     )
+    shutil.rmtree(spec["out_dir"], ignore_errors=True)  # a run of an earlier, interrupted benchmark
     t0 = time.monotonic()
-    result = train(cfg, log=lambda line: None)
+    keys = RUN_KEYS["n_layers" if "n_layers" in spec else "width"]
+    row = {**{k: spec[k] for k in keys}, "params": count_params(cfg.model)["total"]}
+    try:
+        result = train(cfg, log=lambda line: None)
+    except Exception as e:  # one failed run is a row without a loss, not the end of the benchmark
+        return {**row, "final_val_loss": None, "error": f"{type(e).__name__}: {e}"[:300]}
     loss = result.val_loss if result.val_loss is not None and math.isfinite(result.val_loss) else None
-    keys = ("parametrization", "optimizer", "width", "lr", "seed")
-    return {**{k: spec[k] for k in keys}, "params": count_params(cfg.model)["total"], "final_val_loss": loss,
-            "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
+    return {**row, "final_val_loss": loss, "seconds": round(time.monotonic() - t0, 1)}
 
 
-def analyse(rows: list[dict], widths, lrs) -> dict:
-    """Best LR per width, its drift in grid points from the narrowest to the widest, and the transfer gap."""
+def analyse(rows: list[dict], widths, lrs, axis: str = "width") -> dict:
+    """Best LR per width (per depth with axis "n_layers"), its drift in grid points from the narrowest to the
+    widest, and the transfer gap. `lrs`: one grid, or one per optimizer."""
     out = {}
-    for key in sorted({(r["parametrization"], r["optimizer"]) for r in rows}):
-        sel = [r for r in rows if (r["parametrization"], r["optimizer"]) == key]
+    kind = "parametrization" if axis == "width" else "depth_parametrization"
+    for key in sorted({(r[kind], r["optimizer"]) for r in rows}):
+        sel = [r for r in rows if (r[kind], r["optimizer"]) == key]
+        grid = lrs[key[1]] if isinstance(lrs, dict) else lrs
 
         def mean(width, lr, sel=sel):
-            v = [r["final_val_loss"] for r in sel if r["width"] == width and r["lr"] == lr]
+            v = [r["final_val_loss"] for r in sel if r[axis] == width and r["lr"] == lr]
             return statistics.fmean(v) if v and all(x is not None for x in v) else math.inf
 
-        best = {w: min(lrs, key=lambda lr, w=w: mean(w, lr)) for w in widths}
+        best = {w: min(grid, key=lambda lr, w=w: mean(w, lr)) for w in widths}
         narrow, wide = widths[0], widths[-1]
         own, moved = mean(wide, best[wide]), mean(wide, best[narrow])
         out["/".join(key)] = {
@@ -135,9 +169,11 @@ def analyse(rows: list[dict], widths, lrs) -> dict:
     return out
 
 
-def table(summary: dict, widths) -> list[str]:
-    lines = [f"{'parametrization/optimizer':<28}" + "".join(f"{'best@' + str(w):>11}" for w in widths)
-             + f"{'drift':>7}{'loss@' + str(widths[-1]) + ' own':>15}{'transferred':>13}{'gap':>8}"]  # fmt: skip
+def table(summary: dict, widths, axis: str = "width") -> list[str]:
+    head = "parametrization/optimizer" if axis == "width" else "depth parametrization/optim."
+    unit = "" if axis == "width" else "L"
+    lines = [f"{head:<28}" + "".join(f"{'best@' + unit + str(w):>11}" for w in widths)
+             + f"{'drift':>7}{'loss@' + unit + str(widths[-1]) + ' own':>15}{'transferred':>13}{'gap':>8}"]  # fmt: skip
     for key, s in summary.items():
         gap = f"{100 * s['transfer_gap']:+.2f}%" if s["transfer_gap"] is not None else "n/a"
         lines.append(
@@ -147,21 +183,23 @@ def table(summary: dict, widths) -> list[str]:
     return lines
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--save", help="write the rows and the summary as JSON here")
-    p.add_argument(
-        "--smoke", action="store_true", help="2 tiny widths, 3 LRs, 3 steps: a test of this script"
-    )
-    p.add_argument("--work", default="/tmp/hopperlm-transfer", help="data and runs (kept for a rerun)")
-    p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--muon-adjust", default="match_rms_adamw", choices=("match_rms_adamw", "spectral"))
-    p.add_argument("--optimizers", default="adamw,muon")
-    args = p.parse_args()
+def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
+    """Every run of the benchmark (width or depth), and its grid."""
+    if args.depth:
+        grid = DEPTH_SMOKE if args.smoke else DEPTH_FULL
+        specs = [
+            {"parametrization": "mup", "base_dim": DEPTH_WIDTH, "depth_parametrization": par, "optimizer": opt,
+             "n_layers": depth, "width": DEPTH_WIDTH, "lr": lr, "seed": seed, "steps": grid["steps"], "data": str(data),
+             "muon_adjust": args.muon_adjust,
+             "out_dir": str(work / "runs" / f"depth-{par}-{opt}-L{depth}-lr{lr:.3g}-s{seed}-{grid['steps']}")}
+            for par in ("standard", "completep")
+            for opt in args.optimizers.split(",")
+            for depth in grid["depths"]
+            for lr in grid["lrs"][opt]
+            for seed in grid["seeds"]
+        ]  # fmt: skip
+        return specs, grid
     grid = SMOKE if args.smoke else FULL
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(work, args.smoke)
     specs = [
         {
             "parametrization": par,
@@ -180,24 +218,53 @@ def main() -> None:
         for lr in grid["lrs"]
         for seed in grid["seeds"]
     ]
-    print(f"transfer: {len(specs)} runs, {args.jobs} at a time", flush=True)
-    t0 = time.monotonic()
-    rows = []
+    return specs, grid
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--save", help="write the rows and the summary as JSON here")
+    p.add_argument(
+        "--smoke", action="store_true", help="2 tiny widths, 3 LRs, 3 steps: a test of this script"
+    )
+    p.add_argument("--depth", action="store_true", help="across depth (2-16 blocks) instead of width")
+    p.add_argument("--resume", action="store_true", help="skip the runs SAVE.partial.json already holds")
+    p.add_argument("--work", default="/tmp/hopperlm-transfer", help="data and runs (kept for a rerun)")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--muon-adjust", default="match_rms_adamw", choices=("match_rms_adamw", "spectral"))
+    p.add_argument("--optimizers", default="adamw,muon")
+    args = p.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(work, args.smoke)
+    specs, grid = run_specs(args, data, work)
+    axis = "n_layers" if args.depth else "width"
+    keys = RUN_KEYS[axis]
     partial = Path(args.save).with_suffix(".partial.json") if args.save else None
+    rows = []
+    if args.resume and partial is not None and partial.is_file():
+        rows = json.loads(partial.read_text())["rows"]
+        done = {tuple(r[k] for k in keys) for r in rows}
+        specs = [s for s in specs if tuple(s[k] for k in keys) not in done]
+    print(f"transfer: {len(specs)} runs ({len(rows)} kept from before), {args.jobs} at a time", flush=True)
+    t0 = time.monotonic()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for row in pool.map(run_one, specs):
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        for future in as_completed([pool.submit(run_one, spec) for spec in specs]):
+            rows.append(future.result())
+            print(json.dumps(rows[-1]), flush=True)
             if partial is not None:  # every finished run kept, should the benchmark be cut short
                 from hopperlm.files import write_atomic
 
                 write_atomic(partial, json.dumps({"rows": rows}, indent=1))
-    summary = analyse(rows, grid["widths"], grid["lrs"])
-    lines = table(summary, grid["widths"])
-    record = {"smoke": args.smoke, "grid": {k: list(v) if isinstance(v, tuple) else v for k, v in grid.items()},
-              "muon_lr_adjust": args.muon_adjust, "layers": LAYERS, "seq_len": SEQ, "micro_batch": MICRO,
-              "base_dim": BASE_DIM, "books": list(BOOKS), "minutes": round((time.monotonic() - t0) / 60, 1),
-              "rows": rows, "summary": summary, "table": lines}  # fmt: skip
+    sizes = grid["depths"] if args.depth else grid["widths"]
+    rows.sort(key=lambda r: tuple(r[k] for k in keys))
+    summary = analyse(rows, sizes, grid["lrs"], axis)
+    lines = table(summary, sizes, axis)
+    setting = ({"width": DEPTH_WIDTH, "base_dim": DEPTH_WIDTH, "base_depth": BASE_DEPTH} if args.depth
+               else {"layers": LAYERS, "base_dim": BASE_DIM})  # fmt: skip
+    record = {"smoke": args.smoke, "grid": json.loads(json.dumps(grid)), "muon_lr_adjust": args.muon_adjust,
+              **setting, "seq_len": SEQ, "micro_batch": MICRO, "books": list(BOOKS),
+              "minutes": round((time.monotonic() - t0) / 60, 1), "rows": rows, "summary": summary, "table": lines}  # fmt: skip
     if args.save:
         from hopperlm.provenance import save_result
 

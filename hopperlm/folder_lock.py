@@ -26,6 +26,8 @@ from pathlib import Path
 from hopperlm.errors import FolderBusy
 
 LOCK_NAME = ".hopperlm.lock"  # inside a folder written in place
+# set by a holder for the processes it starts (`hopperlm launch` for its ranks): the pid whose lock they write under
+HELD_FOR_CHILDREN_ENV = "HOPPERLM_FOLDER_HELD_BY"
 NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS}  # (EOPNOTSUPP is ENOTSUP on Linux)
 _said_no_flock = False  # the fallback is said once per process, not once per folder
 
@@ -47,7 +49,13 @@ def hold_folder(
     it is, for the caller to word."""
     path = lock_path(folder, beside=beside)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = _take(path, Path(folder), what=what, log=log)
+    try:
+        fd = _take(path, Path(folder), what=what, log=log)
+    except FolderBusy:
+        if not _held_by_our_launcher(path):
+            raise
+        yield path  # the launcher that started this process holds it for the whole job: write under its lock
+        return
     try:
         yield path
     finally:
@@ -89,9 +97,28 @@ def _take(path: Path, folder: Path, *, what: str, log: Callable[[str], None]) ->
             break
         os.close(fd)
     mine = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "command": _command()}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(mine).encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(mine).encode(), 0)
+    except OSError as e:
+        # a full disk: the flock holds without the holder's line, and the writer's own first write says so
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            os.close(fd)
+            raise
     return fd
+
+
+def _held_by_our_launcher(path: Path) -> bool:
+    """Whether the lock's holder is the process that started this one and said so ($HOPPERLM_FOLDER_HELD_BY:
+    `hopperlm launch`, which holds the run folder before its first write and its ranks write under it)."""
+    said = os.environ.get(HELD_FOR_CHILDREN_ENV)
+    if not said:
+        return False
+    try:
+        holder = json.loads(path.read_text())
+        return str(holder["pid"]) == said and holder["host"] == socket.gethostname()
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _command() -> str:

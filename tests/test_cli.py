@@ -193,3 +193,33 @@ def test_demo_with_no_data_reachable_says_how_to_give_it_and_its_report_names_th
     report = (out / "report.md").read_text()
     assert "| text | Python's language reference (pydoc_data.topics): the offline fallback" in report
     assert "pydoc-topics.txt" in report and "**sample 1**" in report
+
+
+def test_every_message_prefix_is_lower_case_error_or_warning():
+    """One prefix style everywhere: `error: ...` and `warning: ...`, never `Error:`, `ERROR:` or `Warning:`
+    (a user greps for one form). Every string literal of the package and the scripts is read."""
+    import ast
+    import re
+
+    repo = Path(__file__).resolve().parents[1]
+    other_style = re.compile(r"^\s*(Error|ERROR|Warning|WARNING|Fatal|FATAL)\s*:")
+    found = []
+    for path in [
+        *(repo / "hopperlm").rglob("*.py"),
+        *(repo / "scripts").glob("*.py"),
+        *(repo / "bench").rglob("*.py"),
+    ]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            parts = node.values if isinstance(node, ast.JoinedStr) else [node]
+            first = parts[0] if parts else None
+            if (
+                isinstance(first, ast.Constant)
+                and isinstance(first.value, str)
+                and other_style.match(first.value)
+            ):
+                found.append(f"{path.relative_to(repo)}:{node.lineno}: {first.value[:60]!r}")
+    for path in [*(repo / "scripts").glob("*.sh"), *(repo / "bench").rglob("*.sh"), repo / ".ci" / "run"]:
+        for number, line in enumerate(path.read_text().split("\n"), 1):
+            if re.search(r"\becho\s+[\"']?(Error|ERROR|Warning|WARNING)\s*:", line):
+                found.append(f"{path.relative_to(repo)}:{number}: {line.strip()[:60]!r}")
+    assert not found, "write 'error: ...' / 'warning: ...':\n" + "\n".join(found)

@@ -7,10 +7,16 @@ The convention the docs follow:
 - the README's "two commands" blocks (`bash scripts/setup.sh && python3 -m hopperlm demo`, `bash scripts/test.sh`)
   are not run either: the first installs packages (network) and trains for about 100 s, the second is this test
   suite, which must not call itself; CI runs both as they are written;
+- a single line ending in `# needs: X` (e.g. `ollama create ...  # needs: ollama`) is not run; the rest of its
+  block is;
 - every other block runs with `bash -e -o pipefail`, the blocks of one file in file order, in one fresh
   workspace laid out like a checkout beside shared/: TMP/main with `configs` and `scripts` linked from the
   repository, and TMP/shared/data linked to the real data ($HOPPERLM_DATA_DIR, else ../shared/data), so
-  `../shared/data/...` resolves as in the docs. `hopperlm` is this checkout's `python3 -m hopperlm`.
+  `../shared/data/...` resolves as in the docs. `hopperlm` is this checkout's `python3 -m hopperlm`;
+- the blocks run in a fresh virtual environment holding only what `bash scripts/setup.sh` installs: hopperlm's
+  dependencies with the extras setup.sh names, and theirs (linked from this environment, which the dev extra
+  filled). So a docs command that needs an extra setup.sh leaves out fails here as on a user's machine, with
+  the package's ModuleNotFoundError (this is how `export --format gguf` once failed right after setup).
 Commands that train are written in the docs with small step counts, so each runs in seconds on a CPU.
 """
 
@@ -19,19 +25,29 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from shared_data import DATA_DIR
+
+try:
+    import tomllib  # Python 3.11+
+except ModuleNotFoundError:  # 3.10: the same parser, before it joined the standard library
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-NEEDS = {"gpu", "network", "model", "llama.cpp"}
+NEEDS = {"gpu", "network", "model", "llama.cpp", "ollama"}
+LINE_NEEDS = re.compile(r"\s#\s*needs:\s*(\S+)\s*$")  # at the end of one line: that line is not run
 # blocks run by CI as they are written, never from here (see the module docstring)
 TWO_COMMANDS = {
     "bash scripts/setup.sh && python3 -m hopperlm demo": "installs packages (network) and trains for ~100 s",
     "bash scripts/test.sh": "is this test suite, which must not call itself",
 }
+SETUP_SH = REPO / "scripts" / "setup.sh"
 FENCE = re.compile(r"^(`{3,})(.*)$")
 BLOCK_TIMEOUT_S = 900  # only a hang reaches it: a busy machine runs a block slowly, not forever
 
@@ -57,6 +73,15 @@ class Block:
         if self.path.name == "README.md" and self.text.strip() in TWO_COMMANDS:
             return f"one of the two commands: {TWO_COMMANDS[self.text.strip()]}"
         return None
+
+    @property
+    def script(self) -> str:
+        """The text to run: a line that ends in `# needs: X` becomes a no-op saying so."""
+        lines = []
+        for line in self.text.split("\n"):
+            match = LINE_NEEDS.search(line)
+            lines.append(f": not run here, needs {match.group(1)}" if match else line)
+        return "\n".join(lines)
 
 
 def fenced_blocks(path: Path) -> list[Block]:
@@ -95,6 +120,18 @@ def test_shell_commands_are_in_bash_blocks_with_known_needs():
                     problems.append(
                         f"{block.where}: '# needs: {match.group(1)}' is not one of {sorted(NEEDS)}"
                     )
+                lines = block.text.split("\n")
+                for k, line in enumerate(lines):
+                    marked = LINE_NEEDS.search(line) if k or not match else None
+                    if marked and marked.group(1) not in NEEDS:
+                        problems.append(
+                            f"{block.where}: '# needs: {marked.group(1)}' is not one of {sorted(NEEDS)}"
+                        )
+                    if marked and k and lines[k - 1].rstrip().endswith("\\"):
+                        problems.append(
+                            f"{block.where}: a '# needs:' line continues the line above (\\); the continued "
+                            "command would run without it. Write the command on one line"
+                        )
     assert not problems, "\n".join(problems)
 
 
@@ -141,9 +178,86 @@ def test_not_run_blocks_are_counted():
     assert runnable, "no runnable bash block found in the docs"
 
 
-def workspace(tmp: Path) -> tuple[Path, dict[str, str]]:
+def setup_extras() -> list[str]:
+    """The extras `bash scripts/setup.sh` installs (without --dev), read from the script itself."""
+    match = re.search(r'^extras="([^"]*)"', SETUP_SH.read_text(), re.M)
+    assert match, 'scripts/setup.sh has no extras="..." line; update setup_extras() to read it'
+    return [e for e in match.group(1).split(",") if e]
+
+
+def setup_distributions(extras: list[str]) -> dict[str, metadata.Distribution]:
+    """What setup.sh's `pip install -e .[EXTRAS]` brings, as installed here: hopperlm's requirements with these
+    extras (read from pyproject.toml, what pip reads: an installed hopperlm's metadata can be older) and theirs.
+    A requirement not installed here is left out (this environment holds the dev extra, a superset)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *(r for e in extras for r in project["optional-dependencies"][e])]
+    found: dict[str, metadata.Distribution] = {}
+    asked: dict[str, set[str]] = {}
+    todo = [(req.name, set(req.extras)) for req in map(Requirement, wanted)]
+    while todo:
+        name, wanted_extras = todo.pop()
+        key = canonicalize_name(name)
+        if key in asked and wanted_extras <= asked[key]:
+            continue
+        asked[key] = asked.get(key, set()) | wanted_extras
+        try:
+            dist = found.get(key) or metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found[key] = dist
+        environments = [{"extra": e} for e in sorted(asked[key])] or [{"extra": ""}]
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is None or any(req.marker.evaluate(env) for env in environments):
+                todo.append((req.name, set(req.extras)))
+    return found
+
+
+def setup_environment(root: Path) -> Path:
+    """A fresh virtual environment (no pip) whose site-packages links exactly setup.sh's distributions from this
+    environment (hopperlm's requirements, not hopperlm: it comes from the checkout on PYTHONPATH, as setup.sh's
+    editable install has it).
+    Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = next((root / "lib").glob("python3*/site-packages"))
+    for dist in setup_distributions(setup_extras()).values():
+        tops = set()
+        for file in dist.files or []:
+            top = file.parts[0] if file.parts else ".."
+            if top in ("..", "__pycache__"):
+                continue  # scripts outside site-packages
+            tops.add(top)
+        for top in tops:
+            source, link = Path(dist.locate_file(top)), site / top
+            if source.exists() and not link.exists():
+                link.symlink_to(source)
+    return root / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def setup_python(tmp_path_factory) -> Path:
+    return setup_environment(tmp_path_factory.mktemp("setup-venv") / "venv")
+
+
+def test_the_docs_environment_holds_what_setup_installs(setup_python: Path):
+    """The environment the docs' blocks run in imports hopperlm, torch and setup.sh's extras (gguf: `export
+    --format gguf`), and not what only the dev extra brings (pytest, torchao)."""
+    assert "gguf" in setup_extras(), (
+        "scripts/setup.sh no longer installs gguf, which `export --format gguf` needs"
+    )
+    probe = (
+        "import importlib.util as u, hopperlm, torch, gguf, lm_eval\n"
+        "print(sorted(m for m in ('pytest', 'torchao') if u.find_spec(m)))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([setup_python, "-c", probe], env=env, capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", f"dev-only packages visible in the setup environment: {done.stdout}"
+
+
+def workspace(tmp: Path, python: str = sys.executable) -> tuple[Path, dict[str, str]]:
     """TMP/main (configs and scripts linked from the repository) beside TMP/shared/data, and the environment in
-    which `hopperlm` is this checkout's `python3 -m hopperlm`."""
+    which `hopperlm` is this checkout's `python3 -m hopperlm` (under PYTHON; `python3` is PYTHON too)."""
     main = tmp / "main"
     main.mkdir()
     for name in ("configs", "scripts"):
@@ -153,8 +267,10 @@ def workspace(tmp: Path) -> tuple[Path, dict[str, str]]:
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
     launcher = bin_dir / "hopperlm"
-    launcher.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hopperlm "$@"\n')
+    launcher.write_text(f'#!/bin/sh\nexec "{python}" -m hopperlm "$@"\n')
     launcher.chmod(0o755)
+    for name in ("python", "python3"):
+        (bin_dir / name).symlink_to(python)
     env = {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -168,16 +284,16 @@ def workspace(tmp: Path) -> tuple[Path, dict[str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", DOC_FILES, ids=[str(p.relative_to(REPO)) for p in DOC_FILES])
-def test_doc_commands_run(path: Path, tmp_path: Path):
+def test_doc_commands_run(path: Path, tmp_path: Path, setup_python: Path):
     blocks = [b for b in bash_blocks(path) if not b.not_run]
     if not blocks:
         pytest.skip(f"{path.relative_to(REPO)} has no bash block to run")
     if not DATA_DIR.is_dir():
         pytest.skip(f"the docs' commands read ../shared/data; {DATA_DIR} is missing (set HOPPERLM_DATA_DIR)")
-    cwd, env = workspace(tmp_path)
+    cwd, env = workspace(tmp_path, str(setup_python))
     for block in blocks:
         done = subprocess.run(
-            ["bash", "-e", "-o", "pipefail", "-c", block.text],
+            ["bash", "-e", "-o", "pipefail", "-c", block.script],
             cwd=cwd,
             env=env,
             capture_output=True,
@@ -185,7 +301,8 @@ def test_doc_commands_run(path: Path, tmp_path: Path):
             timeout=BLOCK_TIMEOUT_S,
         )
         assert done.returncode == 0, (
-            f"{block.where}: the bash block failed (exit {done.returncode}); fix the docs or the code, or mark a "
-            f"block that cannot run here with '# needs: gpu|network|model'\n--- block\n{block.text}\n"
+            f"{block.where}: the bash block failed (exit {done.returncode}) in an environment holding what "
+            "scripts/setup.sh installs; fix the docs, the code or setup.sh's extras, or mark a block (or one "
+            f"line) that cannot run here with '# needs: {'|'.join(sorted(NEEDS))}'\n--- block\n{block.text}\n"
             f"--- stdout (tail)\n{done.stdout[-3000:]}\n--- stderr (tail)\n{done.stderr[-3000:]}"
         )

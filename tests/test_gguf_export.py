@@ -2,7 +2,10 @@
 holds the Llama architecture's keys, SentencePiece's vocabulary with its scores and types, and every tensor
 under llama.cpp's name with the shape and values llama.cpp's converter writes (queries and keys permuted to
 interleaved RoPE pairs exactly as convert_hf_to_gguf.py's LlamaModel.permute does). llama.cpp itself runs the
-files in bench/llamacpp_check.py (where its binaries are built)."""
+files in bench/llamacpp_check.py (where its binaries are built). k-quants go through llama.cpp's llama-quantize
+(refused in one line, before anything is written, where there is none), and `--modelfile`'s Ollama TEMPLATE is
+rendered here with a reader of the Go-template actions it writes and compared with transformers' rendering of
+the run's chat template."""
 
 import shutil
 import subprocess
@@ -11,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from go_template import go_render
 
 from hopperlm.cli import main
 
@@ -231,3 +235,209 @@ def test_llama_cpp_tokenizes_and_continues_as_hopperlm(imported, tmp_path):
     ids = llama_tokenize(bin_dir, out, prompt)
     assert ids == sentencepiece_ids(imported / "tokenizer", prompt) == hopperlm_ids(imported, prompt)
     assert llama_greedy(bin_dir, out, prompt, 12) == hopperlm_greedy(imported, prompt, 12)
+
+
+# ---- k-quants through llama-quantize, and the Ollama Modelfile ------------------------------------------------
+def built_llama_cpp() -> Path | None:
+    """bench/llamacpp_check.py's build folder (bin/) where it has built every binary; never builds."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from llamacpp_check import BINARIES, cache_dir
+
+    bin_dir = next(cache_dir().glob("llama_cpp_python-*/vendor/llama.cpp/build/bin"), None)
+    return bin_dir if bin_dir is not None and all((bin_dir / b).is_file() for b in BINARIES) else None
+
+
+def test_a_k_quant_without_llama_quantize_is_one_line_and_writes_nothing(
+    imported, tmp_path, monkeypatch, capsys
+):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "keep.gguf").write_bytes(b"keep me")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))  # no llama-quantize anywhere on it
+    (tmp_path / "no-llama").mkdir()
+    cases = [
+        ([], "not found on PATH"),
+        (["--llama-cpp", str(tmp_path / "no-llama")], "no llama-quantize in it"),
+    ]
+    for extra, message in cases:
+        args = [
+            "export",
+            str(imported),
+            str(out_dir / "tiny.gguf"),
+            "--format",
+            "gguf",
+            "--outtype",
+            "q4_k_m",
+        ]
+        with pytest.raises(SystemExit) as exit_:
+            main([*args, "--modelfile", *extra])
+        stderr = capsys.readouterr().err
+        lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert exit_.value.code == 2 and len(lines) == 1 and message in lines[0], stderr[-2000:]
+        assert "--llama-cpp DIR" in lines[0] and "bench/llamacpp_check.py --build-only" in lines[0]
+        assert "Traceback" not in stderr
+        assert sorted(p.name for p in out_dir.iterdir()) == ["keep.gguf"]  # no GGUF, no Modelfile, no temp
+        assert (out_dir / "keep.gguf").read_bytes() == b"keep me"
+
+
+def modelfile_fields(text: str) -> tuple[str | None, dict[str, list[str]]]:
+    """(the TEMPLATE, {keyword: [values]}) of a Modelfile."""
+    import re
+
+    template = re.search(r'^TEMPLATE """(.*?)"""$', text, flags=re.S | re.M)
+    rest = text if template is None else text.replace(template.group(0), "")
+    fields: dict[str, list[str]] = {}
+    for line in rest.splitlines():
+        if line and not line.startswith("#"):
+            keyword, value = line.split(" ", 1)
+            fields.setdefault(keyword, []).append(value)
+    return (template.group(1) if template else None), fields
+
+
+def with_chat_template(imported: Path, where: Path, template: str | None) -> Path:
+    """A copy of the imported model whose run saved `template` as its chat template (as `finetune` saves a
+    built-in), or none (a pretraining run's tokenizer)."""
+    import json
+
+    shutil.copytree(imported, where)
+    config_file = where / "tokenizer" / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config.pop("chat_template")
+    if template is not None:
+        config["chat_template"] = template
+    config_file.write_text(json.dumps(config))
+    return where
+
+
+def test_the_modelfile_renders_conversations_as_the_run_chat_template(imported, tmp_path, capsys):
+    """The Modelfile's TEMPLATE, rendered as Ollama renders it, gives transformers' apply_chat_template text of
+    the run's own template (less the BOS Ollama adds itself: the GGUF says add_bos_token) for conversations
+    ending in a user turn, and the open reply (no end of turn: Ollama continues it) for those ending in one."""
+    import transformers
+
+    from hopperlm.data.chat import BUILTIN
+
+    sources = {
+        "tokenizer's own (TinyLlama-Chat)": imported,
+        "zephyr with BOS first": with_chat_template(imported, tmp_path / "zephyr", "{{ bos_token }}" + BUILTIN["zephyr"]),
+        "chatml": with_chat_template(imported, tmp_path / "chatml", BUILTIN["chatml"]),
+        "alpaca": with_chat_template(imported, tmp_path / "alpaca", BUILTIN["alpaca"]),
+    }  # fmt: skip
+    conversations = [
+        [("system", "You are terse."), ("user", "Hi there"), ("assistant", "Hello.\nHow can I help?"),
+         ("user", "Name a colour")],
+        [("user", "Hi there"), ("assistant", "Hello."), ("user", "  spaces and\nlines  ")],
+        [("system", "You are terse."), ("user", "Hi there"), ("assistant", "Hello.")],
+        [("user", "One"), ("assistant", "Two")],
+    ]  # fmt: skip
+    for i, (name, source) in enumerate(sources.items()):
+        out_dir = tmp_path / f"out-{i}"
+        main(["export", str(source), str(out_dir / "tiny.gguf"), "--format", "gguf", "--modelfile"])
+        assert sorted(p.name for p in out_dir.iterdir()) == ["Modelfile", "tiny.gguf"]
+        template, fields = modelfile_fields((out_dir / "Modelfile").read_text())
+        assert fields["FROM"] == ["./tiny.gguf"], name
+        assert 'stop "</s>"' in fields["PARAMETER"], name  # EOS ends the reply
+        assert field(gguf.GGUFReader(out_dir / "tiny.gguf"), "tokenizer.ggml.add_bos_token") is True
+        tok = transformers.AutoTokenizer.from_pretrained(source / "tokenizer")
+        for turns in conversations:
+            messages = [{"role": r, "content": c} for r, c in turns]
+            if turns[-1][0] == "assistant":  # the prompt, then the reply so far
+                want = tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+                want += messages[-1]["content"]
+            else:
+                want = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            if "SYSTEM" in fields and turns[0][0] != "system":  # Ollama puts the Modelfile's SYSTEM first
+                messages = [{"role": "system", "content": fields["SYSTEM"][0].strip('"')}, *messages]
+            assert go_render(template, messages) == want.removeprefix("<s>"), (name, turns)
+    capsys.readouterr()
+    text = (tmp_path / "out-0" / "Modelfile").read_text()  # the imported model: its generation_config.json
+    assert "PARAMETER temperature 0\n" in text and 'PARAMETER stop "<|user|>"' in text
+    chatml = (tmp_path / "out-2" / "Modelfile").read_text()
+    assert 'PARAMETER stop "<|im_end|>"' in chatml  # ChatML's end of turn ends the reply too
+
+
+def test_a_pretraining_run_gets_a_modelfile_without_template_and_llama2_is_refused(
+    imported, tmp_path, capsys
+):
+    import json
+
+    from hopperlm.data.chat import BUILTIN
+    from hopperlm.model.generate import SAMPLING_DEFAULTS
+
+    plain = with_chat_template(imported, tmp_path / "pretrained", None)
+    config = json.loads((plain / "config.json").read_text())
+    config.pop("hf")  # trained by hopperlm, no Hugging Face base: hopperlm generate's own sampling
+    (plain / "config.json").write_text(json.dumps(config))
+    main(["export", str(plain), str(tmp_path / "a" / "tiny.gguf"), "--format", "gguf", "--modelfile"])
+    out = capsys.readouterr().out
+    assert "no chat template (a pretraining run): no TEMPLATE" in out
+    template, fields = modelfile_fields((tmp_path / "a" / "Modelfile").read_text())
+    assert template is None and fields["FROM"] == ["./tiny.gguf"]
+    assert f"temperature {SAMPLING_DEFAULTS['temperature']:g}" in fields["PARAMETER"]
+    assert f"top_k {SAMPLING_DEFAULTS['top_k']}" in fields["PARAMETER"]
+    assert 'stop "</s>"' in fields["PARAMETER"]
+
+    llama2 = with_chat_template(imported, tmp_path / "llama2", BUILTIN["llama2"])
+    (tmp_path / "b").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(llama2), str(tmp_path / "b" / "tiny.gguf"), "--format", "gguf", "--modelfile"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert exit_.value.code == 2 and len(lines) == 1 and "cannot be written as Ollama's TEMPLATE" in lines[0]
+    assert list((tmp_path / "b").iterdir()) == []  # refused before the GGUF was written
+
+
+def test_go_render_fails_a_template_that_renders_otherwise():
+    """The check above can fail: a TEMPLATE one newline off, or with an action Ollama reads otherwise."""
+    good = '{{ range $i, $_ := .Messages }}{{ if eq .Role "user" }}<|user|>\n{{ .Content }}{{ end }}{{ end }}'
+    assert go_render(good, [{"role": "user", "content": "x"}]) == "<|user|>\nx"
+    assert go_render(good.replace("|>\n", "|>"), [{"role": "user", "content": "x"}]) != "<|user|>\nx"
+    with pytest.raises(AssertionError, match="does not know"):
+        go_render(good.replace("{{ end }}{{ end }}", "{{- end }}{{ end }}"), [])
+
+
+@pytest.mark.slow
+def test_q4_k_m_export_runs_in_llama_cpp(imported, tmp_path):
+    """Where bench/llamacpp_check.py has built llama.cpp: `--outtype q4_k_m --llama-cpp DIR` writes a k-quant
+    GGUF (the tiny model's rows of 64 and 96 values take llama.cpp's fallback types, and the command says so)
+    that llama.cpp tokenizes as SentencePiece does and runs."""
+    sys.path.insert(0, str(REPO / "bench"))
+    bin_dir = built_llama_cpp()
+    if bin_dir is None:
+        pytest.skip("llama.cpp is not built on this machine: python3 bench/llamacpp_check.py --build-only")
+    from llamacpp_cases import llama_greedy, llama_tokenize, sentencepiece_ids
+
+    out = tmp_path / "tiny-q4_k_m.gguf"
+    done = hopperlm(
+        "export", imported, out, "--format", "gguf", "--outtype", "q4_k_m", "--llama-cpp", bin_dir
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "took llama.cpp's fallback type" in done.stdout and "q4_K -> q5_0" in done.stdout, done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-q4_k_m.gguf"]  # the f16 file is gone
+    r = gguf.GGUFReader(out)
+    assert field(r, "general.file_type") == gguf.LlamaFileType.MOSTLY_Q4_K_M
+    types = {t.name: t.tensor_type for t in r.tensors}
+    assert types["blk.0.attn_q.weight"] == gguf.GGMLQuantizationType.Q5_0  # q4_K's fallback for 64 columns
+    assert types["blk.0.attn_norm.weight"] == gguf.GGMLQuantizationType.F32
+    prompt = "ROMEO: What light through yonder window breaks?"
+    assert llama_tokenize(bin_dir, out, prompt) == sentencepiece_ids(imported / "tokenizer", prompt)
+    assert llama_greedy(bin_dir, out, prompt, 8)  # it runs and says something
+
+
+def test_a_failing_llama_quantize_is_one_line_and_leaves_nothing(imported, tmp_path, capsys):
+    """A llama-quantize that fails: its last line of stderr in one line, exit 2, no partial file left."""
+    fake = tmp_path / "llama.cpp" / "build" / "bin" / "llama-quantize"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(
+        '#!/bin/sh\necho "loading $1" >&2\necho partial > "$2"\necho "failed to quantize: bad magic" >&2\nexit 1\n'
+    )
+    fake.chmod(0o755)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(imported), str(out_dir / "t.gguf"), "--format", "gguf", "--outtype", "q6_k",
+              "--llama-cpp", str(tmp_path / "llama.cpp")])  # fmt: skip
+    stderr = capsys.readouterr().err
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert exit_.value.code == 2 and len(lines) == 1, stderr[-2000:]
+    assert "llama-quantize Q6_K failed (exit 1): failed to quantize: bad magic" in lines[0]
+    assert list(out_dir.iterdir()) == []

@@ -172,7 +172,7 @@ def test_rich_display_renders_bar_eta_and_numbers():
     text = out.getvalue()
     assert "25% ETA 6m15s (max_steps)" in text and "step 250/1,000" in text and "2m00s/1h00m" in text
     for word in (
-        "loss 2.3456",
+        "train loss 2.3456 (mean since last line)",
         "val 2.4100 (best 2.4000)",
         "15.20K tok/s",
         "MFU 41.2%",
@@ -192,3 +192,23 @@ def test_budgets_are_shown_in_the_unit_a_person_would_use():
         "24 h",
     ]
     assert human_hours(2.0) == "2 h" and human_hours(0.002) == "7 s"
+
+
+def test_the_progress_line_labels_its_train_loss_as_a_window_mean():
+    """A train loss of 4.18 (the mean since the last line) beside a val loss of 2.61 confused a user unlabelled."""
+    from hopperlm.observe.metrics import format_record
+
+    record = {
+        "step": 50,
+        "tokens": 51_200,
+        "loss": 4.18,
+        "val_loss": 2.61,
+        "lr": 8e-3,
+        "grad_norm": 0.52,
+        "tokens_per_s": 1_200.0,
+        "mfu": None,
+        "step_time_s": 1.6,
+        "peak_mem_gb": 0.31,
+    }
+    line = format_record(record, 50)
+    assert line.startswith("step 50/50 | train loss 4.1800 (mean since last line) | val 2.6100 | lr 8.00e-03")

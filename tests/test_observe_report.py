@@ -14,7 +14,7 @@ import pytest
 from hopperlm.cli import main
 from hopperlm.config import load_config
 from hopperlm.observe.metrics import read_metrics
-from hopperlm.observe.plot import plot_runs, run_labels
+from hopperlm.observe.plot import MARKERS_UP_TO, draw, load_runs, plot_runs, run_labels
 from hopperlm.observe.report import png_size, summarize
 from hopperlm.train.loop import train
 
@@ -46,7 +46,12 @@ def assert_real_png(path: Path, min_width=500):
 def test_training_prints_plain_progress_and_writes_the_report(short_run):
     run, lines, result = short_run
     step_lines = [line for line in lines if line.startswith("step ")]
-    assert len(step_lines) == 6 and all(" ETA " in line and "(max_steps)" in line for line in step_lines)
+    # 30 steps at log_every 5 would be 6 lines: every step is logged instead (5's largest divisor <= 30 // 10)
+    assert [line for line in lines if line.startswith("log: ")] == [
+        "log: every 1 step (not 5): this run has 30 steps, 6 lines at every 5; at least 10 show its course"
+    ]
+    assert len(step_lines) == 30 and all(" ETA " in line and "(max_steps)" in line for line in step_lines)
+    assert all(line.startswith(f"step {i}/30 | train loss ") for i, line in enumerate(step_lines, 1))
     assert step_lines[-1].endswith("| 100% ETA 0s (max_steps)")
     assert any(line.startswith("observe: metrics.jsonl, tensorboard") for line in lines)
     assert "plain lines (stdout is not a terminal)" in next(
@@ -201,3 +206,92 @@ def test_gpu_readings_and_mfu_get_their_plots_and_summary(short_run, tmp_path):
     rows = dict(summarize(records, plan))
     assert rows["GPU"] == f"97% mean utilisation, 650 W mean, {69 + len(records):.0f} C max"
     assert rows["MFU"].endswith("40.0% median")
+
+
+def write_run(run: Path, train_points, val_points=(), **last) -> Path:
+    """A metrics.jsonl of these (step, loss) and (step, val_loss) points; `last` goes into the last record."""
+    run.mkdir(parents=True)
+    vals = dict(val_points)
+    records = [
+        {
+            "step": step,
+            "tokens": 1024 * step,
+            "loss": loss,
+            "lr": 1e-3,
+            "grad_norm": 1.0,
+            "tokens_per_s": 5000.0,
+            "mfu": None,
+            "step_time_s": 0.2,
+            "peak_mem_gb": 0.4,
+            "elapsed_s": 0.2 * step,
+            **({"val_loss": vals[step]} if step in vals else {}),
+        }
+        for step, loss in train_points
+    ]
+    records[-1].update(last)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run
+
+
+def loss_axes(run: Path, tmp_path: Path):
+    return draw(load_runs([run]), tmp_path / "plots").drawn["loss.png"].axes
+
+
+def drawn_points(axes) -> list[float]:
+    return [y for ax in axes for line in ax.get_lines() for y in line.get_ydata()]
+
+
+def test_the_loss_plot_of_a_short_run_shows_every_point_with_a_marker(tmp_path):
+    """The issue's demo: 6 training points and 2 evaluations, the first (step 50) at 3.66 above a 2.4 limit."""
+    train_points = [(50, 3.66), (100, 2.31), (150, 2.2), (200, 2.12), (250, 2.06), (262, 2.01)]
+    run = write_run(
+        tmp_path / "demo",
+        train_points,
+        [(250, 2.61), (262, 2.58)],
+        forecast=2.5,
+        forecast_low=1.7,  # the forecast's interval is drawn too: inside the axes as well
+        forecast_high=2.9,
+        forecast_step=300,
+    )
+    axes = loss_axes(run, tmp_path)
+    low, high = axes[0].get_ylim()
+    points = drawn_points(axes)
+    assert {3.66, 2.01, 2.61, 1.7, 2.9} <= set(points)
+    assert low < min(points) and max(points) < high, (low, high)  # nothing cut off, in any panel (shared y)
+    assert axes[0].get_yscale() == "linear"  # 3.66 / 1.7 < LOG_RATIO: nothing to compress
+    lines = {line.get_label(): line for line in axes[0].get_lines()}
+    for label in ("train", "val"):
+        assert lines[label].get_marker() == "o" and lines[label].get_markersize() > 0, label
+    assert [t.get_text() for t in axes[0].get_legend().get_texts()] == [
+        "train",
+        "val",
+        "forecast made at step 262",
+    ]
+
+
+def test_a_towering_first_loss_gets_a_log_axis_and_a_lone_evaluation_a_marker(tmp_path):
+    run = write_run(tmp_path / "bpe", [(1, 10.4), (5, 6.0), (10, 3.7), (15, 2.9), (20, 2.5)], [(20, 2.45)])
+    axes = loss_axes(run, tmp_path)
+    low, high = axes[0].get_ylim()
+    assert axes[0].get_yscale() == "log" and "log scale" in axes[0].get_ylabel()
+    assert low < 2.45 and high > 10.4  # the first loss is on the plot, not above it
+    (val,) = [line for line in axes[0].get_lines() if line.get_label() == "val"]
+    # a line through one point draws nothing: the marker is what shows it
+    assert len(val.get_xdata()) == 1 and val.get_marker() == "o" and val.get_markersize() >= 3
+
+
+def test_a_series_without_points_is_not_in_the_legend_and_every_short_series_has_markers(tmp_path):
+    run = write_run(tmp_path / "no-eval", [(10, 3.0), (20, 2.8), (30, 2.7)])  # no val_loss, no NVML
+    figures = draw(load_runs([run]), tmp_path / "plots")
+    axes = figures.drawn["loss.png"].axes
+    assert [t.get_text() for t in axes[0].get_legend().get_texts()] == ["train"]
+    diverged = write_run(tmp_path / "nan", [(10, float("nan")), (20, float("nan"))], [(20, 4.1)])
+    legend = loss_axes(diverged, tmp_path / "diverged")[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["val"]  # every train loss non-finite: no "train"
+    memory = figures.drawn["memory.png"].axes[0]
+    assert [t.get_text() for t in memory.get_legend().get_texts()] == ["peak"]  # no "device in use (NVML)"
+    for name, fig in figures.drawn.items():
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                if len(line.get_xdata()) <= MARKERS_UP_TO:
+                    assert line.get_marker() not in (None, "", " ", "None"), (name, line.get_label())

@@ -86,7 +86,7 @@ def test_two_trainings_into_one_folder_one_runs_and_one_is_refused(shakespeare_b
     assert first.returncode == 0, err
     line = refusal(second, run, first.pid, "--run.out_dir")
     assert f"`hopperlm train {DEBUG}" in line  # the holder's command, as typed
-    assert steps(run) == [10, 20, 30]  # one run's records, once: no interleave
+    assert steps(run) == list(range(2, 31, 2))  # one run's records, once: no interleave (30 steps: every 2)
     assert "done: max_steps after 30 steps" in out and not (run / LOCK_NAME).exists()
 
 
@@ -103,7 +103,7 @@ def test_two_resumes_of_one_run_one_continues_and_one_is_refused(shakespeare_byt
     _, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     refusal(second, run, first.pid, "--run.out_dir")
-    assert steps(run) == [10, 20, 30]
+    assert steps(run) == [*range(1, 11), *range(12, 31, 2)]  # 10 steps (every 1), then on to 30 (every 2)
 
 
 @pytest.mark.slow  # starts hopperlm processes
@@ -128,6 +128,16 @@ def test_an_output_another_writer_holds_is_refused(verb, tmp_path):
     assert list(tmp_path.iterdir()) == []  # no output, no lock left
 
 
+@pytest.mark.slow  # starts hopperlm
+def test_a_tokenizer_output_another_writer_holds_is_refused(tmp_path):
+    out, corpus = tmp_path / "tok", tmp_path / "corpus.txt"
+    corpus.write_text("some text to learn pieces from\n" * 50)
+    with hold_folder(out, what="--out", beside=True):
+        result = run_cli("tokenizer", "train", str(corpus), "--vocab-size", "300", "--out", str(out))
+    refusal(result, out, os.getpid(), "--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+
+
 @pytest.mark.slow  # starts torchrun: 2 processes
 def test_under_torchrun_every_rank_stops_with_the_same_line_and_writes_nothing(shakespeare_bytes, tmp_path):
     run = tmp_path / "run"
@@ -141,6 +151,36 @@ def test_under_torchrun_every_rank_stops_with_the_same_line_and_writes_nothing(s
     assert len(errors) == 1, result.stderr[-3000:]  # (torchrun may stop rank 0 before it prints its copy)
     assert f"is being written by another hopperlm (pid {os.getpid()} on " in errors.pop()
     assert "stopping:" not in result.stderr  # no rank blames another
+
+
+@pytest.mark.slow  # starts hopperlm
+def test_a_second_launch_is_refused_before_it_writes_anything(shakespeare_bytes, tmp_path):
+    """`hopperlm launch` holds the run folder itself, before launch.log: a second launch into a folder another
+    hopperlm writes leaves nothing in it, no launch.log, no failure.json."""
+    run = tmp_path / "run"
+    with hold_folder(run, what="--run.out_dir"):
+        result = run_cli(
+            "launch", str(DEBUG), "--nproc-per-node", "2", *train_args(shakespeare_bytes, run)[2:]
+        )
+        assert [p.name for p in run.iterdir()] == [LOCK_NAME]
+    refusal(result, run, os.getpid(), "--run.out_dir")
+
+
+def test_the_ranks_of_a_launch_write_under_its_lock(tmp_path, monkeypatch):
+    """A process whose launcher holds the folder and says so ($HOPPERLM_FOLDER_HELD_BY, its pid) writes under
+    that lock; any other holder still refuses it."""
+    run = tmp_path / "run"
+    with hold_folder(run, what="--run.out_dir"):  # this process plays the launcher
+        with pytest.raises(FolderBusy), hold_folder(run, what="--run.out_dir"):
+            pass
+        monkeypatch.setenv(folder_lock.HELD_FOR_CHILDREN_ENV, str(os.getpid() + 1))  # another process's word
+        with pytest.raises(FolderBusy), hold_folder(run, what="--run.out_dir"):
+            pass
+        monkeypatch.setenv(folder_lock.HELD_FOR_CHILDREN_ENV, str(os.getpid()))
+        with hold_folder(run, what="--run.out_dir"):
+            assert (run / LOCK_NAME).is_file()
+        assert (run / LOCK_NAME).is_file()  # the rank's end leaves the launcher's lock in place
+    assert not (run / LOCK_NAME).exists()
 
 
 def test_every_rank_stops_with_rank_0s_line(tmp_path, monkeypatch):

@@ -359,3 +359,19 @@ def test_a_mistyped_data_dir_offers_the_prepared_one_beside_it(tmp_path):
     with pytest.raises(DataError) as e:
         read_manifest(tmp_path / "data" / "shakespear-byte")
     assert str(e.value).endswith(f"did you mean {prepared}? (prepared, beside it)")
+
+
+def test_a_text_file_given_as_the_data_dir_gets_its_prepare_command(tmp_path):
+    text = tmp_path / "input.txt"
+    text.write_text("hello\n")
+    with pytest.raises(DataError) as e:
+        read_manifest(text)
+    assert str(e.value) == (
+        f"{text} is a file, not a prepared data dir; prepare it first: hopperlm prepare {text} --out data/input, "
+        "then pass --data.path data/input"
+    )
+    with pytest.raises(DataError) as e:
+        read_manifest(tmp_path)  # a folder of text (input.txt), no manifest
+    assert str(e.value).startswith(
+        f"{tmp_path} is a folder of text, not a prepared data dir; prepare it first: "
+    )

@@ -76,7 +76,7 @@ def test_sweep_trains_the_proxy_picks_the_best_lr_and_writes_the_recipe(recipe, 
     text = tuned.read_text()
     assert "# optim.lr" in text and "hopperlm sweep" in text and "# a tiny mup recipe" in text
     # the proxy's width is named, not kept: a run of the proxy again is in the comment
-    assert "# sweep proxy: dim 32, 5 steps" in text and "--model.dim 32 --model.n_heads 2" in text
+    assert "# sweep proxy: dim 32, depth 2, 5 steps" in text and "--model.dim 32 --model.n_heads 2" in text
     cfg = load_config(tuned, [])
     assert cfg.optim.lr == pytest.approx(best) and cfg.model.dim == 64  # the target's width, the proxy's LR
     # --widths: each width trained at the best LR and the recipe's tokens per parameter (6 steps x 512 tokens),
@@ -130,7 +130,7 @@ def test_the_tuned_recipe_alone_reproduces_the_sweeps_best_run(shakespeare_bytes
     assert list(theirs) == list(ours)
     assert all(list(theirs[section])[: len(keys)] == list(keys) for section, keys in ours.items())
     assert "# optim.lr" in text and "hopperlm sweep" in text
-    assert "# sweep proxy: dim 64, 4 steps (train.max_steps), seeds 1337" in text, text
+    assert "# sweep proxy: dim 64, depth 2, 4 steps (train.max_steps), seeds 1337" in text, text
     # every override of the runs; the recipe's own width, budget and out_dir
     assert theirs["model"] == {**ours["model"], "parametrization": "mup", "base_dim": 32}
     # (1e-2 as written: PyYAML reads it as text, load_config as the number, as from the command line)
@@ -144,6 +144,33 @@ def test_the_tuned_recipe_alone_reproduces_the_sweeps_best_run(shakespeare_bytes
     assert again.returncode == 0, again.stderr[-3000:]
     assert best["seed"] == 1337  # the recipe's: the sweep's default seeds
     assert json.loads((tmp_path / "again" / "result.json").read_text())["val_loss"] == best["final_val_loss"]
+
+
+@pytest.mark.slow
+def test_a_depth_sweep_trains_a_shallow_proxy_and_names_it_in_the_tuned_recipe(recipe, tmp_path):
+    """Under CompleteP the proxy may be shallower too: --depth 1 of a 2-block recipe (--dim 32 of its 64)."""
+    out = tmp_path / "sweep"
+    completep = ["--model.depth_parametrization", "completep", "--model.base_depth", "1"]
+    done = hopperlm("sweep", recipe, *completep, "--lr", "3e-3,1e-2,3e-4", "--dim", "32", "--depth", "1",
+                    "--max-steps", "3", "--out", out)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((out / "sweep.json").read_text())
+    assert record["proxy_dim"] == 32 and record["proxy_depth"] == 1
+    assert all(r["final_val_loss"] is not None for r in record["rows"])
+    proxy = yaml.safe_load((Path(record["rows"][0]["run_dir"]) / "config.yaml").read_text())["model"]
+    assert (proxy["dim"], proxy["n_layers"], proxy["depth_parametrization"], proxy["base_depth"]) == (
+        32,
+        1,
+        "completep",
+        1,
+    )
+    text = (out / "tiny-mup.tuned.yaml").read_text()
+    assert "width-32, depth-1 proxy" in text and "# sweep proxy: dim 32, depth 1, 3 steps" in text
+    assert "--model.dim 32 --model.n_heads 2 --model.n_layers 1" in text  # the proxy run again
+    cfg = load_config(out / "tiny-mup.tuned.yaml", [])
+    assert (cfg.model.dim, cfg.model.n_layers) == (64, 2)  # the recipe's own size, with CompleteP kept
+    assert (cfg.model.depth_parametrization, cfg.model.base_depth) == ("completep", 1)
+    assert cfg.optim.lr == pytest.approx(record["best_lr"])
 
 
 def test_bad_sweeps_are_one_line_each(recipe, tmp_path, capsys):
@@ -171,6 +198,14 @@ def test_bad_sweeps_are_one_line_each(recipe, tmp_path, capsys):
             "not a positive multiple of the head size",
         ),
         ([hours, "--lr", "1e-3,2e-3,4e-3", "--widths", "16,32,48"], "give --target-tokens N"),
+        (
+            [recipe, "--lr", "1e-3,2e-3,4e-3", "--depth", "4"],
+            "--depth 4 is deeper than the recipe's model.n_layers 2",
+        ),
+        (
+            [recipe, "--lr", "1e-3,2e-3,4e-3", "--depth", "1"],
+            "the recipe uses model.depth_parametrization standard",
+        ),
     ):  # in this process (a process each took 2 s), the first one also as the command a user runs
         with pytest.raises(SystemExit) as exit_:
             main(["sweep", *map(str, args), "--out", str(tmp_path / "never")])

@@ -26,8 +26,9 @@ def debug_config(data_dir, run_dir, *overrides):
 
 def test_a_run_inside_its_first_log_interval_says_its_speed_includes_the_warm_up(shakespeare_bytes, tmp_path):
     lines = []
+    # one step: a longer short run now logs every step (observe/log_cadence.py), and its second is warm
     cfg = debug_config(
-        shakespeare_bytes, tmp_path / "run", "--train.max_steps", "3", "--train.log_every", "10"
+        shakespeare_bytes, tmp_path / "run", "--train.max_steps", "1", "--train.log_every", "10"
     )
     train(cfg, log=lines.append)
     checks = [line for line in lines if line.startswith("preflight check: speed")]

@@ -33,7 +33,15 @@ def cmd_prepare(args: argparse.Namespace) -> None:
 
 
 def cmd_tokenizer(args: argparse.Namespace) -> None:
-    """`tokenizer train`: a new tokenizer from a corpus; `tokenizer extend`: BASE plus pieces for a new language."""
+    """`tokenizer train`: a new tokenizer from a corpus; `tokenizer extend`: BASE plus pieces for a new language.
+    One writer per output, like export: OUT appears whole at the end, so its lock is OUT.lock beside it."""
+    from hopperlm.folder_lock import hold_folder
+
+    with hold_folder(Path(args.out), what="--out", beside=True, log=log):
+        _tokenizer(args)
+
+
+def _tokenizer(args: argparse.Namespace) -> None:
     import json
 
     from hopperlm.data import tokenizer_train as tt

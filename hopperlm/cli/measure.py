@@ -38,6 +38,8 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
         from hopperlm.checkpoint.disk import checkpoint_bytes, checkpoint_line, checkpoint_room
         from hopperlm.data.train_data import resolve_datasets
         from hopperlm.errors import DataError
+        from hopperlm.model.completep import describe as describe_depth
+        from hopperlm.model.mup import describe as describe_parametrization
         from hopperlm.plan import World
         from hopperlm.train.data_and_plan import plan_run, resolve_model_config
 
@@ -64,6 +66,8 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
             measure=not args.simulate and world.size == 1,
         )
         lines += [f"== plan for {args.config}{vocab_note}", *plan.lines()]
+        # the parametrizations in effect, as the training banner prints them (model/mup.py, model/completep.py)
+        lines += [describe_parametrization(model_cfg), describe_depth(model_cfg)]
         # the checkpoints' room in the run folder's filesystem: the training banner's line (DiskFull.preflight)
         room = checkpoint_room(
             cfg.checkpoint,

@@ -179,34 +179,13 @@ GENERATE_HELP = (
 
 
 def generation_settings(args: argparse.Namespace, source: Path) -> dict:
-    """Sampling settings and EOS ids: each flag given wins, then the generation_config.json of the Hugging Face
-    model behind `source` (its folder; an import or export of it; a run fine-tuned from either), then
-    hopperlm's defaults."""
-    from hopperlm.checkpoint.layout import read_model_config
-    from hopperlm.interop.hf import is_hf_dir, read_json
-    from hopperlm.interop.hf_convert import hf_origin
-    from hopperlm.model.generate import MAX_NEW_TOKENS, SAMPLING_DEFAULTS, generation_defaults
+    """Sampling settings and EOS ids: each flag given wins, then the model's own defaults (interop/hf_convert.py
+    sampling_defaults: the Hugging Face base's generation_config.json, else hopperlm's)."""
+    from hopperlm.interop.hf_convert import sampling_defaults
+    from hopperlm.model.generate import MAX_NEW_TOKENS, SAMPLING_DEFAULTS
 
-    if is_hf_dir(source):
-        found = source / "generation_config.json"
-        config = read_json(found) if found.is_file() else None
-    else:
-        _, config = hf_origin(source, read_model_config(source))
-    settings = {**SAMPLING_DEFAULTS, "max_new_tokens": MAX_NEW_TOKENS, "eos_ids": None}
-    if config is not None:
-        try:
-            defaults = generation_defaults(config)
-        except (ValueError, TypeError, AttributeError) as e:
-            raise ConfigError(f"the generation_config.json of {source} is not valid ({e}); fix it") from None
-        settings.update(
-            temperature=defaults.temperature,
-            top_k=defaults.top_k,
-            top_p=defaults.top_p,
-            repetition_penalty=defaults.repetition_penalty,
-            eos_ids=defaults.eos_ids,
-        )
-        if defaults.max_new_tokens is not None:
-            settings["max_new_tokens"] = defaults.max_new_tokens
+    settings = sampling_defaults(source)
+    settings["max_new_tokens"] = settings["max_new_tokens"] or MAX_NEW_TOKENS
     for key in (*SAMPLING_DEFAULTS, "max_new_tokens"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
@@ -290,6 +269,11 @@ def model_samples(
 
 @holding_out
 def cmd_export(args: argparse.Namespace) -> None:
+    gguf_only = [
+        flag for flag, given in (("--modelfile", args.modelfile), ("--llama-cpp", args.llama_cpp)) if given
+    ]
+    if gguf_only and (args.peft or args.format != "gguf"):
+        raise ConfigError(f"{' and '.join(gguf_only)}: --format gguf only")
     if args.peft:
         from hopperlm.interop.peft import export_peft
 
@@ -299,7 +283,15 @@ def cmd_export(args: argparse.Namespace) -> None:
     elif args.format == "gguf":
         from hopperlm.interop.gguf import export_gguf
 
-        out = export_gguf(Path(args.run), Path(args.out), args.outtype, overwrite=args.overwrite, log=log)
+        out = export_gguf(
+            Path(args.run),
+            Path(args.out),
+            args.outtype,
+            overwrite=args.overwrite,
+            log=log,
+            llama_cpp=args.llama_cpp,
+            modelfile=args.modelfile,
+        )
         log(f"exported {out} (GGUF, {args.outtype}: llama-cli -m {out}, or an Ollama Modelfile FROM it)")
     elif args.format == "hopperlm":
         from hopperlm.interop.export import export_model
@@ -375,7 +367,20 @@ def _add_merge_and_export(verbs, common: argparse.ArgumentParser) -> None:
             p.add_argument(
                 "--outtype",
                 default="f16",
-                help="--format gguf: f16 (default) | bf16 | q8_0 | f32 (norms stay f32); OUT is NAME.gguf",
+                help="--format gguf: f16 (default) | bf16 | q8_0 | f32 (norms stay f32) | q4_k_m | q5_k_m | q6_k "
+                "(k-quants: made by llama.cpp's llama-quantize from the f16 file); OUT is NAME.gguf",
+            )
+            p.add_argument(
+                "--llama-cpp",
+                metavar="DIR",
+                help="--outtype q4_k_m|q5_k_m|q6_k: a llama.cpp checkout with build/bin/llama-quantize, or the "
+                "folder holding llama-quantize (default: llama-quantize on PATH)",
+            )
+            p.add_argument(
+                "--modelfile",
+                action="store_true",
+                help="--format gguf: also write an Ollama Modelfile beside OUT (FROM it, the run's chat template "
+                "as TEMPLATE, stop tokens, hopperlm generate's sampling defaults)",
             )
 
 

@@ -50,7 +50,8 @@ def train_until_done(cfg: Config, resume: Resume) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
-    """Tune optim.lr on a narrow proxy of a μP recipe and write the recipe with the best one (train/sweep.py)."""
+    """Tune optim.lr on a narrow (or shallow) proxy of a μP recipe and write the recipe with the best one
+    (train/sweep.py)."""
     from hopperlm.observe.plot import plot_runs
     from hopperlm.train import sweep
 
@@ -62,7 +63,7 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
     if args.max_hours is not None:
         extra += ["--train.max_hours", str(args.max_hours), "--train.max_steps", "null"]
     cfg = run_config(str(recipe), extra)
-    proxy = sweep.proxy_overrides(cfg.model, args.dim)
+    proxy = sweep.proxy_overrides(cfg.model, args.dim, args.depth)
     run_config(str(recipe), extra + proxy)  # the proxy is a valid config before anything trains
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [cfg.train.seed]
     widths = forecast_widths(args, recipe, list(overrides)) if args.widths else None
@@ -71,13 +72,13 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
         raise ConfigError(
             f"{out} exists and is not empty; choose another --out (a sweep never overwrites runs)"
         )
-    dim = args.dim or cfg.model.dim
-    log(f"sweep: {recipe.name} at width {dim} (the recipe's is {cfg.model.dim}), lr {', '.join(map(sweep.lr_text, lrs))}, "
-        f"seeds {', '.join(map(str, seeds))}, {args.jobs} at a time -> {out}")  # fmt: skip
+    dim, depth = args.dim or cfg.model.dim, args.depth or cfg.model.n_layers
+    log(f"sweep: {recipe.name} at width {dim}, {depth} blocks (the recipe's: {cfg.model.dim}, {cfg.model.n_layers}), "
+        f"lr {', '.join(map(sweep.lr_text, lrs))}, seeds {', '.join(map(str, seeds))}, {args.jobs} at a time -> {out}")  # fmt: skip
     runs = sweep.run_sweep(recipe, extra + proxy, lrs=lrs, seeds=seeds, out_dir=out, jobs=args.jobs, log=log)
     best, means = sweep.best_lr(runs)
     command = "hopperlm " + " ".join(sys.argv[1:])
-    sweep.save_sweep(out, command=command, runs=runs, means=means, best=best, dim=dim)
+    sweep.save_sweep(out, command=command, runs=runs, means=means, best=best, dim=dim, depth=depth)
     finished = [r.run_dir for r in runs if (Path(r.run_dir) / "metrics.jsonl").is_file()]
     if finished:
         plot_runs([Path(r) for r in finished], out / "plots")
@@ -89,16 +90,24 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
             f"no learning rate finished with a finite validation loss; each run's log is {out}/*/sweep.log"
         )
     note = (
-        f"optim.lr {sweep.lr_text(best)}: the best of {', '.join(map(sweep.lr_text, lrs))} on a width-{dim} proxy "
+        f"optim.lr {sweep.lr_text(best)}: the best of {', '.join(map(sweep.lr_text, lrs))} on a width-{dim}, "
+        f"depth-{depth} proxy "
         f"(mean final val loss {means[best]:.4f} over seeds {', '.join(map(str, seeds))}): `{command}`, "
         f"{time.strftime('%Y-%m-%d')}"
     )
-    # the file alone trains what the sweep tuned: every override of the runs but the proxy's width, budget and
-    # out_dir (the recipe's stay), with comments naming the sweep and the proxy
+    # the file alone trains what the sweep tuned: every override of the runs but the proxy's width, depth, budget
+    # and out_dir (the recipe's stay), with comments naming the sweep and the proxy
     kept, left_out = sweep.split_overrides(extra)
     tuned = out / f"{recipe.stem}.tuned.yaml"
     note += "\n" + sweep.proxy_note(
-        dim=dim, train=cfg.train, seeds=seeds, proxy=proxy, left_out=left_out, tuned=tuned, out=out
+        dim=dim,
+        depth=depth,
+        train=cfg.train,
+        seeds=seeds,
+        proxy=proxy,
+        left_out=left_out,
+        tuned=tuned,
+        out=out,
     )
     text = sweep.tuned_recipe_text(recipe.read_text(), lr=best, overrides=kept, note=note)
     write_atomic(tuned, text)  # kept whatever the forecast's runs do
@@ -169,8 +178,10 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
     import os
     import shlex
     import socket
+    from contextlib import nullcontext
 
     from hopperlm.cli.third_party_logs import Redirect
+    from hopperlm.folder_lock import HELD_FOR_CHILDREN_ENV, hold_folder
     from hopperlm.parallel.launch import launch_command
     from hopperlm.parallel.supervise import node_file, supervise
 
@@ -202,18 +213,25 @@ def cmd_launch(args: argparse.Namespace, overrides: list[str]) -> None:
         again += ["--max-restarts", str(args.max_restarts)]
     # one launcher per node, all writing into one run folder (a shared filesystem): each names its own files
     node = f"{socket.gethostname()}-{os.getpid()}" if args.nnodes > 1 else None
-    code = supervise(
-        command[3:],  # after `python -m torch.distributed.run`: torchrun's argv
-        run_dir,
-        resume_command=[*again, "--resume", *overrides],
-        where_to_go_on=lambda: latest_checkpoint_clause(
-            run_dir, [*again, "--resume", *overrides], [*again, *overrides]
-        ),
-        debug=args.debug,
-        # torchrun's agent's log lines
-        quiet=None if args.debug else Redirect(node_file(run_dir, "launch", ".log", node)),
-        node=node,
-    )
+    # one node: the launcher holds the run folder before its first write (launch.log), so a second launch into it
+    # is refused before writing anything; its ranks write under that lock. Across nodes rank 0 takes it (which
+    # node runs rank 0 is known only after the rendezvous).
+    hold = nullcontext() if args.nnodes > 1 else hold_folder(run_dir, what="--run.out_dir", log=log)
+    with hold:
+        os.environ[HELD_FOR_CHILDREN_ENV] = str(os.getpid())
+        code = supervise(
+            command[3:],  # after `python -m torch.distributed.run`: torchrun's argv
+            run_dir,
+            resume_command=[*again, "--resume", *overrides],
+            where_to_go_on=lambda: latest_checkpoint_clause(
+                run_dir, [*again, "--resume", *overrides], [*again, *overrides]
+            ),
+            debug=args.debug,
+            # torchrun's agent's log lines
+            quiet=None if args.debug else Redirect(node_file(run_dir, "launch", ".log", node)),
+            node=node,
+        )
+        os.environ.pop(HELD_FOR_CHILDREN_ENV, None)
     if code:
         sys.exit(code)
 
@@ -377,6 +395,11 @@ def add_sweep_parser(verbs, common: argparse.ArgumentParser, recipe: str) -> Non
         "--lr", required=True, help="learning rates, comma-separated (at least 3, e.g. 1e-3,2e-3,4e-3)"
     )
     p.add_argument("--dim", type=int_at_least(1), help="the proxy's width (default: the recipe's)")
+    p.add_argument(
+        "--depth",
+        type=int_at_least(1),
+        help="the proxy's number of blocks, under model.depth_parametrization completep (default: the recipe's)",
+    )
     p.add_argument("--seeds", help="train.seed values, comma-separated (default: the recipe's)")
     p.add_argument(
         "--max-steps", type=int_at_least(1), help="each run's budget in steps (instead of the recipe's)"

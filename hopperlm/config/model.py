@@ -69,6 +69,17 @@ class ModelConfig:
     base_dim: int | None = None
     """mup: the width at which mup equals standard, usually the proxy's width the LR was tuned at (a multiple
     of the head size: width grows by heads)."""
+    depth_parametrization: Literal["standard", "completep"] = "standard"
+    """standard: the blocks' outputs join the residual stream as they are, so the best optim.lr moves with depth.
+    completep: CompleteP (Dey et al. 2025) relative to model.base_depth, so the best optim.lr of a shallow proxy
+    (`hopperlm sweep --depth`) is the best of the deep model: each block's attention and MLP outputs are
+    multiplied by base_depth / n_layers, the output projections start at init_std / sqrt(2 * base_depth) at any
+    depth, and AdamW's epsilon for the blocks' parameters is optim.eps x base_depth / n_layers; learning rates
+    and weight decay stay μP's (model/completep.py). Needs parametrization mup. Exports fold the multiplier into
+    o_proj and down_proj."""
+    base_depth: int | None = None
+    """completep: the number of blocks at which completep equals standard, usually the depth of the proxy the LR
+    was tuned at."""
     qkv_bias: bool = False
     """Biases on the query, key and value projections (Qwen2)."""
     qk_norm: bool = False
@@ -127,6 +138,19 @@ class ModelConfig:
                 raise ConfigError(
                     "model.parametrization mup needs an untied head (model.tie_embeddings false): its output "
                     "multiplier would also scale the input embedding"
+                )
+
+        if self.base_depth is not None and self.base_depth <= 0:
+            raise ConfigError(f"model.base_depth={self.base_depth} must be positive (a number of blocks)")
+        if self.depth_parametrization == "completep":
+            if self.parametrization != "mup":
+                raise ConfigError(
+                    "model.depth_parametrization completep needs model.parametrization mup (its depth rules "
+                    "extend μP's width rules); set model.parametrization mup and model.base_dim"
+                )
+            if self.base_depth is None:
+                raise ConfigError(
+                    "model.depth_parametrization completep needs model.base_depth (the proxy's depth), e.g. 4"
                 )
 
     @property

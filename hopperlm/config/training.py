@@ -119,7 +119,9 @@ class TrainConfig:
     eval_windows: int = 200
     """Most validation windows of seq_len tokens per evaluation (evenly spaced over the val split)."""
     log_every: int = 10
-    """Print and record metrics every this many steps (the only steps that sync with the device)."""
+    """Print and record metrics every this many steps (the only steps that sync with the device). A run that
+    would print fewer than 10 lines logs more often, at a divisor of this, and says so in one line
+    (observe/log_cadence.py); a train.max_hours run decides after timing its first steps."""
     requeue_exit_code: int = 0
     """Exit code after a SIGTERM/SIGUSR1 checkpoint (set e.g. 124 to let a scheduler requeue the job)."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hopperlm.data.sources import FILE_SUFFIXES  # what prepare reads (never what it writes)
 from hopperlm.errors import DataError
 
 FORMAT = "hopperlm-shards-v2"  # v2 adds the per-shard document index (.idx)
@@ -177,6 +178,17 @@ def read_manifest(data_dir: Path) -> dict:
     """The manifest of a prepared data dir, with a DataError that says how to fix whatever is wrong."""
     data_dir = Path(data_dir)
     path = data_dir / MANIFEST
+    text_inside = (
+        data_dir.is_dir()
+        and not path.is_file()
+        and any(p.name.endswith(FILE_SUFFIXES) for p in data_dir.iterdir() if p.is_file())
+    )
+    if data_dir.is_file() or text_inside:  # the text itself, given where its prepared folder belongs
+        what = "a file" if data_dir.is_file() else "a folder of text"
+        raise DataError(
+            f"{data_dir} is {what}, not a prepared data dir; prepare it first: hopperlm prepare {data_dir} --out "
+            f"data/{data_dir.stem}, then pass --data.path data/{data_dir.stem}"
+        )
     if not data_dir.is_dir():
         raise DataError(f"data dir {data_dir} does not exist; {_nearest_dir(data_dir)}")
     if not path.is_file():

@@ -7,7 +7,9 @@ scores llama.cpp rebuilds the vocabulary from tokenizer.json and tokenizes diffe
 the chat template, and the tensors under llama.cpp's names, with the query and key projections permuted from
 Hugging Face's rotate-half layout to llama.cpp's interleaved one. A LoRA run is merged on the way (tensors.py).
 Norms stay float32 in every outtype, as the converter keeps them; q8_0 falls back to f16 for a matrix whose rows
-are not a multiple of 32 values.
+are not a multiple of 32 values. The k-quants (q4_k_m, q5_k_m, q6_k), which the `gguf` package cannot write, are
+made from the f16 file by llama.cpp's llama-quantize (llama_quantize.py). `modelfile=True` writes an Ollama
+Modelfile beside the file (ollama.py).
 """
 
 from __future__ import annotations
@@ -23,12 +25,17 @@ from hopperlm.checkpoint.layout import TOKENIZER_DIR, read_model_config, resolve
 from hopperlm.config import ModelConfig
 from hopperlm.diskspace import check_room, disk_errors_as_one_line
 from hopperlm.errors import CheckpointError, ConfigError
+from hopperlm.files import write_atomic
+from hopperlm.interop import llama_quantize
 from hopperlm.interop.hf_convert import fold_output_multiplier
+from hopperlm.interop.ollama import MODELFILE, modelfile_text
 from hopperlm.interop.tensors import iter_model_tensors, to_hf_name
 from hopperlm.model.transformer import count_params
 
-OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+WRITTEN = ("f32", "f16", "bf16", "q8_0")  # by the gguf package; the k-quants by llama-quantize from f16
+OUTTYPES = (*WRITTEN, *llama_quantize.KQUANTS)
 BYTES_PER_WEIGHT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}  # q8_0: 32 int8 + an f16 scale
+BYTES_PER_WEIGHT.update(llama_quantize.BYTES_PER_WEIGHT)
 ALTERNATIVE = "export it with --format hf and convert that folder with llama.cpp's convert_hf_to_gguf.py"
 # Hugging Face's tensor names (tensors.py's to_hf_name) -> llama.cpp's (its gguf-py tensor map for LLAMA)
 _TOP = {
@@ -157,6 +164,11 @@ def sentencepiece_vocab(tokenizer_dir: Path, vocab_size: int) -> tuple[list[byte
     return pieces, scores, kinds
 
 
+def adds_bos(tokenizer_config: dict) -> bool:
+    """The GGUF's add_bos_token: llama.cpp and Ollama put BOS before every prompt when it is true."""
+    return bool(tokenizer_config.get("add_bos_token", True))  # Llama's tokenizers add BOS
+
+
 def write_tokenizer(writer, tokenizer_dir: Path, vocab_size: int) -> None:
     pieces, scores, kinds = sentencepiece_vocab(tokenizer_dir, vocab_size)
     writer.add_tokenizer_model("llama")
@@ -182,21 +194,37 @@ def write_tokenizer(writer, tokenizer_dir: Path, vocab_size: int) -> None:
         token_id = id_of(key)
         if token_id is not None:
             add(token_id)
-    writer.add_add_bos_token(bool(config.get("add_bos_token", True)))  # Llama's tokenizers add BOS
+    writer.add_add_bos_token(adds_bos(config))
     writer.add_add_eos_token(bool(config.get("add_eos_token", False)))
     if isinstance(config.get("chat_template"), str):
         writer.add_chat_template(config["chat_template"])
 
 
-def export_gguf(source: Path, out: Path, outtype: str = "f16", overwrite: bool = False, log=print) -> Path:
+def export_gguf(
+    source: Path,
+    out: Path,
+    outtype: str = "f16",
+    overwrite: bool = False,
+    log=print,
+    *,
+    llama_cpp: str | Path | None = None,
+    modelfile: bool = False,
+) -> Path:
     """A hopperlm run / checkpoint / model folder, or an imported Hugging Face one -> one GGUF file at `out`,
-    written beside it under a temporary name and renamed into place (a failure leaves no partial file)."""
+    written beside it under a temporary name and renamed into place (a failure leaves no partial file). A
+    k-quant outtype: the f16 file (temporary, beside it) through llama-quantize, found in `llama_cpp` or on
+    PATH. `modelfile`: an Ollama Modelfile beside `out` too. Every check that can fail (llama-quantize found,
+    the Modelfile's template expressible, no file in the way) runs before anything is written."""
     gguf = require_gguf()
     out = Path(out)
     if out.suffix != ".gguf":
         raise ConfigError(f"{out}: a GGUF export is one file; name it NAME.gguf")
-    if out.exists() and not overwrite:
-        raise CheckpointError(f"{out} exists; pass --overwrite or choose another name")
+    for path, wanted in ((out, True), (out.parent / MODELFILE, modelfile)):
+        if wanted and path.exists() and not overwrite:
+            raise CheckpointError(f"{path} exists; pass --overwrite or choose another name")
+    quantizer = None
+    if outtype in llama_quantize.KQUANTS:
+        quantizer = llama_quantize.find_llama_quantize(llama_cpp)
     model_dir = resolve_model_dir(source)
     cfg = read_model_config(model_dir)
     check_exportable(cfg, outtype)
@@ -204,13 +232,44 @@ def export_gguf(source: Path, out: Path, outtype: str = "f16", overwrite: bool =
         log(
             f"gguf: sliding_window {cfg.sliding_window} not written: llama.cpp's llama architecture attends to the whole context, as its own converter writes Mistral"
         )
-    needed = int(count_params(cfg)["total"] * BYTES_PER_WEIGHT[outtype]) + (8 << 20)
+    recipe = None
+    if modelfile:
+        config_file = model_dir / TOKENIZER_DIR / "tokenizer_config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        recipe = modelfile_text(
+            model_dir, cfg, out.name, source=Path(source), bos_added=adds_bos(config), log=log
+        )
+    params = count_params(cfg)["total"]
+    needed = int(params * BYTES_PER_WEIGHT[outtype]) + (8 << 20)
+    if quantizer is not None:  # the f16 file and the k-quant, side by side until the f16 one goes
+        needed += int(params * BYTES_PER_WEIGHT["f16"]) + (8 << 20)
     check_room(
         what=f"{out.name} ({outtype})",
         where=out.parent,
         needed=needed,
         fix="free space there or write it elsewhere",
     )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    f16 = out.with_name(f".{out.name}.f16-tmp-{os.getpid()}")
+    try:
+        with disk_errors_as_one_line(what=out.name, where=out.parent, needed=needed):
+            if quantizer is None:
+                write_gguf(gguf, tmp, model_dir, cfg, outtype)
+            else:
+                write_gguf(gguf, f16, model_dir, cfg, "f16")
+                llama_quantize.quantize(quantizer, f16, tmp, outtype, log=log)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+        f16.unlink(missing_ok=True)
+    if recipe is not None:
+        log(f"modelfile: {write_atomic(out.parent / MODELFILE, recipe)} (ollama create NAME -f it)")
+    return out
+
+
+def write_gguf(gguf, path: Path, model_dir: Path, cfg: ModelConfig, outtype: str) -> None:
+    """The GGUF file itself, through the gguf package's writer (an outtype it writes: WRITTEN)."""
     head_dim = cfg.dim // cfg.n_heads
     file_type = {
         "f32": gguf.LlamaFileType.ALL_F32,
@@ -218,41 +277,33 @@ def export_gguf(source: Path, out: Path, outtype: str = "f16", overwrite: bool =
         "bf16": gguf.LlamaFileType.MOSTLY_BF16,
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }[outtype]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        with disk_errors_as_one_line(what=out.name, where=out.parent, needed=needed):
-            writer = gguf.GGUFWriter(str(tmp), "llama")
-            writer.add_name(model_dir.name)
-            writer.add_context_length(cfg.max_seq_len)
-            writer.add_embedding_length(cfg.dim)
-            writer.add_block_count(cfg.n_layers)
-            writer.add_feed_forward_length(cfg.hidden_dim)
-            writer.add_head_count(cfg.n_heads)
-            writer.add_head_count_kv(cfg.kv_heads)
-            writer.add_rope_dimension_count(head_dim)
-            writer.add_rope_freq_base(cfg.rope_theta)
-            writer.add_layer_norm_rms_eps(cfg.norm_eps)
-            writer.add_vocab_size(cfg.vocab_size)
-            writer.add_file_type(file_type)
-            writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-            write_tokenizer(writer, model_dir / TOKENIZER_DIR, cfg.vocab_size)
-            for ours, w in iter_model_tensors(model_dir):
-                name = to_hf_name(ours)
-                w = fold_output_multiplier(ours, w, cfg)
-                if cfg.tie_embeddings and name == "lm_head.weight":
-                    continue  # llama.cpp uses token_embd for a missing output.weight
-                if name.endswith("q_proj.weight"):
-                    w = interleave_rope(w, cfg.n_heads)
-                elif name.endswith("k_proj.weight"):
-                    w = interleave_rope(w, cfg.kv_heads)
-                data, raw = tensor_data(gguf, w, outtype)
-                writer.add_tensor(llama_cpp_name(name), data, raw_dtype=raw)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-            writer.close()
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(model_dir.name)
+    writer.add_context_length(cfg.max_seq_len)
+    writer.add_embedding_length(cfg.dim)
+    writer.add_block_count(cfg.n_layers)
+    writer.add_feed_forward_length(cfg.hidden_dim)
+    writer.add_head_count(cfg.n_heads)
+    writer.add_head_count_kv(cfg.kv_heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_layer_norm_rms_eps(cfg.norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    writer.add_file_type(file_type)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    write_tokenizer(writer, model_dir / TOKENIZER_DIR, cfg.vocab_size)
+    for ours, w in iter_model_tensors(model_dir):
+        name = to_hf_name(ours)
+        w = fold_output_multiplier(ours, w, cfg)
+        if cfg.tie_embeddings and name == "lm_head.weight":
+            continue  # llama.cpp uses token_embd for a missing output.weight
+        if name.endswith("q_proj.weight"):
+            w = interleave_rope(w, cfg.n_heads)
+        elif name.endswith("k_proj.weight"):
+            w = interleave_rope(w, cfg.kv_heads)
+        data, raw = tensor_data(gguf, w, outtype)
+        writer.add_tensor(llama_cpp_name(name), data, raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -38,7 +38,8 @@ from hopperlm.files import save_safetensors
 from hopperlm.interop.hf import hf_config_dict, is_hf_dir, model_values_from_hf, read_json
 from hopperlm.interop.hf_tokenizer import token_ids, write_hf_tokenizer
 from hopperlm.interop.tensors import iter_model_tensors, to_hf_name
-from hopperlm.model.generate import sampling_generation_config
+from hopperlm.model.completep import residual_multiplier
+from hopperlm.model.generate import SAMPLING_DEFAULTS, generation_defaults, sampling_generation_config
 from hopperlm.model.mup import output_multiplier
 from hopperlm.model.transformer import count_params
 
@@ -209,10 +210,15 @@ def export_hf(
 
 
 def fold_output_multiplier(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """μP multiplies the LM head's output by base_dim / dim (model/mup.py); a Hugging Face or GGUF model has no
-    such multiplier, so the head's weights carry it instead: the exported model computes the same logits."""
+    """The multipliers hopperlm puts on layers' outputs, folded into those layers' weights (`name`: hopperlm's):
+    μP multiplies the LM head's output by base_dim / dim (model/mup.py), CompleteP each block's attention and
+    MLP output by base_dim / n_layers (model/completep.py), and those outputs are o_proj's and down_proj's (no
+    bias). A Hugging Face or GGUF model has no such multipliers, so the weights carry them instead: the exported
+    model computes the same logits. Every export to another format (HF, GGUF) goes through here."""
     if name == "lm_head.weight" and cfg.parametrization == "mup":
         return t * output_multiplier(cfg)
+    if name.endswith(("attn.o_proj.weight", "mlp.down_proj.weight")) and residual_multiplier(cfg) != 1.0:
+        return t * residual_multiplier(cfg)
     return t
 
 
@@ -260,3 +266,25 @@ def save_merged(
         if (model_dir / TOKENIZER_DIR).is_dir():
             shutil.copytree(model_dir / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
     return Path(out_dir)
+
+
+def sampling_defaults(source: Path) -> dict:
+    """What `hopperlm generate` samples `source` with when no flag is given (and what an Ollama Modelfile of it
+    says): the generation_config.json of the Hugging Face model behind it (its folder; an import or export of
+    it; a run fine-tuned from either), else hopperlm's defaults. Keys: SAMPLING_DEFAULTS's, max_new_tokens
+    (None: the model's config sets none) and eos_ids (None: the tokenizer's)."""
+    if is_hf_dir(source):
+        found = source / "generation_config.json"
+        config = read_json(found) if found.is_file() else None
+    else:
+        _, config = hf_origin(source, read_model_config(source))
+    settings = {**SAMPLING_DEFAULTS, "max_new_tokens": None, "eos_ids": None}
+    if config is None:
+        return settings
+    try:
+        d = generation_defaults(config)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ConfigError(f"the generation_config.json of {source} is not valid ({e}); fix it") from None
+    settings.update(temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, eos_ids=d.eos_ids)
+    settings.update(repetition_penalty=d.repetition_penalty, max_new_tokens=d.max_new_tokens)
+    return settings

@@ -33,6 +33,8 @@ SHAPE_KEYS = (
     "sliding_window",
     "parametrization",  # a checkpoint keeps the one it was trained with: standard for Hugging Face models
     "base_dim",
+    "depth_parametrization",
+    "base_depth",
 )
 
 
@@ -50,7 +52,7 @@ def init_from_values(values: dict[str, Any]) -> dict[str, Any]:
     base = model_values(path)
     defaults = ModelConfig.__dataclass_fields__
     for key in SHAPE_KEYS:
-        # a Hugging Face config has no parametrization (nor base_dim): its model is standard
+        # a Hugging Face config has no parametrization (nor base_dim, nor a depth one): its model is standard
         theirs = base.get(key, defaults[key].default)
         if key in values and values[key] != theirs:
             raise ConfigError(

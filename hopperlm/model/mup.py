@@ -81,7 +81,7 @@ def optimizer_multipliers(
     base = shapes(base_config(cfg)) if mup else {}
     mults = matrix_multipliers(shapes(cfg), base) if mup else {}
     factors = {}
-    for name, p in _named_params(model):
+    for name, p in named_params(model):
         m = mults.get(name)
         if m is not None:
             factors[id(p)] = 1.0 / m
@@ -108,7 +108,7 @@ def scale_groups(groups: list[dict], factors: dict[int, float]) -> list[dict]:
     return out
 
 
-def _named_params(model: nn.Module):
+def named_params(model: nn.Module):
     """named_parameters() under hopperlm's own names: DDP's `module.`, torch.compile's `_orig_mod.` and
     activation checkpointing's wrapper prefixes taken off."""
     for name, p in model.named_parameters():

@@ -13,7 +13,6 @@ Seams the speed-ups set (hopperlm/speed/), none of which touches a parameter or 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 
 from hopperlm.config import ModelConfig
 from hopperlm.model.attention import DocumentMask, document_mask, masked_attention, positions_from_doc_ids
+from hopperlm.model.completep import residual_init_std, residual_multiplier
 from hopperlm.model.loss import linear_cross_entropy, standard_cross_entropy
 from hopperlm.model.mup import base_config, matrix_multipliers, output_multiplier
 from hopperlm.model.rope import scale_inv_freq
@@ -191,6 +191,8 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        # CompleteP's (base_depth / n_layers) on both branches' outputs (model/completep.py); 1 otherwise
+        self.residual_mult = residual_multiplier(cfg)
         # recompute(fn, *args) runs fn while saving less for the backward
         # (speed/activation_checkpointing.py sets it)
         self.recompute: Callable | None = None
@@ -210,8 +212,14 @@ class Block(nn.Module):
     def _forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: int, docs: DocumentMask | None
     ) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, pos, docs))
-        return x + self.drop(self.mlp(self.mlp_norm(x)))
+        x = x + self.branch(self.attn(self.attn_norm(x), cos, sin, pos, docs))
+        return x + self.branch(self.mlp(self.mlp_norm(x)))
+
+    def branch(self, y: torch.Tensor) -> torch.Tensor:
+        """A branch's output as it joins the residual stream: dropout, times CompleteP's multiplier (none at 1, so
+        standard and completep at base_depth compute the same bits)."""
+        y = self.drop(y)
+        return y * self.residual_mult if self.residual_mult != 1.0 else y
 
 
 class Transformer(nn.Module):
@@ -260,12 +268,12 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """Normal(0, init_std) for every matrix; residual output projections scaled by 1/sqrt(2*n_layers)
-        (GPT-2) so the residual stream's variance does not grow with depth, or zero with
-        model.zero_init_output; under μP the blocks' matrices further by m^-1/2 (model/mup.py); norms to one,
-        biases to zero."""
+        (GPT-2) so the residual stream's variance does not grow with depth (under CompleteP 1/sqrt(2*base_depth):
+        its multiplier does that, model/completep.py), or zero with model.zero_init_output; under μP the blocks'
+        matrices further by m^-1/2 (model/mup.py); norms to one, biases to zero."""
         cfg = self.cfg
         self.init_buffers()
-        residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        residual_std = residual_init_std(cfg)
         width = {}
         if cfg.parametrization == "mup":
             width = matrix_multipliers(parameter_shapes(cfg), parameter_shapes(base_config(cfg)))

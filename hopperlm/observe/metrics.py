@@ -108,10 +108,14 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+WINDOW_MEAN = "mean since last line"  # what the printed train loss is (metrics.jsonl's `loss`)
+
+
 def format_record(r: dict[str, Any], max_steps: int | None) -> str:
-    """One console line per log step."""
+    """One console line per log step. The train loss is labelled: it is the mean over the steps since the last
+    line, so while the loss falls fast it sits well above the validation loss of the current weights."""
     step = f"step {r['step']}" + (f"/{max_steps}" if max_steps else "")
-    parts = [step, f"loss {r['loss']:.4f}"]
+    parts = [step, f"train loss {r['loss']:.4f} ({WINDOW_MEAN})"]
     if "val_loss" in r:
         parts.append(f"val {r['val_loss']:.4f}")
     parts += [f"lr {r['lr']:.2e}", f"gnorm {r['grad_norm']:.2f}", f"{_si(r['tokens_per_s'])} tok/s"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from hopperlm.config import TrainConfig
-from hopperlm.observe.metrics import human_count
+from hopperlm.observe.metrics import WINDOW_MEAN, human_count
 
 TARGET_FIT_POINTS = 4  # evaluations the target-loss trend is fitted on (the latest ones)
 
@@ -238,7 +238,7 @@ class RichProgress:
 
 def live_numbers(r: dict[str, Any], last_val: float | None, best_val: float | None) -> str:
     """The second line of the live display: loss, validation, speed, MFU, memory and the GPU's state."""
-    parts = [f"loss {r['loss']:.4f}"]
+    parts = [f"train loss {r['loss']:.4f} ({WINDOW_MEAN})"]  # a window mean: see format_record
     if last_val is not None:
         parts.append(f"val {last_val:.4f} (best {best_val:.4f})")
     parts += [f"lr {r['lr']:.2e}", f"gnorm {r['grad_norm']:.2f}", f"{human_count(r['tokens_per_s'])} tok/s"]

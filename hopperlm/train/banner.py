@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from hopperlm.model.completep import describe as describe_depth
 from hopperlm.model.mup import describe as describe_parametrization
 from hopperlm.model.transformer import count_params
 from hopperlm.observe.metrics import human_count, human_hours
@@ -52,6 +53,7 @@ def print_banner(
         f"ffn {model_cfg.hidden_dim}, vocab {model_cfg.vocab_size}, ctx {tc.seq_len}"
     )
     log(describe_parametrization(model_cfg))
+    log(describe_depth(model_cfg))
     log(f"FLOPs/token: {fpt / 1e9:.3f} GFLOP (6N + 12*L*d*T) | {peak}")
     ranks = f" x {plan.world_size} ranks" if plan.world_size > 1 else ""
     log(

@@ -26,6 +26,7 @@ from hopperlm.data.tokenizer import Tokenizer, load_tokenizer
 from hopperlm.errors import CheckpointError, ConfigError, DataError
 from hopperlm.interop import hf
 from hopperlm.interop.tensors import load_weights
+from hopperlm.model.completep import residual_init_std
 from hopperlm.model.lora import apply_lora, target_module_names
 from hopperlm.model.qlora import nf4_linear
 from hopperlm.model.transformer import Transformer, build_empty, build_model
@@ -215,7 +216,7 @@ def build_lora_model(
     else:
         torch.manual_seed(seed)
         model.init_weights()  # the materialised part; target matrices are still on the meta device
-        residual = model_cfg.init_std / (2 * model_cfg.n_layers) ** 0.5
+        residual = residual_init_std(model_cfg)
         for name in sorted(targets):
             meta = model.get_submodule(name)
             std = residual if name.endswith(("o_proj", "down_proj")) else model_cfg.init_std

@@ -25,6 +25,7 @@ from hopperlm.config import Config
 from hopperlm.data.train_data import combined_val_loss
 from hopperlm.errors import HopperError
 from hopperlm.model.transformer import count_params
+from hopperlm.observe.log_cadence import LogCadence
 from hopperlm.observe.metrics import Interval, human_count, mfu, peak_memory_gb
 from hopperlm.parallel.preemption import Preemption
 from hopperlm.parallel.runtime import session
@@ -73,6 +74,8 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
         run.log(f"nothing to do: the run already reached its {stopped_by} budget at step {s.step}")
     pending: list[StepResult] = []  # the steps since the last log step
     interval, lr = Interval(), 0.0
+    # train.log_every, shortened for a run that would print fewer than ~10 lines (one line says so)
+    cadence = LogCadence(tc, step=s.step, tokens_per_step=run.tokens_per_step, log=run.log)
     run.model.train()
     # one process stops at the next micro-batch boundary; several ranks must agree first (on log steps)
     one_process = run.rt.world_size == 1
@@ -110,12 +113,13 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
             s.step, s.tokens = s.step + 1, s.tokens + run.tokens_per_step
             run.rt.beat(s.step)  # several ranks: the heartbeat the launcher watches (parallel/watchdog.py)
             interval.add(run.tokens_per_step)
-            is_log_step = s.step % tc.log_every == 0 or bool(tc.eval_every and s.step % tc.eval_every == 0)
+            is_log_step = cadence.due(s.step) or bool(tc.eval_every and s.step % tc.eval_every == 0)
             is_log_step = is_log_step or budget_done(run) is not None  # (the same on every rank)
             signal = run.rt.agree(preemption.requested, is_log_step)  # several ranks: decided on log steps
             stopped_by = budget_done(run) or (f"signal {signal}" if signal else None)
             if is_log_step or stopped_by:
                 stopped_by = log_step(run, pending, interval, lr, stopped_by)
+                cadence.logged(s.step, run.elapsed())  # a wall-clock budget: its speed, once
                 reviewed = True
                 pending.clear()
                 interval.reset()

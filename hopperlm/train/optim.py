@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 from hopperlm.config import OptimConfig
+from hopperlm.model.completep import eps_scaled
 from hopperlm.model.mup import optimizer_multipliers, scale_groups
 from hopperlm.model.qlora import require_bitsandbytes
 from hopperlm.model.transformer import parameter_shapes
@@ -37,12 +38,12 @@ def build_optimizer(
     betas = (cfg.beta1, cfg.beta2)
     if name == "paged_adamw8bit":  # QLoRA's optimizer (Dettmers et al. 2023)
         bnb = require_bitsandbytes()
-        groups = width_scaled(model, param_groups(model, cfg.weight_decay), cfg)
+        groups = adamw_scaled(model, param_groups(model, cfg.weight_decay), cfg)
         return bnb.optim.PagedAdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
     if name == "adamw8bit":
         from torchao.optim import AdamW8bit
 
-        groups = width_scaled(model, param_groups(model, cfg.weight_decay), cfg)
+        groups = adamw_scaled(model, param_groups(model, cfg.weight_decay), cfg)
         return AdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
     if name == "muon":
         # Muon orthogonalises 2-D updates: the blocks' weight matrices. Embeddings, the LM head and norms
@@ -63,7 +64,7 @@ def build_optimizer(
             for g in param_groups(model, cfg.weight_decay)
         ]
         adamw = torch.optim.AdamW(
-            scaled(rest, factors),
+            eps_scaled(model, scaled(rest, factors), cfg.eps),
             lr=cfg.lr,
             betas=betas,
             eps=cfg.eps,
@@ -71,14 +72,14 @@ def build_optimizer(
         )
         return OptimizerPair(muon, adamw)
     kwargs = {"fused": True} if fused else {}
-    groups = width_scaled(model, param_groups(model, cfg.weight_decay), cfg)
+    groups = adamw_scaled(model, param_groups(model, cfg.weight_decay), cfg)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, **kwargs)
 
 
-def width_scaled(model: nn.Module, groups: list[dict], cfg: OptimConfig) -> list[dict]:
-    """The groups split by μP's learning-rate factors (model/mup.py) when the model has any. Unchanged
-    otherwise."""
-    return scaled(groups, width_factors(model, cfg))
+def adamw_scaled(model: nn.Module, groups: list[dict], cfg: OptimConfig) -> list[dict]:
+    """AdamW's groups split by μP's learning-rate factors (model/mup.py) and CompleteP's epsilon
+    (model/completep.py) where the model has them. Unchanged otherwise."""
+    return eps_scaled(model, scaled(groups, width_factors(model, cfg)), cfg.eps)
 
 
 def width_factors(model: nn.Module, cfg: OptimConfig, muon_ids=frozenset()) -> dict[int, float]:

@@ -1,10 +1,11 @@
-"""`hopperlm sweep RECIPE --lr A,B,C [--dim D] [--seeds S,...]`: tune the learning rate of a μP recipe on a narrow
-proxy of it, and write the recipe back with the best LR.
+"""`hopperlm sweep RECIPE --lr A,B,C [--dim D] [--depth L] [--seeds S,...]`: tune the learning rate of a μP
+recipe on a narrow (and, under CompleteP, shallow) proxy of it, and write the recipe back with the best LR.
 
 The proxy is the recipe at width D (heads of the same size: model.n_heads and n_kv_heads scaled with the
-width; model.base_dim, depth, data, batch, schedule and budget as the recipe says). Under model.parametrization
-mup the best optim.lr of the proxy is the best of the recipe's width (model/mup.py): that is why a recipe that
-is not mup is refused. Each (LR, seed) trains as its own `hopperlm train` process, one after another or
+width; model.base_dim, depth, data, batch, schedule and budget as the recipe says) and, with --depth, L blocks.
+Under model.parametrization mup the best optim.lr of the proxy is the best of the recipe's width (model/mup.py),
+under model.depth_parametrization completep also of the recipe's depth (model/completep.py): that is why a
+recipe that is not mup is refused, and --depth on one that is not completep. Each (LR, seed) trains as its own `hopperlm train` process, one after another or
 `--jobs` side by side (each with cores / jobs threads), into OUT/lr-LR-seed-S; the best LR has the lowest final
 validation loss averaged over seeds. The table, an overlay plot of the runs (OUT/plots) and OUT/sweep.json say
 what was measured. The recipe is written to OUT/RECIPE.tuned.yaml (ruamel.yaml's round trip: its comments and key
@@ -74,16 +75,17 @@ def parse_lrs(text: str) -> list[float]:
     return lrs
 
 
-def proxy_overrides(model: ModelConfig, dim: int | None) -> list[str]:
-    """The --model.* overrides that make the recipe its proxy at width `dim` (none for the recipe's own width);
-    ConfigError for a recipe whose best LR does not transfer, or a proxy that is not narrower."""
+def proxy_overrides(model: ModelConfig, dim: int | None, depth: int | None = None) -> list[str]:
+    """The --model.* overrides that make the recipe its proxy at width `dim` and `depth` blocks (none for the
+    recipe's own); ConfigError for a recipe whose best LR does not transfer, or a proxy that is not smaller."""
     if model.parametrization != "mup":
         raise ConfigError(
             "the recipe uses model.parametrization standard, under which the best LR moves with width: a proxy's "
             "would not transfer; set model.parametrization mup and model.base_dim (the proxy's width)"
         )
+    out = depth_overrides(model, depth)
     if dim is None or dim == model.dim:
-        return []
+        return out
     if dim > model.dim:
         raise ConfigError(
             f"--dim {dim} is wider than the recipe's model.dim {model.dim}: the proxy must be narrower"
@@ -93,7 +95,7 @@ def proxy_overrides(model: ModelConfig, dim: int | None) -> list[str]:
             f"--dim {dim} is not a positive multiple of the head size {model.head_dim}: width grows by heads"
         )
     heads = dim // model.head_dim
-    out = ["--model.dim", str(dim), "--model.n_heads", str(heads)]
+    out = ["--model.dim", str(dim), "--model.n_heads", str(heads), *out]
     if model.n_kv_heads is not None:
         kv = max(1, round(model.n_kv_heads * dim / model.dim))
         while heads % kv:
@@ -102,6 +104,24 @@ def proxy_overrides(model: ModelConfig, dim: int | None) -> list[str]:
     if model.ffn_dim is not None:
         out += ["--model.ffn_dim", str(max(model.multiple_of, round(model.ffn_dim * dim / model.dim)))]
     return out
+
+
+def depth_overrides(model: ModelConfig, depth: int | None) -> list[str]:
+    """The --model.n_layers override of a proxy `depth` blocks deep (none for the recipe's own depth)."""
+    if depth is None or depth == model.n_layers:
+        return []
+    if depth > model.n_layers:
+        raise ConfigError(
+            f"--depth {depth} is deeper than the recipe's model.n_layers {model.n_layers}: the proxy must be "
+            "shallower"
+        )
+    if model.depth_parametrization != "completep":
+        raise ConfigError(
+            f"--depth {depth}: the recipe uses model.depth_parametrization standard, under which the best LR moves "
+            "with depth: a proxy's would not transfer; set model.depth_parametrization completep and "
+            "model.base_depth (the proxy's depth)"
+        )
+    return ["--model.n_layers", str(depth)]
 
 
 def lr_text(lr: float) -> str:
@@ -260,7 +280,7 @@ def table(runs: list[SweepRun], means: dict[float, float], best: float | None) -
 
 
 # what a tuned recipe keeps as the recipe wrote it: the sweep's budget and run folders are the proxy's, not the
-# big run's (the proxy's width never is an override of the sweep: proxy_overrides adds it to each run)
+# big run's (the proxy's width and depth never are overrides of the sweep: proxy_overrides adds them to each run)
 RECIPE_KEEPS = {("train", "max_steps"), ("train", "max_tokens"), ("train", "max_hours"), ("run", "out_dir")}
 
 
@@ -298,6 +318,7 @@ def budget_text(tc: TrainConfig) -> str:
 def proxy_note(
     *,
     dim: int,
+    depth: int,
     train: TrainConfig,
     seeds: list[int],
     proxy: list[str],
@@ -305,16 +326,17 @@ def proxy_note(
     tuned: Path,
     out: Path,
 ) -> str:
-    """The comment that names what the tuned recipe leaves to the proxy: its width (`proxy`, its overrides),
-    budget (`train`; `left_out`, the sweep's budget and out_dir overrides) and seeds, and how to run it again."""
+    """The comment that names what the tuned recipe leaves to the proxy: its width and depth (`proxy`, its
+    overrides), budget (`train`; `left_out`, the sweep's budget and out_dir overrides) and seeds, and how to run it again."""
     again = [
         f"--{section}.{key} {shlex.quote(text)}"
         for section, key, text in override_items([*proxy, *left_out])
         if (section, key) != ("run", "out_dir")
     ]
     return (
-        f"sweep proxy: dim {dim}, {budget_text(train)}, seeds {', '.join(map(str, seeds))}; see {out}/sweep.json. "
-        "This file holds the sweep's other overrides, and its own width, budget and out_dir. A proxy run again:\n"
+        f"sweep proxy: dim {dim}, depth {depth}, {budget_text(train)}, seeds {', '.join(map(str, seeds))}; see "
+        f"{out}/sweep.json. This file holds the sweep's other overrides, and its own width, depth, budget and "
+        "out_dir. A proxy run again:\n"
         f"  hopperlm train {tuned} {' '.join(again)} --train.seed {seeds[0]}"
     )
 
@@ -399,11 +421,12 @@ def config_differences(ours: dict, theirs: dict) -> list[str]:
 
 
 def save_sweep(
-    out_dir: Path, *, command: str, runs: list[SweepRun], means: dict[float, float], best, dim
+    out_dir: Path, *, command: str, runs: list[SweepRun], means: dict[float, float], best, dim, depth
 ) -> None:
     record = {
         "command": command,
         "proxy_dim": dim,
+        "proxy_depth": depth,
         "best_lr": best,
         "mean_final_val_loss": {lr_text(k): (v if math.isfinite(v) else None) for k, v in means.items()},
         "rows": [asdict(r) for r in runs],
