@@ -71,6 +71,13 @@ def cache_dir() -> Path:
     return Path(root) / f"llama.cpp-{LLAMA_CPP_PYTHON}"
 
 
+def built_bin_dir() -> Path | None:
+    """The build/bin folder where every one of BINARIES is built already, else None; never builds (the tests
+    that need llama.cpp skip without it)."""
+    bin_dir = next(cache_dir().glob("llama_cpp_python-*/vendor/llama.cpp/build/bin"), None)
+    return bin_dir if bin_dir is not None and all((bin_dir / b).is_file() for b in BINARIES) else None
+
+
 def run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
     done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
     if done.returncode != 0:

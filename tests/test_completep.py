@@ -204,10 +204,10 @@ def test_llama_cpp_continues_a_completep_export_as_hopperlm(completep_folder, tm
 
     sys.path.insert(0, str(REPO / "bench"))
     from llamacpp_cases import hopperlm_greedy, llama_greedy
-    from llamacpp_check import BINARIES, cache_dir
+    from llamacpp_check import built_bin_dir
 
-    bin_dir = next(cache_dir().glob("llama_cpp_python-*/vendor/llama.cpp/build/bin"), None)
-    if bin_dir is None or not all((bin_dir / b).is_file() for b in BINARIES):
+    bin_dir = built_bin_dir()
+    if bin_dir is None:
         pytest.skip("llama.cpp is not built on this machine: python3 bench/llamacpp_check.py --build-only")
     from hopperlm.interop.gguf import export_gguf
 

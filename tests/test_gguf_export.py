@@ -223,10 +223,9 @@ def test_llama_cpp_tokenizes_and_continues_as_hopperlm(imported, tmp_path):
     hopperlm's, and llama-simple's greedy continuation equals `hopperlm generate --temperature 0`'s."""
     sys.path.insert(0, str(REPO / "bench"))
     from llamacpp_cases import hopperlm_greedy, hopperlm_ids, llama_greedy, llama_tokenize, sentencepiece_ids
-    from llamacpp_check import BINARIES, cache_dir
 
-    bin_dir = next(cache_dir().glob("llama_cpp_python-*/vendor/llama.cpp/build/bin"), None)
-    if bin_dir is None or not all((bin_dir / b).is_file() for b in BINARIES):
+    bin_dir = built_llama_cpp()
+    if bin_dir is None:
         pytest.skip("llama.cpp is not built on this machine: python3 bench/llamacpp_check.py --build-only")
     from hopperlm.interop.gguf import export_gguf
 
@@ -241,10 +240,9 @@ def test_llama_cpp_tokenizes_and_continues_as_hopperlm(imported, tmp_path):
 def built_llama_cpp() -> Path | None:
     """bench/llamacpp_check.py's build folder (bin/) where it has built every binary; never builds."""
     sys.path.insert(0, str(REPO / "bench"))
-    from llamacpp_check import BINARIES, cache_dir
+    from llamacpp_check import built_bin_dir
 
-    bin_dir = next(cache_dir().glob("llama_cpp_python-*/vendor/llama.cpp/build/bin"), None)
-    return bin_dir if bin_dir is not None and all((bin_dir / b).is_file() for b in BINARIES) else None
+    return built_bin_dir()
 
 
 def test_a_k_quant_without_llama_quantize_is_one_line_and_writes_nothing(
