@@ -17,6 +17,7 @@ from pathlib import Path
 from hopperlm.checkpoint.layout import latest_checkpoint, list_checkpoints
 from hopperlm.checkpoint.single import CheckpointSaveError
 from hopperlm.config import CheckpointConfig, LoRAConfig, ModelConfig, TrainConfig
+from hopperlm.config.training import last_step_known_ahead
 from hopperlm.diskspace import DiskError, check_room, human_bytes
 from hopperlm.files import free_bytes
 from hopperlm.memory import optimizer_bytes
@@ -54,16 +55,14 @@ def checkpoints_at_once(
     count, why = cc.keep_last + 1, f"checkpoint.keep_last {cc.keep_last} + the one being written"
     if not cc.keep_every:
         return count, why, ""
-    ends = [budget.max_steps] if budget.max_steps is not None else []
-    if budget.max_tokens is not None and tokens_per_step:
-        ends.append(-(-budget.max_tokens // tokens_per_step))
-    if not ends:  # max_hours alone: the last step is known only when the clock runs out
+    last = last_step_known_ahead(budget, tokens_per_step)
+    if last is None:  # max_hours alone: the last step is known only when the clock runs out
         return (
             count,
             why,
             "checkpoint.keep_every milestones left out: a max_hours run's last step is not known ahead",
         )
-    last, every = min(ends), cc.every
+    every = cc.every
     saves = list(range(step + every - step % every, last, every)) if every else []
     saves.append(last)  # and one at the end
     milestones = sum(1 for s in saves[: -(cc.keep_last + 1)] if s % cc.keep_every == 0)

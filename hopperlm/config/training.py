@@ -253,3 +253,13 @@ def budget_as(before: dict[str, Any], tc: TrainConfig) -> TrainConfig | None:
     if not before or all(before.get(k) == getattr(tc, k) for k in BUDGET_KEYS):
         return None
     return dataclasses.replace(tc, **{k: before.get(k) for k in BUDGET_KEYS})
+
+
+def last_step_known_ahead(budget: TrainConfig, tokens_per_step: int) -> int | None:
+    """The run's last step where its budget says it before the run: train.max_steps, or train.max_tokens over a
+    step's tokens (rounded up), whichever ends it first; None for a train.max_hours budget alone (where
+    max_hours is set too, it may end the run sooner: an upper bound)."""
+    ends = [budget.max_steps] if budget.max_steps is not None else []
+    if budget.max_tokens is not None and tokens_per_step:
+        ends.append(-(-budget.max_tokens // tokens_per_step))
+    return min(ends, default=None)

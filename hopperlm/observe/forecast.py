@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hopperlm.checkpoint.layout import latest_checkpoint, read_state
-from hopperlm.config.training import checkpoint_budget
+from hopperlm.config.training import checkpoint_budget, last_step_known_ahead
 from hopperlm.errors import ConfigError
 from hopperlm.schedule import budget_progress, lr_at
 
@@ -112,11 +112,8 @@ def planned_lrs(
     from the original budget's end to the run's)."""
     schedule = schedule or tc
     step_time = elapsed_s / steps_done if steps_done > 0 else None
-    ends = []
-    if tc.max_steps is not None:
-        ends.append(tc.max_steps)
-    if tc.max_tokens is not None:
-        ends.append(math.ceil(tc.max_tokens / tokens_per_step))
+    known = last_step_known_ahead(tc, tokens_per_step)
+    ends = [known] if known is not None else []
     if tc.max_hours is not None and step_time:
         ends.append(math.ceil(tc.max_hours * 3600 / step_time))
     if not ends:

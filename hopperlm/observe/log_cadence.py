@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable
 
 from hopperlm.config import TrainConfig
+from hopperlm.config.training import last_step_known_ahead
 from hopperlm.observe.metrics import human_hours
 
 LINES = 10  # a run's course, readable: start, the fall, the flattening, the end
@@ -40,17 +41,6 @@ def shortened(log_every: int, steps: int) -> int:
         return log_every
     most = max(1, steps // LINES)
     return max(d for d in range(1, min(most, log_every) + 1) if log_every % d == 0)
-
-
-def known_steps(tc: TrainConfig, tokens_per_step: int) -> int | None:
-    """The run's length in steps when its budget says it: max_steps, or max_tokens over the tokens of a step
-    (whichever ends it first); None for a wall-clock budget alone."""
-    counts = []
-    if tc.max_steps is not None:
-        counts.append(tc.max_steps)
-    if tc.max_tokens is not None:
-        counts.append(math.ceil(tc.max_tokens / tokens_per_step))
-    return min(counts, default=None)
 
 
 def n_steps(n: int) -> str:
@@ -67,7 +57,7 @@ class LogCadence:
     ) -> None:
         self.configured = self.every = tc.log_every
         self.log = log
-        steps = known_steps(tc, tokens_per_step)
+        steps = last_step_known_ahead(tc, tokens_per_step)
         self.known = steps
         if steps is not None and step < steps:  # (a run already at its end has nothing to log)
             self._change(shortened(self.every, steps), f"this run has {n_steps(steps)}", steps)
