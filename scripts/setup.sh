@@ -12,23 +12,27 @@ extras="gguf,eval" mup=()
 # dependencies, as its optimizers and shapes need only torch and pyyaml (its torchvision pin would replace the
 # CPU torch)
 [ "${1:-}" = "--dev" ] && extras="dev" mup=("mup==1.0.0")
+# --no-compile: Python compiles a module when it is first imported; pip would compile every file of every
+# package (torch's and transformers' thousands, most never imported): 15 s of torch's 25 s install here.
+# A failed pip fails the script (pipefail); only pip's warning about running as root is hidden.
+pip_install() { "$PY" -m pip install -q --no-compile "$@" 2>&1 | { grep -v "Running pip as the 'root' user" || true; }; }
 
 if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 11))" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "setup: NVIDIA GPU found; installing torch with CUDA from the package index"
-    "$PY" -m pip install -q "torch>=2.11"
+    pip_install "torch>=2.11"
   else
     echo "setup: no NVIDIA GPU found; installing the CPU build of torch 2.13.0"
-    "$PY" -m pip install -q "torch==2.13.0"
+    pip_install "torch==2.13.0"
   fi
 fi
 # pip's no-op pass over ~100 installed packages takes 13 s: skipped when everything asked for is already there
 if "$PY" scripts/installed.py --extras "$extras" ${mup[@]+"${mup[@]}"}; then
   echo "setup: every requirement (with [$extras]) is installed already, hopperlm editable from here"
 else
-  "$PY" -m pip install -q -e ".[${extras}]" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  pip_install -e ".[${extras}]"
   if [ ${#mup[@]} -gt 0 ]; then
-    "$PY" -m pip install -q --no-deps ${mup[@]+"${mup[@]}"} 2>&1 | grep -v "Running pip as the 'root' user" || true
+    pip_install --no-deps "${mup[@]}"
   fi
 fi
 command -v pyenv >/dev/null 2>&1 && pyenv rehash 2>/dev/null || true  # make the `hopperlm` command visible

@@ -24,7 +24,7 @@ wheel=$(ls "$WORK"/dist/hopperlm-*.whl)
 
 "$PY" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
-quiet "$VPY" -m pip install "torch==2.13.0" "$wheel"
+quiet "$VPY" -m pip install --no-compile "torch==2.13.0" "$wheel"  # (--no-compile: scripts/setup.sh says why)
 
 mkdir -p "$WORK/elsewhere" && cd "$WORK/elsewhere"
 export HOPPERLM_DATA_DIR=${HOPPERLM_DATA_DIR:-$(cd "$REPO/.." && pwd)/shared/data}

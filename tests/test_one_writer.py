@@ -138,6 +138,17 @@ def test_a_tokenizer_output_another_writer_holds_is_refused(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
 
 
+@pytest.mark.slow  # starts hopperlm
+def test_a_sweep_folder_another_sweep_holds_is_refused(shakespeare_bytes, tmp_path):
+    out = tmp_path / "sweep"
+    with hold_folder(out, what="--out"):  # a sweep into it has started and holds it (nothing written yet)
+        args = ["sweep", str(DEBUG), "--data.path", str(shakespeare_bytes), "--lr", "1e-3,2e-3,4e-3"]
+        args += ["--model.parametrization", "mup", "--model.base_dim", "32"]
+        result = run_cli(*args, "--max-steps", "2", "--out", str(out))
+    refusal(result, out, os.getpid(), "--out")
+    assert list(out.iterdir()) == []  # the second wrote nothing; the holder's lock went with it
+
+
 @pytest.mark.slow  # starts torchrun: 2 processes
 def test_under_torchrun_every_rank_stops_with_the_same_line_and_writes_nothing(shakespeare_bytes, tmp_path):
     run = tmp_path / "run"

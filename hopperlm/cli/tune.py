@@ -1,0 +1,218 @@
+"""`sweep`: tune optim.lr on a narrow (or shallow) proxy of a recipe, write the tuned recipe, and with --widths
+forecast the recipe's final loss from narrower proxies trained at its tokens per parameter."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hopperlm.cli.common import add_verb, int_at_least, log, number, resolve_recipe, run_config
+from hopperlm.errors import ConfigError
+from hopperlm.files import write_atomic
+from hopperlm.folder_lock import LOCK_NAME, hold_folder
+
+if TYPE_CHECKING:  # (the CLI imports torch only when a verb needs it)
+    from hopperlm.config import Config
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """A sweep checked before anything trains: the recipe, the user's overrides, those of every run (`extra`:
+    the user's and the budget) and of the proxy's shape (`proxy`), the learning rates and seeds, --widths'
+    forecast plan, and the folder."""
+
+    recipe: Path
+    cfg: Config
+    overrides: list[str]  # the user's, as given (the forecast's big run)
+    extra: list[str]
+    proxy: list[str]
+    lrs: list[float]
+    seeds: list[int]
+    widths: dict | None
+    out: Path
+
+
+def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
+    """Tune optim.lr on a narrow (or shallow) proxy of a μP recipe and write the recipe with the best one
+    (train/sweep.py)."""
+    plan = plan_sweep(args, overrides)
+    # one sweep per folder for its whole life: a second one into it is refused before it writes anything
+    with hold_folder(plan.out, what="--out", log=log):
+        if any(p.name != LOCK_NAME for p in plan.out.iterdir()):
+            raise ConfigError(
+                f"{plan.out} exists and is not empty; choose another --out (a sweep never overwrites runs)"
+            )
+        run_planned_sweep(args, plan)
+
+
+def plan_sweep(args: argparse.Namespace, overrides: list[str]) -> SweepPlan:
+    from hopperlm.train import sweep
+
+    recipe = resolve_recipe(args.config)
+    lrs = sweep.parse_lrs(args.lr)
+    extra = list(overrides)
+    if args.max_steps is not None:
+        extra += ["--train.max_steps", str(args.max_steps), "--train.max_hours", "null"]
+    if args.max_hours is not None:
+        extra += ["--train.max_hours", str(args.max_hours), "--train.max_steps", "null"]
+    cfg = run_config(str(recipe), extra)
+    proxy = sweep.proxy_overrides(cfg.model, args.dim, args.depth)
+    run_config(str(recipe), extra + proxy)  # the proxy is a valid config before anything trains
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [cfg.train.seed]
+    widths = forecast_widths(args, recipe, list(overrides)) if args.widths else None
+    out = Path(args.out or f"runs/sweep-{recipe.stem}")
+    return SweepPlan(recipe, cfg, list(overrides), extra, proxy, lrs, seeds, widths, out)
+
+
+def run_planned_sweep(args: argparse.Namespace, plan: SweepPlan) -> None:
+    """The sweep itself, into the folder `cmd_sweep` holds: the runs, sweep.json, the plots, the tuned recipe,
+    and with --widths the forecast's proxies."""
+    from hopperlm.observe.plot import plot_runs
+    from hopperlm.train import sweep
+
+    recipe, cfg, extra, proxy, lrs, seeds, widths, out = (
+        plan.recipe, plan.cfg, plan.extra, plan.proxy, plan.lrs, plan.seeds, plan.widths, plan.out
+    )  # fmt: skip
+    dim, depth = args.dim or cfg.model.dim, args.depth or cfg.model.n_layers
+    log(f"sweep: {recipe.name} at width {dim}, {depth} blocks (the recipe's: {cfg.model.dim}, {cfg.model.n_layers}), "
+        f"lr {', '.join(map(sweep.lr_text, lrs))}, seeds {', '.join(map(str, seeds))}, {args.jobs} at a time -> {out}")  # fmt: skip
+    runs = sweep.run_sweep(recipe, extra + proxy, lrs=lrs, seeds=seeds, out_dir=out, jobs=args.jobs, log=log)
+    best, means = sweep.best_lr(runs)
+    command = "hopperlm " + " ".join(sys.argv[1:])
+    sweep.save_sweep(out, command=command, runs=runs, means=means, best=best, dim=dim, depth=depth)
+    finished = [r.run_dir for r in runs if (Path(r.run_dir) / "metrics.jsonl").is_file()]
+    if finished:
+        plot_runs([Path(r) for r in finished], out / "plots")
+    log("")
+    for line in sweep.table(runs, means, best):
+        log(line)
+    if best is None:
+        raise ConfigError(
+            f"no learning rate finished with a finite validation loss; each run's log is {out}/*/sweep.log"
+        )
+    note = (
+        f"optim.lr {sweep.lr_text(best)}: the best of {', '.join(map(sweep.lr_text, lrs))} on a width-{dim}, "
+        f"depth-{depth} proxy "
+        f"(mean final val loss {means[best]:.4f} over seeds {', '.join(map(str, seeds))}): `{command}`, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
+    # the file alone trains what the sweep tuned: every override of the runs but the proxy's width, depth, budget
+    # and out_dir (the recipe's stay), with comments naming the sweep and the proxy
+    kept, left_out = sweep.split_overrides(extra)
+    tuned = out / f"{recipe.stem}.tuned.yaml"
+    note += "\n" + sweep.proxy_note(
+        dim=dim,
+        depth=depth,
+        train=cfg.train,
+        seeds=seeds,
+        proxy=proxy,
+        left_out=left_out,
+        tuned=tuned,
+        out=out,
+    )
+    text = sweep.tuned_recipe_text(recipe.read_text(), lr=best, overrides=kept, note=note)
+    write_atomic(tuned, text)  # kept whatever the forecast's runs do
+    ran = run_config(str(recipe), [*extra, *proxy, "--optim.lr", repr(best)]).to_dict()
+    again = run_config(str(tuned), [*proxy, *left_out]).to_dict()
+    if differ := sweep.config_differences(again, ran):
+        log(f"warning: {tuned} at the proxy's width and budget differs from the sweep's runs in {', '.join(differ)}; "
+            f"set them as {out}/*/config.yaml has them")  # fmt: skip
+    if widths:
+        saved = forecast_big_run(
+            recipe, plan.overrides, widths, lr=best, seeds=seeds, out=out, jobs=args.jobs
+        )
+        text = sweep.set_key(text, "train", "forecast_from", str(saved.resolve()), comment=f"`{command}`")
+        tuned = write_atomic(tuned, text)
+    log(f"best lr {sweep.lr_text(best)}; the recipe with it: {tuned} ({out}/sweep.json, {out}/plots)")
+
+
+def forecast_widths(args: argparse.Namespace, recipe: Path, overrides: list[str]) -> dict:
+    """--widths checked before anything trains: at least three proxies, each narrower than the recipe and a
+    valid proxy of it, and the big run's budget in tokens known; {widths, tokens, params, tokens_per_param}."""
+    from hopperlm.observe.width_forecast import MIN_WIDTHS
+    from hopperlm.train import sweep
+
+    try:
+        widths = sorted({int(w) for w in args.widths.split(",") if w.strip()})
+    except ValueError:
+        raise ConfigError(
+            f"--widths {args.widths!r}: write widths separated by commas, e.g. 64,128,256"
+        ) from None
+    target = run_config(str(recipe), overrides)  # the big run as the recipe says, not the LR sweep's budget
+    if len(widths) < MIN_WIDTHS or widths[-1] >= target.model.dim:
+        raise ConfigError(
+            f"--widths {args.widths!r}: give at least {MIN_WIDTHS} widths, all narrower than the recipe's "
+            f"model.dim {target.model.dim}, e.g. {target.model.dim // 8},{target.model.dim // 4},{target.model.dim // 2}"
+        )
+    for w in widths:
+        run_config(str(recipe), overrides + sweep.proxy_overrides(target.model, w))
+    tokens = sweep.budget_tokens(target.train, args.target_tokens)
+    sweep.tokens_per_step(target.train)
+    params = sweep.model_params(target.model, target.data)
+    return {"widths": widths, "tokens": tokens, "params": params, "tokens_per_param": tokens / params}
+
+
+def forecast_big_run(
+    recipe: Path, overrides: list[str], plan: dict, *, lr: float, seeds, out: Path, jobs: int
+):
+    """Train the proxies of `plan` at the best LR and the big run's tokens per parameter, and forecast its final
+    validation loss (observe/width_forecast.py); the forecast's file."""
+    from hopperlm.observe.width_forecast import forecast
+    from hopperlm.train import sweep
+
+    log(f"forecast: widths {', '.join(map(str, plan['widths']))} at lr {sweep.lr_text(lr)} and "
+        f"{plan['tokens_per_param']:.3g} tokens per parameter (the recipe's {plan['tokens']:,} tokens / "
+        f"{plan['params']:,} parameters)")  # fmt: skip
+    points = sweep.run_widths(recipe, overrides, widths=plan["widths"], lr=lr, seeds=seeds,
+                              tokens_per_param=plan["tokens_per_param"], out_dir=out, jobs=jobs, log=log)  # fmt: skip
+    result = forecast(points, target_params=plan["params"], tokens_per_param=plan["tokens_per_param"])
+    path = out / "forecast.json"
+    result.save(path)
+    log(result.line())
+    return path
+
+
+def add_sweep_parser(verbs, common: argparse.ArgumentParser, recipe: str) -> None:
+    p = add_verb(
+        verbs,
+        common,
+        "sweep",
+        cmd_sweep,
+        "tune optim.lr of a mup recipe on a narrow proxy; write the tuned recipe",
+        overrides="the recipe (every run), e.g. --train.eval_every 50",
+        config=recipe,
+    )
+    p.add_argument(
+        "--lr", required=True, help="learning rates, comma-separated (at least 3, e.g. 1e-3,2e-3,4e-3)"
+    )
+    p.add_argument("--dim", type=int_at_least(1), help="the proxy's width (default: the recipe's)")
+    p.add_argument(
+        "--depth",
+        type=int_at_least(1),
+        help="the proxy's number of blocks, under model.depth_parametrization completep (default: the recipe's)",
+    )
+    p.add_argument("--seeds", help="train.seed values, comma-separated (default: the recipe's)")
+    p.add_argument(
+        "--max-steps", type=int_at_least(1), help="each run's budget in steps (instead of the recipe's)"
+    )
+    p.add_argument(
+        "--max-hours",
+        type=number(float, low=0, low_open=True),
+        help="each run's wall-clock budget (instead of the recipe's)",
+    )
+    p.add_argument("--jobs", type=int_at_least(1), default=1, help="runs side by side (default 1)")
+    p.add_argument("--out", help="sweep folder (default runs/sweep-RECIPE)")
+    p.add_argument(
+        "--widths",
+        help="then train the recipe at these narrower widths (at least 3, comma-separated) at the best LR and "
+        "the recipe's tokens per parameter, and forecast its final loss (train.forecast_from in the tuned recipe)",
+    )
+    p.add_argument(
+        "--target-tokens",
+        type=int_at_least(1),
+        help="--widths: the big run's training tokens, where its budget is in hours",
+    )
