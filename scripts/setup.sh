@@ -12,10 +12,16 @@ extras="gguf,eval" mup=()
 # dependencies, as its optimizers and shapes need only torch and pyyaml (its torchvision pin would replace the
 # CPU torch)
 [ "${1:-}" = "--dev" ] && extras="dev" mup=("mup==1.0.0")
-# --no-compile: Python compiles a module when it is first imported; pip would compile every file of every
-# package (torch's and transformers' thousands, most never imported): 15 s of torch's 25 s install here.
-# A failed pip fails the script (pipefail); only pip's warning about running as root is hidden.
+# A failed pip fails the script (pipefail); only pip's warning about running as root is hidden. pip compiles
+# what it installs to bytecode one file at a time (half of a fresh install's two minutes here): --no-compile, then
+# compile_installed below does it on every core.
 pip_install() { "$PY" -m pip install -q --no-compile "$@" 2>&1 | { grep -v "Running pip as the 'root' user" || true; }; }
+# Bytecode for the environment's packages, on every core (compileall -j 0), as pip would have written it. Without
+# it every process would compile torch again where PYTHONDONTWRITEBYTECODE is set (CI's machines set it). A file
+# that does not compile (some packages ship Python 2 examples) is skipped, as pip skips it.
+compile_installed() {
+  "$PY" -m compileall -qq -j 0 "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
+}
 
 if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 11))" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -25,6 +31,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.spli
     echo "setup: no NVIDIA GPU found; installing the CPU build of torch 2.13.0"
     pip_install "torch==2.13.0"
   fi
+  installed=1
 fi
 # pip's no-op pass over ~100 installed packages takes 13 s: skipped when everything asked for is already there
 if "$PY" scripts/installed.py --extras "$extras" ${mup[@]+"${mup[@]}"}; then
@@ -34,6 +41,8 @@ else
   if [ ${#mup[@]} -gt 0 ]; then
     pip_install --no-deps "${mup[@]}"
   fi
+  installed=1
 fi
+if [ "${installed:-0}" = 1 ]; then compile_installed; fi
 command -v pyenv >/dev/null 2>&1 && pyenv rehash 2>/dev/null || true  # make the `hopperlm` command visible
 "$PY" -c "import hopperlm, torch; print(f'setup: hopperlm {hopperlm.__version__} with torch {torch.__version__}')"

@@ -24,7 +24,8 @@ wheel=$(ls "$WORK"/dist/hopperlm-*.whl)
 
 "$PY" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
-quiet "$VPY" -m pip install --no-compile "torch==2.13.0" "$wheel"  # (--no-compile: scripts/setup.sh says why)
+quiet "$VPY" -m pip install --no-compile "torch==2.13.0" "$wheel"
+"$VPY" -m compileall -qq -j 0 "$WORK/venv/lib" >/dev/null 2>&1 || true  # on every core, as scripts/setup.sh does
 
 mkdir -p "$WORK/elsewhere" && cd "$WORK/elsewhere"
 export HOPPERLM_DATA_DIR=${HOPPERLM_DATA_DIR:-$(cd "$REPO/.." && pwd)/shared/data}

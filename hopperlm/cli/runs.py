@@ -207,13 +207,39 @@ def cmd_forecast(args: argparse.Namespace) -> None:
 
     from hopperlm.observe.forecast import forecast_run, run_target
 
-    forecast = forecast_run(Path(args.run), using=args.using, siblings=args.siblings)
+    forecast = forecast_by_collapse(args) if args.proxies else None
+    if forecast is None:
+        forecast = forecast_run(Path(args.run), using=args.using, siblings=args.siblings)
     target = args.target if args.target is not None else run_target(Path(args.run))
     log(forecast.line(target))
     if args.json:
         out = {**forecast.to_dict(), "target": target}
         write_atomic(args.json, json.dumps(out, indent=2) + "\n")  # whole or as before
         log(f"wrote {args.json}")
+
+
+def forecast_by_collapse(args: argparse.Namespace):
+    """`forecast --proxies SWEEP_DIR`: the run's first --using of its budget fitted to the proxies' collapsed
+    curve (observe/collapse.py); None, said in one line, where the proxies trained another number of tokens per
+    parameter (the in-run law forecasts then). Proxies of another schedule, parametrization or data, fewer than
+    three widths, or a run that has not trained its --using share: ConfigError."""
+    from hopperlm.observe import collapse
+
+    run = collapse.curve_of_run(Path(args.run))
+    proxies = collapse.read_proxies(Path(args.proxies))
+    if (why := collapse.check_proxies(run, proxies)) is not None:
+        raise ConfigError(f"forecast --proxies {args.proxies}: {why}; give the proxies of this run's recipe")
+    trained = max((s for s, _ in run.val), default=0) / run.final_step
+    using = args.using if args.using is not None else trained
+    if trained < using - 1e-9:
+        raise ConfigError(
+            f"forecast --using {args.using:g}: {args.run} has validation losses up to {trained:.0%} of its budget "
+            f"only; wait, or forecast from at most {trained:.2f}"
+        )
+    if (why := collapse.tokens_mismatch(run, proxies)) is not None:
+        log(f"forecast: {why}: their curves do not shape this run's; the in-run law forecasts instead")
+        return None
+    return collapse.collapse_forecast(run, proxies, using=using)
 
 
 def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
@@ -327,6 +353,12 @@ def add_forecast_parser(verbs, common: argparse.ArgumentParser) -> None:
         help="forecast from the records of the first FRACTION of the budget only (a backtest); default all",
     )
     p.add_argument("--json", metavar="FILE", help="also write the forecast as JSON here")
+    p.add_argument(
+        "--proxies",
+        metavar="SWEEP_DIR",
+        help="forecast by scaling collapse: the run's curve fitted to the shape of the proxies that `sweep --widths` "
+        "trained into SWEEP_DIR (same schedule, parametrization, data and tokens per parameter)",
+    )
     p.add_argument(
         "--siblings",
         action="store_true",

@@ -161,6 +161,7 @@ def forecast_big_run(
 ):
     """Train the proxies of `plan` at the best LR and the big run's tokens per parameter, and forecast its final
     validation loss (observe/width_forecast.py); the forecast's file."""
+    from hopperlm.observe.collapse import curve_of_run
     from hopperlm.observe.width_forecast import forecast
     from hopperlm.train import sweep
 
@@ -170,6 +171,12 @@ def forecast_big_run(
     points = sweep.run_widths(recipe, overrides, widths=plan["widths"], lr=lr, seeds=seeds,
                               tokens_per_param=plan["tokens_per_param"], out_dir=out, jobs=jobs, log=log)  # fmt: skip
     result = forecast(points, target_params=plan["params"], tokens_per_param=plan["tokens_per_param"])
+    # the whole curves too: `hopperlm forecast RUN --proxies OUT` shapes the big run's forecast with them
+    result.curves = [
+        curve_of_run(Path(p["run_dir"]), label=f"width-{p['width']} seed {p['seed']}").to_dict()
+        for p in points
+        if p["final_val_loss"] is not None
+    ]
     path = out / "forecast.json"
     result.save(path)
     log(result.line())

@@ -1,6 +1,7 @@
 """The loss forecast during training: at every evaluation, where the run will land at the end of its budget
-(observe/forecast.py fits the curve), added to the metrics record, printed as one line, and a warning with
-the budget that would reach train.target_loss when the target looks out of reach.
+(observe/forecast.py fits the curve; with train.forecast_from's proxy curves, observe/collapse.py fits it to
+their collapsed shape), added to the metrics record, printed as one line, and a warning with the budget that
+would reach train.target_loss when the target looks out of reach.
 
     forecast: 3.05 (3.02-3.09) at step 12000 (the budget's end); target 3.0781: likely
     warning: target 3.0781 looks out of reach (forecast 3.21, at best 3.17); about 2x this budget would reach
@@ -15,7 +16,8 @@ from typing import Any
 
 from hopperlm.config import OptimConfig, TrainConfig
 from hopperlm.config.training import BUDGET_KEYS
-from hopperlm.errors import first_line
+from hopperlm.errors import ConfigError, first_line
+from hopperlm.observe import collapse
 from hopperlm.observe.forecast import Forecast, forecast_curve, planned_lrs
 
 # budgets tried, as multiples of the run's, when the target looks out of reach
@@ -32,8 +34,14 @@ class Forecaster:
         oc: OptimConfig,
         log: Callable[[str], None],
         schedule: TrainConfig | None = None,
+        proxies: list[collapse.Curve] | None = None,
+        run: dict | None = None,
     ) -> None:
+        """`proxies` (train.forecast_from's curves) and `run` (make_curve's description of this run but its
+        schedule and losses: label, width, params, seed, parametrization, data, warmup_steps): forecast by
+        collapse where they match (observe/collapse.py), else by the law."""
         self.tc, self.oc, self.log, self.schedule = tc, oc, log, schedule
+        self.proxies, self.run = (proxies, run) if proxies and run else (None, None)
         self.off = False  # a forecast failed once: said in one line, then no more (training goes on)
         self.needed: str | None = None  # the last budget advice printed, so it is not repeated every eval
         # what the latest evaluation saw, and the LRs of its planned schedule (the past ones included)
@@ -57,7 +65,7 @@ class Forecaster:
         self.val_points, self.train_points = list(val_points), list(train_points)
         try:
             self.lrs = self._planned(self.tc, self.schedule)
-            forecast = self._fit(self.lrs)
+            forecast = self._collapse() or self._fit(self.lrs)
         except Exception as e:  # a fit that breaks must never end a training run: one line, then off
             self.off = True
             self.log(f"forecast: off from step {self.step} ({first_line(e)[:200]})")
@@ -98,6 +106,26 @@ class Forecaster:
                 schedule=schedule,
             )
         )
+
+    def _collapse(self) -> collapse.CollapseForecast | None:
+        """The forecast by collapse, or None: the law forecasts (no proxies, or too few evaluations yet). Proxies
+        that do not match this run are said once, in one line, and left."""
+        if self.proxies is None:
+            return None
+        curve = collapse.make_curve(
+            **self.run, tokens_per_step=self.tokens_per_step, lrs=self.lrs, val=self.val_points
+        )
+        why = collapse.check_proxies(curve, self.proxies) or collapse.tokens_mismatch(curve, self.proxies)
+        if why is not None:
+            self.log(
+                f"forecast: train.forecast_from's proxies do not shape this run ({why}); the in-run law forecasts"
+            )
+            self.proxies = None
+            return None
+        try:
+            return collapse.collapse_forecast(curve, self.proxies, using=self.step / len(self.lrs))
+        except ConfigError:  # too few evaluations inside the window yet: the law's forecast, as before
+            return None
 
     def _fit(self, lrs: list[float]) -> Forecast | None:
         return forecast_curve(self.val_points, lrs, at_step=self.step, train_points=self.train_points)

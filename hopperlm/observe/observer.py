@@ -25,7 +25,7 @@ from hopperlm.diskspace import unwritten
 from hopperlm.files import write_atomic
 from hopperlm.hardware import Hardware
 from hopperlm.model.transformer import count_params
-from hopperlm.observe import cuda_memory
+from hopperlm.observe import collapse, cuda_memory
 from hopperlm.observe.forecast_log import Forecaster
 from hopperlm.observe.gpu_monitor import open_gpu_monitor
 from hopperlm.observe.metrics import format_record, read_metrics
@@ -64,6 +64,17 @@ def plan_record(
     }
 
 
+def collapse_inputs(cfg: Config, model_cfg: ModelConfig) -> dict:
+    """The Forecaster's proxies and run description where train.forecast_from kept the proxies' curves (`sweep
+    --widths`), else nothing (the in-run law forecasts)."""
+    curves = collapse.saved_curves(cfg.train.forecast_from) if cfg.train.forecast_from else []
+    if not curves:
+        return {}
+    run = {"label": "this run", "width": model_cfg.dim, "params": count_params(model_cfg)["total"],
+           "seed": cfg.train.seed, "warmup_steps": cfg.optim.warmup_steps, **collapse.identity(cfg)}  # fmt: skip
+    return {"proxies": curves, "run": run}
+
+
 class RunObserver:
     def __init__(
         self,
@@ -84,7 +95,9 @@ class RunObserver:
         self.cfg, self.run_dir, self.log = cfg, Path(run_dir), log
         # the forecast runs to the run's budget with the LR of the schedule's (a resume may keep the original)
         kept = schedule_budget if schedule_budget is not None and schedule_budget != cfg.train else None
-        self.forecaster = Forecaster(cfg.train, cfg.optim, log, schedule=kept)
+        self.forecaster = Forecaster(
+            cfg.train, cfg.optim, log, schedule=kept, **collapse_inputs(cfg, model_cfg)
+        )
         write_atomic(
             self.run_dir / "plan.json",
             json.dumps(plan_record(hw, plan, model_cfg, fpt, predicted), indent=2, default=str) + "\n",

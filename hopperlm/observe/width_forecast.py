@@ -18,7 +18,7 @@ import itertools
 import json
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +83,9 @@ class WidthForecast:
     """{law: relative error forecasting the widest proxy from the narrower ones}, and which widths did what."""
     points: list
     """[{width, params, seed, final_val_loss}] of the proxies."""
+    curves: list = field(default_factory=list)
+    """The proxies' whole validation curves (observe/collapse.py's Curve as dicts): `forecast --proxies` fits a
+    run's first part of its budget to their shape."""
 
     def line(self, tokens: float | None = None) -> str:
         widths = sorted({p["width"] for p in self.points})

@@ -216,7 +216,8 @@ def run_widths(
     log: Callable[[str], None] = print,
 ) -> list[dict]:
     """The recipe at each width (proxy_overrides) and `lr`, trained for `tokens_per_param` tokens per parameter,
-    every seed; a point per run: {width, params, seed, final_val_loss, steps} (loss None where it failed)."""
+    every seed; a point per run: {width, params, seed, final_val_loss, steps, run_dir} (loss None where it
+    failed)."""
     from hopperlm.config import load_config
 
     points, model = [], load_config(recipe, overrides).model
@@ -235,6 +236,7 @@ def run_widths(
                 "seed": r.seed,
                 "steps": steps,
                 "final_val_loss": r.final_val_loss,
+                "run_dir": str(r.run_dir),
             }
             for r in runs
         ]

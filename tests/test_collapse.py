@@ -1,0 +1,220 @@
+"""Forecast by scaling collapse (observe/collapse.py): curves that share one shape are forecast exactly from a
+third of the run, noise widens the interval, and proxies that do not match the run are refused in one line."""
+
+import contextlib
+import io
+import json
+import math
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hopperlm.cli import main
+from hopperlm.errors import ConfigError
+from hopperlm.observe import collapse
+from hopperlm.observe.collapse import Curve, check_proxies, collapse_forecast, lr_shape, tokens_mismatch
+
+REPO = Path(__file__).resolve().parents[1]
+T = 400
+COSINE = [min(1.0, (i + 1) / 20) * 0.5 * (1 + math.cos(math.pi * i / T)) for i in range(T)]
+
+
+def g(tau: float) -> float:
+    """A shared shape: falls fast, then slowly, and ends at 0 (the cosine's anneal)."""
+    return (tau + 0.03) ** -0.6 - 1.03**-0.6 * (1 - 0.2 * (1 - tau))
+
+
+def curve(width: int, floor: float, scale: float, *, seed: int = 0, noise: float = 0.0, **changes) -> Curve:
+    rng = random.Random(width * 100 + seed)
+    steps = range(10, T + 1, 10)
+    values = {
+        "label": f"width-{width} seed {seed}",
+        "width": width,
+        "params": width * width * 24,
+        "seed": seed,
+        "final_step": T,
+        "tokens_per_param": 20.0,
+        "lr_shape": lr_shape(COSINE),
+        "warmup_fraction": 20 / T,
+        "parametrization": "mup/completep",
+        "data": "/data/books",
+        "val": [(s, floor + scale * g(s / T) + rng.gauss(0, noise)) for s in steps],
+    }
+    return Curve(**{**values, **changes})
+
+
+def proxies(noise: float = 0.0) -> list[Curve]:
+    # smaller models end higher and fall from higher: floor and scale differ, the shape does not
+    return [
+        curve(w, 4.0 - 0.3 * math.log2(w / 32), 0.8 + 0.05 * math.log2(w / 32), seed=s, noise=noise)
+        for w in (32, 48, 64, 96)
+        for s in (1, 2)
+    ]
+
+
+def test_a_run_of_the_proxies_shape_is_forecast_exactly_from_its_first_30_percent():
+    run = curve(256, 3.1, 0.9)
+    got = collapse_forecast(run, proxies(), using=0.3)
+    assert got.final_val_loss == pytest.approx(3.1, rel=1e-4)
+    assert got.low <= 3.1 <= got.high and got.widths == [32, 48, 64, 96]
+    assert got.at_step == 120 and got.final_step == T
+    # what the run was given stays within 30%: its later points change nothing
+    later = curve(256, 3.1, 0.9)
+    later = Curve(**{**later.to_dict(), "val": [(s, v + (1.0 if s > 120 else 0)) for s, v in later.val]})
+    assert collapse_forecast(later, proxies(), using=0.3).final_val_loss == got.final_val_loss
+    assert "forecast by collapse: 3.100" in got.line(3.2) and got.line(3.2).endswith("likely")
+
+
+def test_noisy_proxies_widen_the_interval_and_it_still_covers():
+    quiet = collapse_forecast(curve(256, 3.1, 0.9), proxies(), using=0.3)
+    noisy_run = curve(256, 3.1, 0.9, noise=0.01)
+    noisy = collapse_forecast(noisy_run, proxies(noise=0.01), using=0.3)
+    assert noisy.high - noisy.low > quiet.high - quiet.low
+    assert noisy.low <= 3.1 <= noisy.high  # the end without the noise of its own evaluation
+    assert set(noisy.spreads) == {"backtest", "leave_one_out", "seeds", "fit"} and noisy.spreads["seeds"] > 0
+
+
+def test_a_shape_the_proxies_do_not_share_is_not_forecast_exactly():
+    """The method's own limit: a run whose curve has another shape is missed (here by more than 1%)."""
+    other = curve(256, 3.1, 0.9)
+    bent = Curve(**{**other.to_dict(), "val": [(s, 3.1 + 0.9 * g(s / T) ** 1.5) for s, _ in other.val]})
+    got = collapse_forecast(bent, proxies(), using=0.3)
+    assert abs(got.final_val_loss / 3.1 - 1) > 0.01
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"parametrization": "standard/standard"}, "is standard/standard, the run mup/completep"),
+        ({"data": "/data/other"}, "trained on /data/other, the run on /data/books"),
+        ({"lr_shape": lr_shape([1.0] * T)}, "LR schedule has another shape than the run's"),
+    ],
+)
+def test_proxies_that_do_not_match_the_run_are_named(change, says):
+    run = curve(256, 3.1, 0.9)
+    bad = [curve(32, 4.0, 0.8, **change), *proxies()[2:]]
+    assert says in check_proxies(run, bad)
+    with pytest.raises(ConfigError, match="forecast --proxies: proxy width-32 seed 0"):
+        collapse_forecast(run, bad, using=0.3)
+
+
+def test_fewer_than_three_widths_and_other_tokens_per_parameter():
+    run = curve(256, 3.1, 0.9)
+    two = [p for p in proxies() if p.width in (32, 48)]
+    assert (
+        check_proxies(run, two)
+        == "the proxies have 2 finished width(s) ([32, 48]); the collapse needs 3 or more"
+    )
+    assert tokens_mismatch(run, proxies()) is None
+    longer = Curve(**{**run.to_dict(), "tokens_per_param": 40.0})
+    assert tokens_mismatch(longer, proxies()) == "the proxies trained 20 tokens per parameter, the run 40"
+
+
+def test_too_few_points_in_the_window_is_one_line():
+    run = curve(256, 3.1, 0.9)
+    with pytest.raises(ConfigError, match="fewer than 4 validation losses between 5% and 8%"):
+        collapse_forecast(run, proxies(), using=0.08)
+
+
+def test_the_shape_is_zero_at_the_end_and_one_on_average_over_the_window():
+    taus = np.linspace(0.05, 0.3, 64)
+    f = collapse.shape(proxies(), (0.05, 0.3), taus)
+    assert float(np.mean(f)) == pytest.approx(1.0, abs=1e-6)
+    assert collapse.shape(proxies(), (0.05, 0.3), np.array([1.0]))[0] == pytest.approx(0.0, abs=1e-9)
+
+
+def _benchmark():
+    sys.path.insert(0, str(REPO / "bench"))  # importable by name: its pool's workers unpickle its functions
+    try:
+        import forecast_collapse
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    return forecast_collapse
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """`hopperlm ARGS` in this process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.slow  # trains 4 tiny runs (about 25 s)
+def test_the_benchmark_runs_in_smoke_mode_and_forecast_takes_its_proxies(tmp_path):
+    bench = _benchmark()
+    result = bench.main(["--smoke", "--work", str(tmp_path), "--save", str(tmp_path / "r.json")])
+    rows = result["rows"]
+    assert {(r["method"], r["using"]) for r in rows} == {("proxies", None), ("collapse", 0.3), ("collapse", 0.5),
+                                                          ("law", 0.3), ("law", 0.5)}  # fmt: skip
+    keys = {
+        "corpus",
+        "schedule",
+        "run",
+        "width",
+        "seed",
+        "method",
+        "using",
+        "forecast",
+        "low",
+        "high",
+        "final",
+    }
+    assert all(keys <= set(r) for r in rows) and json.loads((tmp_path / "r.json").read_text())["rows"] == rows
+    collapsed = [r for r in rows if r["method"] == "collapse"]
+    assert all(r["low"] <= r["forecast"] <= r["high"] and r["width"] == 48 for r in collapsed)
+    # the CLI on the same runs: a sweep folder whose forecast.json keeps the proxies' curves
+    runs = tmp_path / "smoke" / "runs" / "shakespeare" / "wsd"
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    curves = [collapse.curve_of_run(p).to_dict() for p in sorted(runs.glob("width-*"))]
+    (sweep / "forecast.json").write_text(json.dumps({"curves": curves}))
+    code, out, err = cli("forecast", str(runs / "big-48-seed-1"), "--using", "0.3", "--proxies", str(sweep))
+    assert code == 0, err
+    want = next(r for r in collapsed if r["using"] == 0.3)
+    assert f"forecast by collapse: {want['forecast']:.3f} ({want['low']:.3f}-{want['high']:.3f})" in out
+    # bad inputs: one line each, exit 2
+    (sweep / "forecast.json").write_text(json.dumps({"curves": curves[:2]}))
+    code, _, err = cli("forecast", str(runs / "big-48-seed-1"), "--using", "0.3", "--proxies", str(sweep))
+    assert code == 2 and "the collapse needs 3 or more" in err and len(err.strip().splitlines()) == 1
+    code, _, err = cli("forecast", str(runs / "big-48-seed-1"), "--proxies", str(tmp_path))
+    assert code == 2 and "no proxy curves there" in err
+    partial = tmp_path / "partial"
+    shutil.copytree(runs / "big-48-seed-1", partial)
+    lines = (partial / "metrics.jsonl").read_text().splitlines()
+    (partial / "metrics.jsonl").write_text("\n".join(lines[: len(lines) // 5]) + "\n")
+    (sweep / "forecast.json").write_text(json.dumps({"curves": curves}))
+    code, _, err = cli("forecast", str(partial), "--using", "0.5", "--proxies", str(sweep))
+    assert code == 2 and "has validation losses up to" in err and "--using 0.5" in err
+
+
+def test_training_forecasts_by_collapse_with_matching_proxies_and_by_the_law_without():
+    from hopperlm.config import OptimConfig, TrainConfig
+    from hopperlm.observe.forecast_log import Forecaster
+
+    tc = TrainConfig(max_steps=T, max_hours=None, seq_len=64, micro_batch=16)
+    oc = OptimConfig(schedule="cosine", warmup_steps=20, min_lr_ratio=0.0)
+    truth = curve(256, 3.1, 0.9)
+    run = {"label": "this run", "width": 256, "params": truth.params, "seed": 0, "warmup_steps": 20,
+           "parametrization": truth.parametrization, "data": truth.data}  # fmt: skip
+    lines = []
+    tokens_per_step = round(truth.tokens_per_param * truth.params / T)
+    record = {"step": 120, "tokens": 120 * tokens_per_step, "elapsed_s": 60.0}
+    seen = [(s, v) for s, v in truth.val if s <= 120]
+    got = Forecaster(tc, oc, lines.append, proxies=proxies(), run=run).at(dict(record), seen, [])
+    assert got.method == "collapse" and got.final_val_loss == pytest.approx(3.1, rel=2e-3) and lines == []
+    # proxies of another parametrization: one line, then the law
+    other = [Curve(**{**p.to_dict(), "parametrization": "standard/standard"}) for p in proxies()]
+    forecaster = Forecaster(tc, oc, lines.append, proxies=other, run=run)
+    law = forecaster.at(dict(record), seen, [])
+    assert law.method == "prior" and len(lines) == 1 and "the in-run law forecasts" in lines[0]
+    forecaster.at(dict(record), seen, [])
+    assert len(lines) == 1  # said once
