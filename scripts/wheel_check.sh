@@ -24,8 +24,8 @@ wheel=$(ls "$WORK"/dist/hopperlm-*.whl)
 
 "$PY" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
-# --no-compile: no bytecode for the ~20k files installed (pip compiles them one by one, a minute of CI beside
-# setup's install): the three commands below compile what they import, a few seconds
+# --no-compile: no bytecode for the ~20k files installed (pip compiles them one by one, most of this venv's
+# install time beside setup's): each of the three commands below compiles what it imports, a few seconds
 quiet "$VPY" -m pip install --no-compile "torch==2.13.0" "$wheel"
 
 mkdir -p "$WORK/elsewhere" && cd "$WORK/elsewhere"

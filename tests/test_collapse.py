@@ -12,11 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from hopperlm.cli import main
+from hopperlm.config import config_from_dict
 from hopperlm.errors import ConfigError
 from hopperlm.observe import collapse
 from hopperlm.observe.collapse import Curve, check_proxies, collapse_forecast, lr_shape, tokens_mismatch
+from hopperlm.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 T = 400
@@ -194,9 +197,17 @@ def test_the_benchmark_runs_in_smoke_mode_and_forecast_takes_its_proxies(tmp_pat
     (sweep / "forecast.json").write_text(json.dumps({"curves": curves}))
     code, _, err = cli("forecast", str(partial), "--using", "0.5", "--proxies", str(sweep))
     assert code == 2 and "has validation losses up to" in err and "--using 0.5" in err
+    # a run whose recipe names the proxies (train.forecast_from) forecasts by collapse at its evaluations
+    spec = yaml.safe_load((runs / "big-48-seed-1" / "config.yaml").read_text())
+    spec["train"]["forecast_from"] = str(sweep / "forecast.json")
+    spec["run"]["out_dir"] = str(tmp_path / "again")
+    lines = []
+    train(config_from_dict(spec), log=lines.append)
+    said = [line for line in lines if line.startswith("forecast by collapse: ")]
+    assert said and "proxies at widths 16, 24, 32" in said[-1], [ln for ln in lines if "forecast" in ln]
 
 
-def test_training_forecasts_by_collapse_with_matching_proxies_and_by_the_law_without():
+def test_training_records_the_collapse_beside_the_law_with_matching_proxies():
     from hopperlm.config import OptimConfig, TrainConfig
     from hopperlm.observe.forecast_log import Forecaster
 
@@ -209,12 +220,19 @@ def test_training_forecasts_by_collapse_with_matching_proxies_and_by_the_law_wit
     tokens_per_step = round(truth.tokens_per_param * truth.params / T)
     record = {"step": 120, "tokens": 120 * tokens_per_step, "elapsed_s": 60.0}
     seen = [(s, v) for s, v in truth.val if s <= 120]
-    got = Forecaster(tc, oc, lines.append, proxies=proxies(), run=run).at(dict(record), seen, [])
-    assert got.method == "collapse" and got.final_val_loss == pytest.approx(3.1, rel=2e-3) and lines == []
-    # proxies of another parametrization: one line, then the law
+    forecaster = Forecaster(tc, oc, lines.append, proxies=proxies(), run=run)
+    law = forecaster.at(record, seen, [])
+    # the law stays the forecast (the better one on the CPU benchmark); the collapse is recorded and said beside it
+    assert law.method == "prior" and record["forecast"] == law.final_val_loss
+    assert record["forecast_collapse"] == pytest.approx(3.1, rel=2e-3)
+    forecaster.report(law)
+    assert lines[0].startswith("forecast: ") and lines[1].startswith("forecast by collapse: 3.10")
+    # proxies of another parametrization: one line, then the law alone
     other = [Curve(**{**p.to_dict(), "parametrization": "standard/standard"}) for p in proxies()]
+    lines.clear()
     forecaster = Forecaster(tc, oc, lines.append, proxies=other, run=run)
-    law = forecaster.at(dict(record), seen, [])
-    assert law.method == "prior" and len(lines) == 1 and "the in-run law forecasts" in lines[0]
+    record = {"step": 120, "tokens": 120 * tokens_per_step, "elapsed_s": 60.0}
+    forecaster.at(record, seen, [])
+    assert len(lines) == 1 and "no forecast by collapse" in lines[0] and "forecast_collapse" not in record
     forecaster.at(dict(record), seen, [])
     assert len(lines) == 1  # said once

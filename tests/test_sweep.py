@@ -98,7 +98,9 @@ def test_sweep_trains_the_proxy_picks_the_best_lr_and_writes_the_recipe(recipe, 
     assert forecast["low"] <= forecast["final_val_loss"] <= forecast["high"]
     # and the proxies' whole curves, for `forecast --proxies` and the training forecast (observe/collapse.py)
     curves = forecast["curves"]
-    assert [c["width"] for c in curves] == [16, 32, 48] and all(c["val"][-1][0] == c["final_step"] for c in curves)
+    assert [c["width"] for c in curves] == [16, 32, 48] and all(
+        c["val"][-1][0] == c["final_step"] for c in curves
+    )
     shown = hopperlm("diagnose", tuned, "--train.max_steps", "12")
     assert shown.returncode == 0, shown.stderr[-2000:]
     line = next(x for x in shown.stdout.splitlines() if x.startswith("forecast from proxies"))

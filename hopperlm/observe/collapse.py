@@ -135,19 +135,25 @@ def identity(cfg) -> dict:
 
 
 def curve_of_run(run_dir: Path, *, label: str | None = None) -> Curve:
-    """A run folder's curve: its config.yaml and metrics.jsonl (the LR schedule as the loop sets it, the budget's
-    last step, the parameters as `sweep --widths` counts them)."""
+    """A run folder's curve: its config.yaml, plan.json and metrics.jsonl (the LR schedule as the loop sets it,
+    the budget's last step, the parameters the run counted, as `sweep --widths` counts them)."""
     from hopperlm.observe.forecast import _schedule, _val_points, read_records, read_run_config
-    from hopperlm.train.sweep import model_params
 
     run_dir = Path(run_dir)
     cfg, records = read_run_config(run_dir), read_records(run_dir)
     if not records:
         raise ConfigError(f"{run_dir}: no training records in metrics.jsonl; it has not trained a step")
+    try:
+        params = json.loads((run_dir / "plan.json").read_text())["model"]["parameters"]["total"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"{run_dir}/plan.json: missing or without the model's parameter count; a run folder written by "
+            "`hopperlm train` has it"
+        ) from None
     return make_curve(
         label=label or run_dir.name,
         width=cfg.model.dim,
-        params=model_params(cfg.model, cfg.data),
+        params=params,
         seed=cfg.train.seed,
         warmup_steps=cfg.optim.warmup_steps,
         tokens_per_step=max(1, round(records[-1].get("tokens", 0) / max(1, records[-1]["step"]))),

@@ -1,7 +1,9 @@
 """The loss forecast during training: at every evaluation, where the run will land at the end of its budget
-(observe/forecast.py fits the curve; with train.forecast_from's proxy curves, observe/collapse.py fits it to
-their collapsed shape), added to the metrics record, printed as one line, and a warning with the budget that
-would reach train.target_loss when the target looks out of reach.
+(observe/forecast.py fits the curve), added to the metrics record, printed as one line, and a warning with
+the budget that would reach train.target_loss when the target looks out of reach. Where train.forecast_from kept
+the proxies' curves (`sweep --widths`), the forecast by collapse (observe/collapse.py) is printed and recorded
+beside it (`forecast_collapse`); the law stays the forecast the warning and the record's `forecast` use: on the
+CPU benchmark it was the better of the two (bench/results/2026-11-27-forecast-collapse-cpu.json).
 
     forecast: 3.05 (3.02-3.09) at step 12000 (the budget's end); target 3.0781: likely
     warning: target 3.0781 looks out of reach (forecast 3.21, at best 3.17); about 2x this budget would reach
@@ -49,6 +51,7 @@ class Forecaster:
         self.train_points: list[tuple[int, float]] = []
         self.step, self.tokens_per_step, self.elapsed_s = 0, 0, 0.0
         self.lrs: list[float] = []
+        self.collapsed: collapse.CollapseForecast | None = None  # the latest forecast by collapse
 
     def at(
         self,
@@ -65,7 +68,8 @@ class Forecaster:
         self.val_points, self.train_points = list(val_points), list(train_points)
         try:
             self.lrs = self._planned(self.tc, self.schedule)
-            forecast = self._collapse() or self._fit(self.lrs)
+            forecast = self._fit(self.lrs)
+            self.collapsed = self._collapse()
         except Exception as e:  # a fit that breaks must never end a training run: one line, then off
             self.off = True
             self.log(f"forecast: off from step {self.step} ({first_line(e)[:200]})")
@@ -77,12 +81,19 @@ class Forecaster:
                 forecast_high=forecast.high,
                 forecast_step=forecast.final_step,
             )
+        if self.collapsed is not None:
+            c = self.collapsed
+            record.update(
+                forecast_collapse=c.final_val_loss, forecast_collapse_low=c.low, forecast_collapse_high=c.high
+            )
         return forecast
 
     def report(self, forecast: Forecast) -> None:
         """The forecast line, and when the target is out of reach, the budget that would reach it."""
         target = self.tc.target_loss
         self.log(forecast.line(target))
+        if self.collapsed is not None:
+            self.log(self.collapsed.line(target))
         if target is None or forecast.low <= target:
             self.needed = None
             return
@@ -108,8 +119,8 @@ class Forecaster:
         )
 
     def _collapse(self) -> collapse.CollapseForecast | None:
-        """The forecast by collapse, or None: the law forecasts (no proxies, or too few evaluations yet). Proxies
-        that do not match this run are said once, in one line, and left."""
+        """The forecast by collapse, or None (no proxies, or too few evaluations yet). Proxies that do not match
+        this run are said once, in one line, and left."""
         if self.proxies is None:
             return None
         curve = collapse.make_curve(
@@ -118,7 +129,7 @@ class Forecaster:
         why = collapse.check_proxies(curve, self.proxies) or collapse.tokens_mismatch(curve, self.proxies)
         if why is not None:
             self.log(
-                f"forecast: train.forecast_from's proxies do not shape this run ({why}); the in-run law forecasts"
+                f"forecast: train.forecast_from's proxies do not shape this run ({why}); no forecast by collapse"
             )
             self.proxies = None
             return None

@@ -64,17 +64,6 @@ def plan_record(
     }
 
 
-def collapse_inputs(cfg: Config, model_cfg: ModelConfig) -> dict:
-    """The Forecaster's proxies and run description where train.forecast_from kept the proxies' curves (`sweep
-    --widths`), else nothing (the in-run law forecasts)."""
-    curves = collapse.saved_curves(cfg.train.forecast_from) if cfg.train.forecast_from else []
-    if not curves:
-        return {}
-    run = {"label": "this run", "width": model_cfg.dim, "params": count_params(model_cfg)["total"],
-           "seed": cfg.train.seed, "warmup_steps": cfg.optim.warmup_steps, **collapse.identity(cfg)}  # fmt: skip
-    return {"proxies": curves, "run": run}
-
-
 class RunObserver:
     def __init__(
         self,
@@ -96,7 +85,7 @@ class RunObserver:
         # the forecast runs to the run's budget with the LR of the schedule's (a resume may keep the original)
         kept = schedule_budget if schedule_budget is not None and schedule_budget != cfg.train else None
         self.forecaster = Forecaster(
-            cfg.train, cfg.optim, log, schedule=kept, **collapse_inputs(cfg, model_cfg)
+            cfg.train, cfg.optim, log, schedule=kept, **self._collapse_inputs(model_cfg)
         )
         write_atomic(
             self.run_dir / "plan.json",
@@ -124,6 +113,17 @@ class RunObserver:
         if cuda_memory.dump_on_oom(plan.device, self.run_dir / "oom_snapshot.pickle", log):
             parts.append("out of memory: allocator snapshot to oom_snapshot.pickle")
         log("observe: " + " | ".join(parts))
+
+    def _collapse_inputs(self, model_cfg: ModelConfig) -> dict:
+        """The Forecaster's proxies and run description where train.forecast_from kept the proxies' curves
+        (`sweep --widths`), else nothing (the in-run law forecasts)."""
+        cfg = self.cfg
+        curves = collapse.saved_curves(cfg.train.forecast_from) if cfg.train.forecast_from else []
+        if not curves:
+            return {}
+        run = {"label": "this run", "width": model_cfg.dim, "params": count_params(model_cfg)["total"],
+               "seed": cfg.train.seed, "warmup_steps": cfg.optim.warmup_steps, **collapse.identity(cfg)}  # fmt: skip
+        return {"proxies": curves, "run": run}
 
     def __enter__(self) -> RunObserver:
         if self.gpu is not None:
