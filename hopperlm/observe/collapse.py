@@ -137,7 +137,7 @@ def identity(cfg) -> dict:
 def curve_of_run(run_dir: Path, *, label: str | None = None) -> Curve:
     """A run folder's curve: its config.yaml, plan.json and metrics.jsonl (the LR schedule as the loop sets it,
     the budget's last step, the parameters the run counted, as `sweep --widths` counts them)."""
-    from hopperlm.observe.forecast import _schedule, _val_points, read_records, read_run_config
+    from hopperlm.observe.forecast import read_records, read_run_config, run_schedule, validation_points
 
     run_dir = Path(run_dir)
     cfg, records = read_run_config(run_dir), read_records(run_dir)
@@ -157,8 +157,8 @@ def curve_of_run(run_dir: Path, *, label: str | None = None) -> Curve:
         seed=cfg.train.seed,
         warmup_steps=cfg.optim.warmup_steps,
         tokens_per_step=max(1, round(records[-1].get("tokens", 0) / max(1, records[-1]["step"]))),
-        lrs=_schedule(cfg.train, cfg.optim, records, run_dir),
-        val=_val_points(records),
+        lrs=run_schedule(cfg.train, cfg.optim, records, run_dir),
+        val=validation_points(records),
         **identity(cfg),
     )
 

@@ -352,7 +352,8 @@ def _budget_fraction(record: dict, tc) -> float:
     return budget_progress(record["step"], record.get("tokens", 0), record.get("elapsed_s", 0.0), tc)
 
 
-def _schedule(tc: TrainConfig, oc: OptimConfig, records: list[dict], run_dir: Path) -> np.ndarray:
+def run_schedule(tc: TrainConfig, oc: OptimConfig, records: list[dict], run_dir: Path) -> np.ndarray:
+    """The LR of every step of a run to its budget's end, at the tokens per step and speed its records show."""
     last = records[-1]
     tokens_per_step = max(1, round(last.get("tokens", 0) / max(1, last["step"])))
     return planned_lrs(
@@ -374,7 +375,8 @@ def kept_schedule(run_dir: Path, tc: TrainConfig, oc: OptimConfig) -> TrainConfi
     return checkpoint_budget(read_state(ckpt), tc) if ckpt is not None else None
 
 
-def _val_points(records: list[dict]) -> list[tuple[int, float]]:
+def validation_points(records: list[dict]) -> list[tuple[int, float]]:
+    """(step, val_loss) of the records that hold an evaluation."""
     return [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]
 
 
@@ -392,10 +394,10 @@ def sibling_prior(run_dir: Path) -> AnnealingPrior | None:
             continue
         if not records or cfg.optim.schedule == "constant":
             continue
-        lrs = _schedule(cfg.train, cfg.optim, records, other)
+        lrs = run_schedule(cfg.train, cfg.optim, records, other)
         if records[-1]["step"] < 0.98 * len(lrs):
             continue  # not finished: its annealing is not all there
-        b = full_fit_gain(_val_points(records), lrs)
+        b = full_fit_gain(validation_points(records), lrs)
         if b is not None:
             values.append(b)
     if not values:
@@ -435,13 +437,15 @@ def forecast_run(run_dir: Path, *, using: float | None = None, siblings: bool = 
         raise ConfigError(
             f"forecast: {run_dir}/metrics.jsonl has no records yet (within --using); wait for a log step"
         )
-    lrs = _schedule(cfg.train, cfg.optim, records, run_dir)
+    lrs = run_schedule(cfg.train, cfg.optim, records, run_dir)
     prior = (sibling_prior(run_dir) if siblings else None) or DEFAULT_PRIOR
     train = [(r["step"], r["loss"]) for r in records]
     at_step = records[-1]["step"]
-    forecast = forecast_curve(_val_points(records), lrs, at_step=at_step, train_points=train, prior=prior)
+    forecast = forecast_curve(
+        validation_points(records), lrs, at_step=at_step, train_points=train, prior=prior
+    )
     if forecast is None:
-        have = len([p for p in _val_points(records)])
+        have = len([p for p in validation_points(records)])
         raise ConfigError(
             f"forecast: {run_dir} has {have} validation losses by step {at_step}; the fit needs {MIN_POINTS} "
             f"after warm-up and the first {SKIP_FRACTION:.0%} of the budget (evaluate more often: lower "
