@@ -65,7 +65,7 @@ DEPTH_SMOKE = {
     "steps": 3,
 }
 DEPTH_WIDTH, BASE_DEPTH = 64, 2
-RUN_KEYS = {"width": ("parametrization", "optimizer", "width", "lr", "seed"),
+RUN_KEYS = {"width": ("parametrization", "optimizer", "width", "lr", "seed", "steps"),
             "n_layers": ("depth_parametrization", "optimizer", "n_layers", "width", "lr", "seed", "steps")}  # fmt: skip
 
 
@@ -186,7 +186,9 @@ def table(summary: dict, widths, axis: str = "width") -> list[str]:
 def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
     """Every run of the benchmark (width or depth), and its grid."""
     if args.depth:
-        grid = DEPTH_SMOKE if args.smoke else DEPTH_FULL
+        grid = dict(DEPTH_SMOKE if args.smoke else DEPTH_FULL)
+        if args.steps is not None:
+            grid["steps"] = args.steps
         specs = [
             {"parametrization": "mup", "base_dim": DEPTH_WIDTH, "depth_parametrization": par, "optimizer": opt,
              "n_layers": depth, "width": DEPTH_WIDTH, "lr": lr, "seed": seed, "steps": grid["steps"], "data": str(data),
@@ -199,7 +201,9 @@ def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
             for seed in grid["seeds"]
         ]  # fmt: skip
         return specs, grid
-    grid = SMOKE if args.smoke else FULL
+    grid = dict(SMOKE if args.smoke else FULL)
+    if args.steps is not None:  # a longer horizon: 40 steps show the optimum's position, not its value
+        grid["steps"] = args.steps
     specs = [
         {
             "parametrization": par,
@@ -210,7 +214,7 @@ def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
             "steps": grid["steps"],
             "data": str(data),
             "muon_adjust": args.muon_adjust,
-            "out_dir": str(work / "runs" / f"{par}-{opt}-{args.muon_adjust}-w{w}-lr{lr:.3g}-s{seed}"),
+            "out_dir": str(work / "runs" / f"{par}-{opt}-{args.muon_adjust}-w{w}-lr{lr:.3g}-s{seed}-{grid['steps']}"),
         }  # fmt: skip
         for par in ("standard", "mup")
         for opt in args.optimizers.split(",")
@@ -219,6 +223,35 @@ def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
         for seed in grid["seeds"]
     ]
     return specs, grid
+
+
+def read_earlier(path: str, depth: bool) -> dict:
+    """An earlier result to print beside this one: it must be the same benchmark (width or depth)."""
+    try:
+        earlier = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"transfer.py: --compare {path}: cannot read it ({e}); give a JSON this script saved")
+    if "summary" not in earlier or ("depths" in earlier.get("grid", {})) != depth:
+        what = "across depth (--depth)" if depth else "across width"
+        raise SystemExit(f"transfer.py: --compare {path} is not a transfer result {what}; give one saved by the same mode")
+    return earlier
+
+
+def side_by_side(earlier: dict, now: dict, axis: str) -> list[str]:
+    """Drift and transfer gap at the earlier horizon next to this one's, per (parametrization, optimizer)."""
+    a, b = earlier["grid"]["steps"], now["grid"]["steps"]
+    lines = ["", f"{'horizon':<28}{'best@narrow':>12}{'best@wide':>12}{'drift':>7}{'gap':>9}   ({a} steps, then {b})"]
+    for key in sorted(set(earlier["summary"]) | set(now["summary"])):
+        for steps, summary in ((a, earlier["summary"]), (b, now["summary"])):
+            s = summary.get(key)
+            if s is None:
+                lines.append(f"{key + f' @{steps}':<28}{'not run':>12}")
+                continue
+            best = list(s["best_lr"].values())  # narrowest (shallowest) first, as analyse() writes them
+            gap = f"{100 * s['transfer_gap']:+.2f}%" if s["transfer_gap"] is not None else "n/a"
+            lines.append(f"{key + f' @{steps}':<28}{best[0]:>12.2g}{best[-1]:>12.2g}"
+                         f"{s['drift_grid_points']:>+7d}{gap:>9}")  # fmt: skip
+    return lines
 
 
 def main() -> None:
@@ -233,7 +266,16 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--muon-adjust", default="match_rms_adamw", choices=("match_rms_adamw", "spectral"))
     p.add_argument("--optimizers", default="adamw,muon")
+    p.add_argument("--steps", type=int, help="steps per run (default: 40 across width, 200 across depth)")
+    p.add_argument(
+        "--compare",
+        metavar="EARLIER.json",
+        help="an earlier result of the same grid at another horizon: its table is printed and kept beside this one",
+    )
     args = p.parse_args()
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps {args.steps}: give at least 1 step")
+    earlier = read_earlier(args.compare, args.depth) if args.compare else None
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     data = prepare_data(work, args.smoke)
@@ -265,6 +307,10 @@ def main() -> None:
     record = {"smoke": args.smoke, "grid": json.loads(json.dumps(grid)), "muon_lr_adjust": args.muon_adjust,
               **setting, "seq_len": SEQ, "micro_batch": MICRO, "books": list(BOOKS),
               "minutes": round((time.monotonic() - t0) / 60, 1), "rows": rows, "summary": summary, "table": lines}  # fmt: skip
+    if earlier is not None:
+        lines += side_by_side(earlier, record, axis)
+        record["compared_with"] = {"file": args.compare, "steps": earlier["grid"]["steps"]}
+        record["table"] = lines
     if args.save:
         from hopperlm.provenance import save_result
 
