@@ -214,7 +214,9 @@ def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
             "steps": grid["steps"],
             "data": str(data),
             "muon_adjust": args.muon_adjust,
-            "out_dir": str(work / "runs" / f"{par}-{opt}-{args.muon_adjust}-w{w}-lr{lr:.3g}-s{seed}-{grid['steps']}"),
+            "out_dir": str(
+                work / "runs" / f"{par}-{opt}-{args.muon_adjust}-w{w}-lr{lr:.3g}-s{seed}-{grid['steps']}"
+            ),
         }  # fmt: skip
         for par in ("standard", "mup")
         for opt in args.optimizers.split(",")
@@ -230,17 +232,24 @@ def read_earlier(path: str, depth: bool) -> dict:
     try:
         earlier = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        raise SystemExit(f"transfer.py: --compare {path}: cannot read it ({e}); give a JSON this script saved")
+        raise SystemExit(
+            f"transfer.py: --compare {path}: cannot read it ({e}); give a JSON this script saved"
+        ) from None
     if "summary" not in earlier or ("depths" in earlier.get("grid", {})) != depth:
         what = "across depth (--depth)" if depth else "across width"
-        raise SystemExit(f"transfer.py: --compare {path} is not a transfer result {what}; give one saved by the same mode")
+        raise SystemExit(
+            f"transfer.py: --compare {path} is not a transfer result {what}; give one saved by the same mode"
+        )
     return earlier
 
 
 def side_by_side(earlier: dict, now: dict, axis: str) -> list[str]:
     """Drift and transfer gap at the earlier horizon next to this one's, per (parametrization, optimizer)."""
     a, b = earlier["grid"]["steps"], now["grid"]["steps"]
-    lines = ["", f"{'horizon':<28}{'best@narrow':>12}{'best@wide':>12}{'drift':>7}{'gap':>9}   ({a} steps, then {b})"]
+    lines = [
+        "",
+        f"{'horizon':<28}{'best@narrow':>12}{'best@wide':>12}{'drift':>7}{'gap':>9}   ({a} steps, then {b})",
+    ]
     for key in sorted(set(earlier["summary"]) | set(now["summary"])):
         for steps, summary in ((a, earlier["summary"]), (b, now["summary"])):
             s = summary.get(key)
