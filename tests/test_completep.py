@@ -194,6 +194,43 @@ def test_a_gguf_export_holds_the_folded_projections(completep_folder, tmp_path):
         assert (tensors[f"blk.{i}.ffn_gate.weight"] == ours[f"layers.{i}.mlp.gate_proj.weight"].numpy()).all()
 
 
+def test_peft_adapters_on_a_completep_base_give_hopperlm_logits(completep_folder, data_dir, tmp_path):
+    """A LoRA fine-tune of a CompleteP model (multiplier 0.5), its adapters exported for PEFT and put on the
+    base's Hugging Face export: transformers + peft compute the fine-tuned model's logits. lora_B of o_proj and
+    down_proj must carry the multiplier the base's weights carry; without it the logits differ (checked)."""
+    peft = pytest.importorskip("peft")
+    import transformers
+    from hf_tiny import finetune_config
+
+    from hopperlm.interop.hf_convert import export_hf
+    from hopperlm.interop.inference import load_for_inference
+    from hopperlm.interop.peft import export_peft
+    from hopperlm.train.loop import train
+
+    run = tmp_path / "run"
+    lora = ["--lora.rank", "4", "--lora.targets", "all-linear", "--sft.max_examples", "16",
+            "--train.max_steps", "3", "--optim.lr", "5e-2", "--optim.warmup_steps", "0"]  # fmt: skip
+    train(finetune_config(completep_folder, data_dir, run, *lora), log=lambda line: None)
+    merged, tokenizer = load_for_inference(run)
+    base = transformers.AutoModelForCausalLM.from_pretrained(
+        export_hf(completep_folder, tmp_path / "hf", log=lambda line: None)
+    )
+    adapters = export_peft(run, tmp_path / "peft")
+    ids = torch.tensor([tokenizer.encode("Give three tips for staying healthy.")])
+    with torch.no_grad():
+        before = base(ids).logits
+        theirs = peft.PeftModel.from_pretrained(base, adapters).eval()
+        assert (merged(ids) - before).abs().max() > 1e-2  # the adapters change the logits
+        torch.testing.assert_close(theirs(ids).logits, merged(ids), rtol=1e-4, atol=1e-4)
+        for (
+            name,
+            module,
+        ) in theirs.named_modules():  # the same adapters without the fold compute something else
+            if name.endswith(("o_proj", "down_proj")) and hasattr(module, "lora_B"):
+                module.lora_B["default"].weight.mul_(2.0)
+        assert (theirs(ids).logits - merged(ids)).abs().max() > 1e-3
+
+
 @pytest.mark.slow
 def test_llama_cpp_continues_a_completep_export_as_hopperlm(completep_folder, tmp_path):
     """llama.cpp itself, where bench/llamacpp_check.py has built it: llama-simple's greedy continuation of the

@@ -25,6 +25,7 @@ from hopperlm.config.finetune import TARGETS, parse_targets
 from hopperlm.diskspace import staged_output
 from hopperlm.errors import CheckpointError, ConfigError
 from hopperlm.files import save_safetensors
+from hopperlm.interop.hf_convert import fold_output_multiplier
 from hopperlm.interop.hf_tokenizer import write_hf_tokenizer
 from hopperlm.interop.tensors import from_hf_name, to_hf_name
 
@@ -61,7 +62,9 @@ def peft_config(lora_cfg: LoRAConfig, base_path: str | None) -> dict:
 def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
     """A LoRA run/checkpoint -> adapter_config.json + adapter_model.safetensors with PEFT's key names, which
     `peft.PeftModel.from_pretrained(hf_base_model, out_dir)` loads, and the run's tokenizer files (its chat
-    template and special tokens, as `export` writes them) for `AutoTokenizer.from_pretrained(out_dir)`."""
+    template and special tokens, as `export` writes them) for `AutoTokenizer.from_pretrained(out_dir)`. The base
+    they go on is the exported one, whose o_proj and down_proj carry CompleteP's residual multiplier
+    (hf_convert.fold_output_multiplier): lora_B of those modules carries it too, so PEFT adds what hopperlm adds."""
     model_dir = resolve_model_dir(source)
     lora_cfg = read_lora_config(model_dir)
     if lora_cfg is None:
@@ -70,6 +73,10 @@ def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
     tensors = {}
     for name, t in read_adapters(model_dir).items():
         module, _, kind = name.partition(".lora_")  # layers.0.attn.q_proj / A.weight
+        if kind.startswith(
+            "B."
+        ):  # B * A is added to the weight, so it carries the weight's folded multiplier
+            t = fold_output_multiplier(module + ".weight", t, model_cfg)
         tensors[PEFT_PREFIX + to_hf_name(module + ".weight").removesuffix(".weight") + ".lora_" + kind] = t
     needed = sum(t.numel() * t.element_size() for t in tensors.values())
     with staged_output(out_dir, overwrite, what="the PEFT adapters", needed=needed) as tmp:
