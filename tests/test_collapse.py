@@ -205,6 +205,14 @@ def test_the_benchmark_runs_in_smoke_mode_and_forecast_takes_its_proxies(tmp_pat
     train(config_from_dict(spec), log=lines.append)
     said = [line for line in lines if line.startswith("forecast by collapse: ")]
     assert said and "proxies at widths 16, 24, 32" in said[-1], [ln for ln in lines if "forecast" in ln]
+    # and `diagnose` of that recipe shows it beside the law's line, from the run folder's evaluations so far
+    code, out, err = cli(
+        "diagnose", str(tmp_path / "again" / "config.yaml"), "--simulate", "CPU", "--no-selftest"
+    )
+    assert code == 0, err
+    shown = out.splitlines()
+    law = next(i for i, line in enumerate(shown) if line.startswith("forecast: "))
+    assert shown[law + 1] == said[-1], shown[law:]
 
 
 def test_training_records_the_collapse_beside_the_law_with_matching_proxies():

@@ -106,12 +106,14 @@ ASSUMED_GPU_MFU = 0.45
 def budget_lines(cfg: Config, model_cfg: ModelConfig, plan: Plan, hw: Hardware) -> list[str]:
     """For a wall-clock budget: the tokens it buys at the predicted speed (a GPU: the dense 16-bit peak at the
     MFU measured for h100-350m; a CPU: the matmul rate measured here, an upper bound) and per parameter, and
-    where the run folder already has evaluations, the forecast of its final validation loss."""
+    where the run folder already has evaluations, the forecasts of its final validation loss."""
     from hopperlm.model.transformer import count_params, flops_per_token
     from hopperlm.train.banner import budget_line, predicted_tokens_per_s
 
     if not cfg.train.max_hours:
-        return [] if not cfg.train.forecast_from else ["== budget", proxy_line(cfg, model_cfg, plan, None)]
+        if not cfg.train.forecast_from:
+            return []
+        return ["== budget", proxy_line(cfg, model_cfg, plan, None), *run_forecast_lines(cfg)]
     fpt = flops_per_token(model_cfg, cfg.train.seq_len)
     if hw.peak_16bit:
         tok_s = hw.peak_16bit * ASSUMED_GPU_MFU / fpt * plan.world_size
@@ -124,15 +126,35 @@ def budget_lines(cfg: Config, model_cfg: ModelConfig, plan: Plan, hw: Hardware) 
     ]
     if cfg.train.forecast_from:
         lines.append(proxy_line(cfg, model_cfg, plan, tok_s))
-    run_dir = Path(cfg.run.out_dir)
-    if (run_dir / "metrics.jsonl").is_file():
-        from hopperlm.observe.forecast import forecast_run
+    return lines + run_forecast_lines(cfg)
 
-        try:
-            lines.append(forecast_run(run_dir).line(cfg.train.target_loss) + f" ({run_dir} so far)")
-        except ConfigError as e:  # too few evaluations yet: say so, the plan is still right
-            lines.append(f"forecast: none yet ({e})")
-    return lines
+
+def run_forecast_lines(cfg: Config) -> list[str]:
+    """Where the run folder already has evaluations: the in-run law's forecast, and beside it, with
+    train.forecast_from's proxy curves, the forecast by collapse (as the training banner prints them)."""
+    from hopperlm.observe import collapse
+    from hopperlm.observe.forecast import forecast_run
+
+    run_dir = Path(cfg.run.out_dir)
+    if not (run_dir / "metrics.jsonl").is_file():
+        return []
+    target = cfg.train.target_loss
+    try:
+        lines = [forecast_run(run_dir).line(target) + f" ({run_dir} so far)"]
+    except ConfigError as e:  # too few evaluations yet: say so, the plan is still right
+        return [f"forecast: none yet ({e})"]
+    proxies = collapse.saved_curves(Path(cfg.train.forecast_from)) if cfg.train.forecast_from else []
+    if not proxies:
+        return lines
+    try:
+        run = collapse.curve_of_run(run_dir)
+        why = collapse.check_proxies(run, proxies) or collapse.tokens_mismatch(run, proxies)
+        if why is not None:
+            return [*lines, f"forecast by collapse: none ({why}); the law's line above stands"]
+        forecast = collapse.collapse_forecast(run, proxies, using=collapse.evaluated_share(run))
+    except ConfigError as e:
+        return [*lines, f"forecast by collapse: none yet ({e})"]
+    return [*lines, forecast.line(target)]
 
 
 def proxy_line(cfg: Config, model_cfg: ModelConfig, plan: Plan, tokens_per_s: float | None) -> str:

@@ -229,7 +229,7 @@ def forecast_by_collapse(args: argparse.Namespace):
     proxies = collapse.read_proxies(Path(args.proxies))
     if (why := collapse.check_proxies(run, proxies)) is not None:
         raise ConfigError(f"forecast --proxies {args.proxies}: {why}; give the proxies of this run's recipe")
-    trained = max((s for s, _ in run.val), default=0) / run.final_step
+    trained = collapse.evaluated_share(run)
     using = args.using if args.using is not None else trained
     if trained < using - 1e-9:
         raise ConfigError(

@@ -327,6 +327,11 @@ def collapse_forecast(run: Curve, proxies: Sequence[Curve], *, using: float) -> 
     )
 
 
+def evaluated_share(run: Curve) -> float:
+    """How far into its budget the run has validation losses: the `using` of a forecast made now."""
+    return max((s for s, _ in run.val), default=0) / run.final_step
+
+
 def read_proxies(sweep_dir: Path) -> list[Curve]:
     """The proxy curves `sweep --widths` kept in SWEEP_DIR/forecast.json; ConfigError naming the folder when
     there are none."""
