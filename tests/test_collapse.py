@@ -89,6 +89,31 @@ def test_a_shape_the_proxies_do_not_share_is_not_forecast_exactly():
     assert abs(got.final_val_loss / 3.1 - 1) > 0.01
 
 
+def test_a_shape_that_drifts_with_size_is_carried_to_the_run_by_collapse_width():
+    """Normalised curves that drift smoothly in log(parameters) do not collapse: the average shape misses the
+    wider run, the shape extrapolated in size (method collapse-width) finds it."""
+    t = np.linspace(0.05, 0.3, 64)
+    m = float(np.mean((1 - t) * t) / np.mean(1 - t))  # the drift's mean over the window is 0
+
+    def drifting(width: int, floor: float, scale: float, seed: int = 0) -> Curve:
+        base = curve(width, floor, scale, seed=seed)
+        k = 0.3 * math.log(base.params / 24_000)
+        val = [(s, floor + scale * (g(s / T) + k * (1 - s / T) * (s / T - m))) for s, _ in base.val]
+        return Curve(**{**base.to_dict(), "val": val})
+
+    drifted = [
+        drifting(w, 4.0 - 0.3 * math.log2(w / 32), 0.8, seed=s) for w in (32, 48, 64, 96) for s in (1, 2)
+    ]
+    run = drifting(256, 3.1, 0.9)
+    assert abs(collapse_forecast(run, drifted, using=0.3).final_val_loss / 3.1 - 1) > 0.03
+    got = collapse_forecast(run, drifted, using=0.3, extrapolate=True)
+    assert got.final_val_loss == pytest.approx(3.1, rel=1e-3) and got.method == "collapse-width"
+    assert got.line().startswith("forecast by collapse, its shape extrapolated in size: 3.100")
+    # on curves that do collapse it is the plain collapse's forecast
+    same = collapse_forecast(curve(256, 3.1, 0.9), proxies(), using=0.3, extrapolate=True)
+    assert same.final_val_loss == pytest.approx(3.1, rel=1e-4)
+
+
 @pytest.mark.parametrize(
     "change, says",
     [
@@ -154,10 +179,21 @@ def cli(*args: str) -> tuple[int, str, str]:
 @pytest.mark.slow  # trains 4 tiny runs (about 25 s)
 def test_the_benchmark_runs_in_smoke_mode_and_forecast_takes_its_proxies(tmp_path):
     bench = _benchmark()
-    result = bench.main(["--smoke", "--work", str(tmp_path), "--save", str(tmp_path / "r.json")])
+    argv = [
+        "--smoke",
+        "--work",
+        str(tmp_path),
+        "--save",
+        str(tmp_path / "r.json"),
+        "--variant",
+        "collapse-width",
+    ]
+    result = bench.main(argv)
     rows = result["rows"]
     assert {(r["method"], r["using"]) for r in rows} == {("proxies", None), ("collapse", 0.3), ("collapse", 0.5),
-                                                          ("law", 0.3), ("law", 0.5)}  # fmt: skip
+                                                          ("law", 0.3), ("law", 0.5), ("collapse-width", 0.3),
+                                                          ("collapse-width", 0.5)}  # fmt: skip
+    assert result["variant"]["method"] == "collapse-width"
     keys = {
         "corpus",
         "schedule",
@@ -174,6 +210,7 @@ def test_the_benchmark_runs_in_smoke_mode_and_forecast_takes_its_proxies(tmp_pat
     assert all(keys <= set(r) for r in rows) and json.loads((tmp_path / "r.json").read_text())["rows"] == rows
     collapsed = [r for r in rows if r["method"] == "collapse"]
     assert all(r["low"] <= r["forecast"] <= r["high"] and r["width"] == 48 for r in collapsed)
+    assert all(r["low"] <= r["forecast"] <= r["high"] for r in rows if r["method"] == "collapse-width")
     # the CLI on the same runs: a sweep folder whose forecast.json keeps the proxies' curves
     runs = tmp_path / "smoke" / "runs" / "shakespeare" / "wsd"
     sweep = tmp_path / "sweep"

@@ -208,20 +208,31 @@ def _interp(curve: Curve, taus: np.ndarray) -> np.ndarray:
     return np.interp(taus, steps, np.array([v for _, v in curve.val]))
 
 
-def shape(proxies: Sequence[Curve], window: tuple[float, float], taus: np.ndarray) -> np.ndarray:
+def shape(
+    proxies: Sequence[Curve], window: tuple[float, float], taus: np.ndarray, at_params: int | None = None
+) -> np.ndarray:
     """The collapsed curve f at `taus`: each proxy normalised to 0 at its end and mean 1 over the window,
-    averaged over seeds per width, then over widths."""
+    averaged over seeds per width, then over widths. With `at_params`, the widths' normalised curves are not
+    averaged but extrapolated: at each tau a line through them against log(parameters), read at `at_params`
+    (the `collapse-width` method: for curves that do not quite collapse, but drift with size)."""
     grid = np.linspace(window[0], window[1], 64)
     per_width: dict[int, list[np.ndarray]] = {}
+    sizes: dict[int, list[float]] = {}
     for p in proxies:
         final = p.final_val_loss
         level = float(np.mean(_interp(p, grid))) - final if final is not None else 0.0
         if level <= 0:
             continue  # a curve that does not fall over the window has no shape to lend
         per_width.setdefault(p.width, []).append((_interp(p, taus) - final) / level)
+        sizes.setdefault(p.width, []).append(math.log(p.params))
     if not per_width:
         raise ConfigError("no proxy's validation loss falls from the window to its end: nothing to collapse")
-    return np.mean([np.mean(v, axis=0) for v in per_width.values()], axis=0)
+    curves = np.array([np.mean(v, axis=0) for v in per_width.values()])
+    if at_params is None or len(per_width) < 2:
+        return curves.mean(axis=0)
+    x = np.array([statistics.fmean(sizes[w]) for w in per_width])
+    slope, intercept = np.polyfit(x, curves, 1)  # one line per tau (the columns)
+    return intercept + slope * math.log(at_params)
 
 
 def fit_floor(f_of: np.ndarray, points: list[tuple[int, float]]) -> tuple[float, float, float]:
@@ -235,15 +246,17 @@ def fit_floor(f_of: np.ndarray, points: list[tuple[int, float]]) -> tuple[float,
     return float(coef[0]), float(coef[1]), math.sqrt(max(0.0, float(cov[0, 0])))
 
 
-def _forecast(run: Curve, proxies: Sequence[Curve], using: float) -> tuple[float, float] | None:
-    """(floor, its standard error) of `run` from `proxies`' shape, its points within `using`; None when it has
-    fewer than MIN_POINTS there."""
+def _forecast(
+    run: Curve, proxies: Sequence[Curve], using: float, extrapolate: bool = False
+) -> tuple[float, float] | None:
+    """(floor, its standard error) of `run` from `proxies`' shape (extrapolated to the run's size with
+    `extrapolate`), its points within `using`; None when it has fewer than MIN_POINTS there."""
     window = _window([run, *proxies], using)
     points = [(s, v) for s, v in run.val if window[0] < s / run.final_step <= using + 1e-9]
     if len(points) < MIN_POINTS:
         return None
     taus = np.array([s / run.final_step for s, _ in points])
-    floor, _, se = fit_floor(shape(proxies, window, taus), points)
+    floor, _, se = fit_floor(shape(proxies, window, taus, run.params if extrapolate else None), points)
     return floor, se
 
 
@@ -261,8 +274,9 @@ class CollapseForecast:
     method: str = "collapse"
 
     def line(self, target: float | None = None) -> str:
+        how = "collapse" if self.method == "collapse" else "collapse, its shape extrapolated in size"
         text = (
-            f"forecast by collapse: {self.final_val_loss:.3f} ({self.low:.3f}-{self.high:.3f}) at step "
+            f"forecast by {how}: {self.final_val_loss:.3f} ({self.low:.3f}-{self.high:.3f}) at step "
             f"{self.final_step} (the budget's end), from {self.using:.0%} of the run and proxies at widths "
             f"{', '.join(map(str, self.widths))}"
         )
@@ -275,23 +289,28 @@ class CollapseForecast:
         return asdict(self)
 
 
-def _relative_miss(target: Sequence[Curve], others: Sequence[Curve], using: float) -> float | None:
+def _relative_miss(
+    target: Sequence[Curve], others: Sequence[Curve], using: float, extrapolate: bool = False
+) -> float | None:
     """Mean relative error forecasting each curve of `target` (one width) from `others`' shape."""
     misses = []
     for t in target:
-        got = _forecast(t, others, using)
+        got = _forecast(t, others, using, extrapolate)
         if got is not None and t.final_val_loss:
             misses.append(got[0] / t.final_val_loss - 1)
     return statistics.fmean(misses) if misses else None
 
 
-def collapse_forecast(run: Curve, proxies: Sequence[Curve], *, using: float) -> CollapseForecast:
-    """The run's final validation loss from its points within `using` of its budget and the proxies' shape.
+def collapse_forecast(
+    run: Curve, proxies: Sequence[Curve], *, using: float, extrapolate: bool = False
+) -> CollapseForecast:
+    """The run's final validation loss from its points within `using` of its budget and the proxies' shape
+    (`extrapolate`: the shape extrapolated in size to the run's parameters, method `collapse-width`).
     ConfigError when the proxies do not match the run (check_proxies) or the run has too few points."""
     if (why := check_proxies(run, proxies)) is not None:
         raise ConfigError(f"forecast --proxies: {why}")
     proxies = [p for p in proxies if p.final_val_loss is not None]
-    got = _forecast(run, proxies, using)
+    got = _forecast(run, proxies, using, extrapolate)
     if got is None:
         raise ConfigError(
             f"forecast --proxies: the run has fewer than {MIN_POINTS} validation losses between "
@@ -303,8 +322,10 @@ def collapse_forecast(run: Curve, proxies: Sequence[Curve], *, using: float) -> 
     for p in proxies:
         by_width.setdefault(p.width, []).append(p)
     widths = sorted(by_width)
-    backtest = _relative_miss(by_width[widths[-1]], [p for w in widths[:-1] for p in by_width[w]], using)
-    loo = [m for w in widths if (m := _relative_miss(by_width[w], [p for v in widths if v != w for p in by_width[v]], using)) is not None]  # fmt: skip
+    backtest = _relative_miss(
+        by_width[widths[-1]], [p for w in widths[:-1] for p in by_width[w]], using, extrapolate
+    )
+    loo = [m for w in widths if (m := _relative_miss(by_width[w], [p for v in widths if v != w for p in by_width[v]], using, extrapolate)) is not None]  # fmt: skip
     seed_sd = [statistics.stdev([p.final_val_loss for p in c]) / statistics.fmean([p.final_val_loss for p in c])
                for c in by_width.values() if len(c) > 1]  # fmt: skip
     spreads = {
@@ -324,6 +345,7 @@ def collapse_forecast(run: Curve, proxies: Sequence[Curve], *, using: float) -> 
         using=using,
         spreads={k: round(v, 5) for k, v in spreads.items()},
         widths=widths,
+        method="collapse-width" if extrapolate else "collapse",
     )
 
 
