@@ -11,7 +11,7 @@ from hopperlm.cli.common import add_verb, log, printed_config, run_config
 from hopperlm.errors import ConfigError
 
 if TYPE_CHECKING:  # (the CLI imports torch only when a verb needs it)
-    from hopperlm.config import Config, ModelConfig
+    from hopperlm.config import Config, ModelConfig, TrainConfig
     from hopperlm.hardware import Hardware
     from hopperlm.plan import Plan
 
@@ -113,7 +113,11 @@ def budget_lines(cfg: Config, model_cfg: ModelConfig, plan: Plan, hw: Hardware) 
     if not cfg.train.max_hours:
         if not cfg.train.forecast_from:
             return []
-        return ["== budget", proxy_line(cfg, model_cfg, plan, None), *run_forecast_lines(cfg)]
+        return [
+            "== budget",
+            proxy_line(cfg, model_cfg, plan, None),
+            *run_forecast_lines(Path(cfg.run.out_dir), cfg.train),
+        ]
     fpt = flops_per_token(model_cfg, cfg.train.seq_len)
     if hw.peak_16bit:
         tok_s = hw.peak_16bit * ASSUMED_GPU_MFU / fpt * plan.world_size
@@ -126,24 +130,23 @@ def budget_lines(cfg: Config, model_cfg: ModelConfig, plan: Plan, hw: Hardware) 
     ]
     if cfg.train.forecast_from:
         lines.append(proxy_line(cfg, model_cfg, plan, tok_s))
-    return lines + run_forecast_lines(cfg)
+    return lines + run_forecast_lines(Path(cfg.run.out_dir), cfg.train)
 
 
-def run_forecast_lines(cfg: Config) -> list[str]:
+def run_forecast_lines(run_dir: Path, tc: TrainConfig) -> list[str]:
     """Where the run folder already has evaluations: the in-run law's forecast, and beside it, with
     train.forecast_from's proxy curves, the forecast by collapse (as the training banner prints them)."""
     from hopperlm.observe import collapse
     from hopperlm.observe.forecast import forecast_run
 
-    run_dir = Path(cfg.run.out_dir)
     if not (run_dir / "metrics.jsonl").is_file():
         return []
-    target = cfg.train.target_loss
+    target = tc.target_loss
     try:
         lines = [forecast_run(run_dir).line(target) + f" ({run_dir} so far)"]
     except ConfigError as e:  # too few evaluations yet: say so, the plan is still right
         return [f"forecast: none yet ({e})"]
-    proxies = collapse.saved_curves(Path(cfg.train.forecast_from)) if cfg.train.forecast_from else []
+    proxies = collapse.saved_curves(Path(tc.forecast_from)) if tc.forecast_from else []
     if not proxies:
         return lines
     try:
