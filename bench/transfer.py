@@ -161,6 +161,8 @@ def analyse(rows: list[dict], widths, lrs, axis: str = "width") -> dict:
         own, moved = mean(wide, best[wide]), mean(wide, best[narrow])
         out["/".join(key)] = {
             "best_lr": {str(w): best[w] for w in widths},
+            # a best LR on the grid's edge may not be the optimum: the grid needs extending there (--lrs)
+            "at_grid_edge": [w for w in widths if best[w] in (min(grid), max(grid))],
             "drift_grid_points": round(math.log2(best[wide] / best[narrow])),
             "wide_loss_own_best": own,
             "wide_loss_transferred": moved,
@@ -177,9 +179,12 @@ def table(summary: dict, widths, axis: str = "width") -> list[str]:
     for key, s in summary.items():
         gap = f"{100 * s['transfer_gap']:+.2f}%" if s["transfer_gap"] is not None else "n/a"
         lines.append(
-            f"{key:<28}" + "".join(f"{s['best_lr'][str(w)]:>11.2g}" for w in widths)
+            f"{key:<28}"
+            + "".join(f"{s['best_lr'][str(w)]:>10.2g}" + ("*" if w in s.get("at_grid_edge", ()) else " ") for w in widths)
             + f"{s['drift_grid_points']:>+7d}{s['wide_loss_own_best']:>15.4f}{s['wide_loss_transferred']:>13.4f}{gap:>8}"
         )  # fmt: skip
+    if any(s.get("at_grid_edge") for s in summary.values()):
+        lines.append("* the best LR is on the grid's edge: the optimum may lie beyond it")
     return lines
 
 
@@ -189,6 +194,8 @@ def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
         grid = dict(DEPTH_SMOKE if args.smoke else DEPTH_FULL)
         if args.steps is not None:
             grid["steps"] = args.steps
+        if args.lrs:
+            grid["lrs"] = {opt: tuple(args.lrs) for opt in grid["lrs"]}
         specs = [
             {"parametrization": "mup", "base_dim": DEPTH_WIDTH, "depth_parametrization": par, "optimizer": opt,
              "n_layers": depth, "width": DEPTH_WIDTH, "lr": lr, "seed": seed, "steps": grid["steps"], "data": str(data),
@@ -204,6 +211,8 @@ def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
     grid = dict(SMOKE if args.smoke else FULL)
     if args.steps is not None:  # a longer horizon: 40 steps show the optimum's position, not its value
         grid["steps"] = args.steps
+    if args.lrs:
+        grid["lrs"] = tuple(args.lrs)
     specs = [
         {
             "parametrization": par,
@@ -276,6 +285,11 @@ def main() -> None:
     p.add_argument("--muon-adjust", default="match_rms_adamw", choices=("match_rms_adamw", "spectral"))
     p.add_argument("--optimizers", default="adamw,muon")
     p.add_argument("--steps", type=int, help="steps per run (default: 40 across width, 200 across depth)")
+    p.add_argument(
+        "--lrs",
+        type=lambda text: sorted(float(v) for v in text.split(",")),
+        help="the LR grid, comma-separated (default: 5e-4 ... 3.2e-2 across width; per optimizer across depth)",
+    )
     p.add_argument(
         "--compare",
         metavar="EARLIER.json",
