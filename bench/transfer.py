@@ -227,7 +227,7 @@ def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
                 work / "runs" / f"{par}-{opt}-{args.muon_adjust}-w{w}-lr{lr:.3g}-s{seed}-{grid['steps']}"
             ),
         }  # fmt: skip
-        for par in ("standard", "mup")
+        for par in args.parametrizations.split(",")
         for opt in args.optimizers.split(",")
         for w in grid["widths"]
         for lr in grid["lrs"]
@@ -284,6 +284,11 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--muon-adjust", default="match_rms_adamw", choices=("match_rms_adamw", "spectral"))
     p.add_argument("--optimizers", default="adamw,muon")
+    p.add_argument(
+        "--parametrizations",
+        default="standard,mup",
+        help="across width: which of standard,mup to run (under standard the two Muon rules are the same runs)",
+    )
     p.add_argument("--steps", type=int, help="steps per run (default: 40 across width, 200 across depth)")
     p.add_argument(
         "--lrs",
