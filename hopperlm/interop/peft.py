@@ -73,9 +73,8 @@ def export_peft(source: Path, out_dir: Path, overwrite: bool = False) -> Path:
     tensors = {}
     for name, t in read_adapters(model_dir).items():
         module, _, kind = name.partition(".lora_")  # layers.0.attn.q_proj / A.weight
-        if kind.startswith(
-            "B."
-        ):  # B * A is added to the weight, so it carries the weight's folded multiplier
+        # B @ A is added to the weight, so B carries the multiplier the exported weight has folded in
+        if kind.startswith("B."):
             t = fold_output_multiplier(module + ".weight", t, model_cfg)
         tensors[PEFT_PREFIX + to_hf_name(module + ".weight").removesuffix(".weight") + ".lora_" + kind] = t
     needed = sum(t.numel() * t.element_size() for t in tensors.values())

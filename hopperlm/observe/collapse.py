@@ -305,7 +305,8 @@ def collapse_forecast(
     run: Curve, proxies: Sequence[Curve], *, using: float, extrapolate: bool = False
 ) -> CollapseForecast:
     """The run's final validation loss from its points within `using` of its budget and the proxies' shape
-    (`extrapolate`: the shape extrapolated in size to the run's parameters, method `collapse-width`).
+    (`extrapolate`: the shape extrapolated in size to the run's parameters, method `collapse-width`; it measured
+    worse than the plain collapse, docs/benchmarks.md, and stays for the benchmark that measured it).
     ConfigError when the proxies do not match the run (check_proxies) or the run has too few points."""
     if (why := check_proxies(run, proxies)) is not None:
         raise ConfigError(f"forecast --proxies: {why}")
