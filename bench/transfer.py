@@ -16,7 +16,8 @@ transferred LR is within 0.5% of the best loss; standard's drift is shown beside
 {parametrization, optimizer, width, params, lr, seed, final_val_loss} for every run, so anyone can recompute it;
 --depth's {depth_parametrization, optimizer, n_layers, width, params, lr, seed, steps, final_val_loss}, the same
 summary from 2 to 16 blocks (targets, issue 51: at most one grid point, within 1%). Every finished run is kept in
-SAVE.partial.json as it ends; --resume skips the runs found there.
+SAVE.partial.json as it ends; --resume skips the runs found there (or, without it, in SAVE itself: a benchmark
+run in parts keeps every part's rows).
 Data: Gutenberg books from ../shared/data tokenized with a 1,024-piece BPE learned on them (prepared once in
 --work). Runs go two at a time, one thread each.
 """
@@ -143,14 +144,14 @@ def run_one(spec: dict) -> dict:
     return {**row, "final_val_loss": loss, "seconds": round(time.monotonic() - t0, 1)}
 
 
-def analyse(rows: list[dict], widths, lrs, axis: str = "width") -> dict:
+def analyse(rows: list[dict], widths, axis: str = "width") -> dict:
     """Best LR per width (per depth with axis "n_layers"), its drift in grid points from the narrowest to the
-    widest, and the transfer gap. `lrs`: one grid, or one per optimizer."""
+    widest, and the transfer gap. Each (parametrization, optimizer)'s grid is the LRs its runs trained with."""
     out = {}
     kind = "parametrization" if axis == "width" else "depth_parametrization"
     for key in sorted({(r[kind], r["optimizer"]) for r in rows}):
         sel = [r for r in rows if (r[kind], r["optimizer"]) == key]
-        grid = lrs[key[1]] if isinstance(lrs, dict) else lrs
+        grid = sorted({r["lr"] for r in sel})
 
         def mean(width, lr, sel=sel):
             v = [r["final_val_loss"] for r in sel if r[axis] == width and r["lr"] == lr]
@@ -279,7 +280,9 @@ def main() -> None:
         "--smoke", action="store_true", help="2 tiny widths, 3 LRs, 3 steps: a test of this script"
     )
     p.add_argument("--depth", action="store_true", help="across depth (2-16 blocks) instead of width")
-    p.add_argument("--resume", action="store_true", help="skip the runs SAVE.partial.json already holds")
+    p.add_argument(
+        "--resume", action="store_true", help="skip the runs SAVE.partial.json (or SAVE) already holds"
+    )
     p.add_argument("--work", default="/tmp/hopperlm-transfer", help="data and runs (kept for a rerun)")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--muon-adjust", default="match_rms_adamw", choices=("match_rms_adamw", "spectral"))
@@ -312,8 +315,11 @@ def main() -> None:
     keys = RUN_KEYS[axis]
     partial = Path(args.save).with_suffix(".partial.json") if args.save else None
     rows = []
-    if args.resume and partial is not None and partial.is_file():
-        rows = json.loads(partial.read_text())["rows"]
+    # what an earlier invocation finished: its partial file, else the result it saved (a benchmark run in parts,
+    # each part naming other parametrizations, optimizers or LRs, ends with every part's rows in SAVE)
+    earlier_rows = next((f for f in (partial, Path(args.save or "")) if f is not None and f.is_file()), None)
+    if args.resume and earlier_rows is not None:
+        rows = json.loads(earlier_rows.read_text())["rows"]
         done = {tuple(r[k] for k in keys) for r in rows}
         specs = [s for s in specs if tuple(s[k] for k in keys) not in done]
     print(f"transfer: {len(specs)} runs ({len(rows)} kept from before), {args.jobs} at a time", flush=True)
@@ -328,7 +334,7 @@ def main() -> None:
                 write_atomic(partial, json.dumps({"rows": rows}, indent=1))
     sizes = grid["depths"] if args.depth else grid["widths"]
     rows.sort(key=lambda r: tuple(r[k] for k in keys))
-    summary = analyse(rows, sizes, grid["lrs"], axis)
+    summary = analyse(rows, sizes, axis)
     lines = table(summary, sizes, axis)
     setting = ({"width": DEPTH_WIDTH, "base_dim": DEPTH_WIDTH, "base_depth": BASE_DEPTH} if args.depth
                else {"layers": LAYERS, "base_dim": BASE_DIM})  # fmt: skip
