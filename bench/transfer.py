@@ -13,11 +13,11 @@ Reports, per (parametrization, optimizer): the best LR at each width (lowest fin
 seeds), how many grid points it moves from width 64 to 512, and the loss at width 512 with width 64's best LR
 against width 512's own best. Targets (issue 39): under mup the best LR moves at most one grid point and the
 transferred LR is within 0.5% of the best loss; standard's drift is shown beside it. The JSON's `rows` hold
-{parametrization, optimizer, width, params, lr, seed, final_val_loss} for every run, so anyone can recompute it;
+{parametrization, optimizer, width, params, lr, seed, steps, final_val_loss} for every run, so anyone can recompute it;
 --depth's {depth_parametrization, optimizer, n_layers, width, params, lr, seed, steps, final_val_loss}, the same
 summary from 2 to 16 blocks (targets, issue 51: at most one grid point, within 1%). Every finished run is kept in
-SAVE.partial.json as it ends; --resume skips the runs found there (or, without it, in SAVE itself: a benchmark
-run in parts keeps every part's rows).
+SAVE.partial.json as it ends; --resume skips the runs found there (or, where there is none, in SAVE itself: a
+benchmark run in parts keeps every part's rows).
 Data: Gutenberg books from ../shared/data tokenized with a 1,024-piece BPE learned on them (prepared once in
 --work). Runs go two at a time, one thread each.
 """
