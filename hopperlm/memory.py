@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hopperlm.config import ModelConfig
-from hopperlm.config.finetune import parse_targets
 from hopperlm.model.lora import count_trainable, target_shapes
 from hopperlm.model.loss import default_chunk_tokens
 from hopperlm.model.qlora import nf4_bytes
@@ -175,7 +174,7 @@ def _lora_estimate(
     running one and the prefetched next: NF4 data stays 4-bit, the rest in the compute dtype) and the fp32
     gradients of one block's adapters before their reduce-scatter."""
 
-    targets = parse_targets(lora.targets)
+    targets = lora.target_list
     shapes = target_shapes(cfg)
     adapted = cfg.n_layers * sum(shapes[t][0] * shapes[t][1] for t in targets)
     frozen = nf4_bytes(adapted) if lora.quantize == "nf4" else adapted * (4 if precision == "fp32" else 2)

@@ -68,6 +68,11 @@ class LoRAConfig:
     def enabled(self) -> bool:
         return self.rank > 0
 
+    @property
+    def target_list(self) -> list[str]:
+        """lora.targets as short names ('all-linear' spelled out), checked when the section was read."""
+        return parse_targets(self.targets)
+
 
 @dataclass
 class SFTConfig:

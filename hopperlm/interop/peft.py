@@ -21,7 +21,7 @@ from hopperlm.checkpoint.layout import (
     resolve_model_dir,
 )
 from hopperlm.config import LoRAConfig
-from hopperlm.config.finetune import TARGETS, parse_targets
+from hopperlm.config.finetune import TARGETS
 from hopperlm.diskspace import staged_output
 from hopperlm.errors import CheckpointError, ConfigError
 from hopperlm.files import save_safetensors
@@ -36,7 +36,7 @@ PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 def peft_config(lora_cfg: LoRAConfig, base_path: str | None) -> dict:
     """PEFT's adapter_config.json for adapters of `lora_cfg` on the base at `base_path`."""
     modules = sorted(
-        {to_hf_name(f"layers.0.{TARGETS[t]}.weight").split(".")[-2] for t in parse_targets(lora_cfg.targets)}
+        {to_hf_name(f"layers.0.{TARGETS[t]}.weight").split(".")[-2] for t in lora_cfg.target_list}
     )
     return {
         "peft_type": "LORA",

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from hopperlm.config import LoRAConfig, ModelConfig
-from hopperlm.config.finetune import TARGETS, parse_targets
+from hopperlm.config.finetune import TARGETS
 from hopperlm.errors import CheckpointError, ConfigError
 from hopperlm.model.transformer import count_params, flops_per_token
 
@@ -52,7 +52,7 @@ def target_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 def count_trainable(model_cfg: ModelConfig, cfg: LoRAConfig) -> int:
     """Exact number of adapter parameters: r * (in + out) per adapted projection per block."""
     shapes = target_shapes(model_cfg)
-    per_block = sum(cfg.rank * (shapes[t][0] + shapes[t][1]) for t in parse_targets(cfg.targets))
+    per_block = sum(cfg.rank * (shapes[t][0] + shapes[t][1]) for t in cfg.target_list)
     return model_cfg.n_layers * per_block
 
 
@@ -71,7 +71,7 @@ def training_flops_per_token(model_cfg: ModelConfig, seq_len: int, cfg: LoRAConf
 
 def target_module_names(model_cfg: ModelConfig, cfg: LoRAConfig) -> list[str]:
     """Full module names of the adapted projections, e.g. layers.0.attn.q_proj."""
-    paths = [TARGETS[t] for t in parse_targets(cfg.targets)]
+    paths = [TARGETS[t] for t in cfg.target_list]
     return [f"layers.{i}.{p}" for i in range(model_cfg.n_layers) for p in paths]
 
 

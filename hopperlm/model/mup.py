@@ -94,6 +94,23 @@ def optimizer_multipliers(
     return factors
 
 
+def scaled_groups(
+    model: nn.Module,
+    groups: list[dict],
+    shapes,
+    *,
+    muon_lr_adjust: str = "match_rms_adamw",
+    muon_ids=frozenset(),
+) -> list[dict]:
+    """An optimizer's parameter groups with each parameter's learning-rate factor (optimizer_multipliers,
+    scale_groups); unchanged where no parameter has one, and for a model that is not hopperlm's Transformer."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is None:
+        return groups
+    factors = optimizer_multipliers(model, cfg, shapes, muon_lr_adjust=muon_lr_adjust, muon_ids=muon_ids)
+    return scale_groups(groups, factors) if factors else groups
+
+
 def scale_groups(groups: list[dict], factors: dict[int, float]) -> list[dict]:
     """Split optimizer parameter groups by learning-rate factor: each gets `lr_scale` (set_lr multiplies the
     schedule's LR by it) and its weight decay divided by it."""

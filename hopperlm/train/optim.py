@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from hopperlm.config import OptimConfig
 from hopperlm.model.completep import eps_scaled
-from hopperlm.model.mup import optimizer_multipliers, scale_groups
+from hopperlm.model.mup import scaled_groups
 from hopperlm.model.qlora import require_bitsandbytes
 from hopperlm.model.transformer import parameter_shapes
 from hopperlm.train.muon import Muon
@@ -34,17 +34,12 @@ def build_optimizer(
     model: nn.Module, cfg: OptimConfig, fused: bool, name: str = "adamw"
 ) -> torch.optim.Optimizer | OptimizerPair:
     """The optimizer the plan chose: AdamW (fused on CUDA when `fused`), torchao's 8-bit AdamW, bitsandbytes'
-    paged 8-bit AdamW, or Muon on the blocks' matrices with AdamW for the rest."""
+    paged 8-bit AdamW, or Muon on the blocks' matrices with AdamW for the rest. Each group carries the
+    parametrization's factors: μP's learning rate and weight decay (model/mup.py), CompleteP's epsilon
+    (model/completep.py); unchanged under standard."""
     betas = (cfg.beta1, cfg.beta2)
-    if name == "paged_adamw8bit":  # QLoRA's optimizer (Dettmers et al. 2023)
-        bnb = require_bitsandbytes()
-        groups = adamw_scaled(model, param_groups(model, cfg.weight_decay), cfg)
-        return bnb.optim.PagedAdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
-    if name == "adamw8bit":
-        from torchao.optim import AdamW8bit
-
-        groups = adamw_scaled(model, param_groups(model, cfg.weight_decay), cfg)
-        return AdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
+    groups = param_groups(model, cfg.weight_decay)
+    muon_ids: frozenset[int] = frozenset()
     if name == "muon":
         # Muon orthogonalises 2-D updates: the blocks' weight matrices. Embeddings, the LM head and norms
         # keep AdamW (as in modded-nanogpt and Moonlight). match_rms_adamw scales Muon's step to AdamW's RMS,
@@ -54,47 +49,34 @@ def build_optimizer(
             for n, p in model.named_parameters()
             if p.requires_grad and p.ndim == 2 and n.startswith("layers.")
         ]
-        hidden_ids = {id(p) for p in hidden}
-        factors = width_factors(model, cfg, hidden_ids)  # once for both optimizers' groups
-        muon_groups = scaled([{"params": hidden, "weight_decay": cfg.weight_decay}], factors)
-        adjust = "original" if cfg.muon_lr_adjust == "spectral" else "match_rms_adamw"
-        muon = Muon(muon_groups, lr=cfg.lr, momentum=cfg.muon_momentum, adjust_lr_fn=adjust)
-        rest = [
-            {**g, "params": [p for p in g["params"] if id(p) not in hidden_ids]}
-            for g in param_groups(model, cfg.weight_decay)
-        ]
-        adamw = torch.optim.AdamW(
-            eps_scaled(model, scaled(rest, factors), cfg.eps),
-            lr=cfg.lr,
-            betas=betas,
-            eps=cfg.eps,
-            **({"fused": True} if fused else {}),
+        muon_ids = frozenset(id(p) for p in hidden)
+        muon_groups = width_scaled(
+            model, [{"params": hidden, "weight_decay": cfg.weight_decay}], cfg, muon_ids
         )
-        return OptimizerPair(muon, adamw)
+        groups = [{**g, "params": [p for p in g["params"] if id(p) not in muon_ids]} for g in groups]
+    groups = eps_scaled(model, width_scaled(model, groups, cfg, muon_ids), cfg.eps)
+    if name == "paged_adamw8bit":  # QLoRA's optimizer (Dettmers et al. 2023)
+        bnb = require_bitsandbytes()
+        return bnb.optim.PagedAdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
+    if name == "adamw8bit":
+        from torchao.optim import AdamW8bit
+
+        return AdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
     kwargs = {"fused": True} if fused else {}
-    groups = adamw_scaled(model, param_groups(model, cfg.weight_decay), cfg)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, **kwargs)
+    adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, **kwargs)
+    if name != "muon":
+        return adamw
+    adjust = "original" if cfg.muon_lr_adjust == "spectral" else "match_rms_adamw"
+    muon = Muon(muon_groups, lr=cfg.lr, momentum=cfg.muon_momentum, adjust_lr_fn=adjust)
+    return OptimizerPair(muon, adamw)
 
 
-def adamw_scaled(model: nn.Module, groups: list[dict], cfg: OptimConfig) -> list[dict]:
-    """AdamW's groups split by μP's learning-rate factors (model/mup.py) and CompleteP's epsilon
-    (model/completep.py) where the model has them. Unchanged otherwise."""
-    return eps_scaled(model, scaled(groups, width_factors(model, cfg)), cfg.eps)
-
-
-def width_factors(model: nn.Module, cfg: OptimConfig, muon_ids=frozenset()) -> dict[int, float]:
-    """id(parameter) -> learning-rate factor: under model.parametrization mup, or Muon's spectral adjustment
-    (`muon_ids`: Muon's matrices); empty otherwise, and for a model that is not hopperlm's Transformer."""
-    model_cfg = getattr(model, "cfg", None)
-    if model_cfg is None:
-        return {}
-    return optimizer_multipliers(
-        model, model_cfg, parameter_shapes, muon_lr_adjust=cfg.muon_lr_adjust, muon_ids=muon_ids
+def width_scaled(model: nn.Module, groups: list[dict], cfg: OptimConfig, muon_ids=frozenset()) -> list[dict]:
+    """The groups split by learning-rate factor: under model.parametrization mup, and Muon's spectral adjustment
+    of its matrices (`muon_ids`); unchanged otherwise, and for a model that is not hopperlm's Transformer."""
+    return scaled_groups(
+        model, groups, parameter_shapes, muon_lr_adjust=cfg.muon_lr_adjust, muon_ids=muon_ids
     )
-
-
-def scaled(groups: list[dict], factors: dict[int, float]) -> list[dict]:
-    return scale_groups(groups, factors) if factors else groups
 
 
 class OptimizerPair:
