@@ -1,6 +1,6 @@
 """The rules behind the plan's device-level choices, one function per choice, each recording its reason in
 `why`: precision, float8, the loss kernel, the elementwise kernels (compiler or Liger), fused projections, the
-optimizer, attention, compile and LoRA/QLoRA's base."""
+optimizer, attention, compile, LoRA/QLoRA's base, CPU threads and the CPU's allocator."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from hopperlm import cpu_allocator
 from hopperlm.config import LoRAConfig, ModelConfig, OptimConfig, TrainConfig
 from hopperlm.errors import ConfigError, first_line
 from hopperlm.hardware import Hardware
@@ -393,3 +394,30 @@ def choose_threads(tc: TrainConfig, hw: Hardware, why: dict) -> int | None:
             f"train.threads {free} (or stop the other job)"
         )
     return None
+
+
+def choose_cpu_allocator(hw: Hardware, estimate: float, budget: float) -> tuple[bool, str | None]:
+    """On a CPU, whether glibc keeps freed blocks for the next step (cpu_allocator.py says why), and the
+    reason: not where the environment already chose, nor where the heap it keeps could outgrow the memory
+    budget. None on CUDA: there the large tensors live in torch's caching allocator."""
+    if hw.device_type == "cuda":
+        return False, None
+    chosen = cpu_allocator.allocator_set_by_user()
+    if chosen:
+        return False, f"as {chosen} sets it (the environment's choice wins)"
+    if cpu_allocator.glibc() is None:
+        return False, (
+            f"the platform's malloc ({cpu_allocator.platform_name()}: keeping freed blocks for reuse is a glibc "
+            "switch); a preloaded jemalloc or tcmalloc (LD_PRELOAD) does it anywhere"
+        )
+    kept = cpu_allocator.HEAP_GROWTH * estimate
+    if kept > budget:
+        return False, (
+            f"glibc's default: keeping freed blocks for reuse could grow the heap to {kept / 1e9:.1f} GB "
+            f"({cpu_allocator.HEAP_GROWTH:g}x the {estimate / 1e9:.1f} GB estimated), past the "
+            f"{budget / 1e9:.1f} GB memory budget"
+        )
+    return True, (
+        f"glibc keeps freed blocks for reuse (mallopt): {cpu_allocator.WHY}; the heap can grow to "
+        f"{cpu_allocator.HEAP_GROWTH:g}x the {estimate / 1e9:.2f} GB estimated; {cpu_allocator.TO_KEEP_DEFAULT}"
+    )

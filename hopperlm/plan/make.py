@@ -20,6 +20,7 @@ from hopperlm.plan.attention_probe import AttentionProbe
 from hopperlm.plan.choices import (
     choose_attention,
     choose_compile,
+    choose_cpu_allocator,
     choose_fp8,
     choose_fused_loss,
     choose_fused_projections,
@@ -262,7 +263,11 @@ def make_plan(
     micro, accum, mb_reason = _micro_batch(tc, plan, hw, model_cfg, finder)
     plan = plan.replace(micro_batch=micro, grad_accum=accum, reasons={"micro_batch": mb_reason})
     plan = _cuda_graphs(tc, plan, model_cfg)
-    return plan.replace(reasons={"memory": f"estimated {plan.memory.describe(plan.micro_batch)}"})
+    plan = plan.replace(reasons={"memory": f"estimated {plan.memory.describe(plan.micro_batch)}"})
+    keep_freed, allocator = choose_cpu_allocator(hw, plan.memory.total(plan.micro_batch), budget)
+    if allocator:
+        plan = plan.replace(keep_freed_memory=keep_freed, reasons={"allocator": allocator})
+    return plan
 
 
 def _cuda_graphs(tc: TrainConfig, plan: Plan, model_cfg: ModelConfig) -> Plan:

@@ -69,6 +69,7 @@ class Plan:
     dp_shard: int = 1  # ranks one copy of the weights/grads/optimizer state is sharded over
     fp8_all_gather: bool = False  # FSDP all-gathers float8 weights (tensorwise fp8 only)
     threads: int | None = None  # torch's CPU threads (None: torch's default)
+    keep_freed_memory: bool = False  # glibc keeps freed blocks for reuse (cpu_allocator.py; CPU runs)
     reasons: Mapping[str, str] = field(default_factory=Reasons)
 
     def __post_init__(self) -> None:
@@ -122,6 +123,11 @@ class Plan:
         """Process-wide switches the plan owns (CPU threads, TF32, allocator)."""
         if self.threads is not None:
             torch.set_num_threads(self.threads)
+        if self.keep_freed_memory:
+            from hopperlm.cpu_allocator import TO_KEEP_DEFAULT, keep_freed_memory
+
+            if not keep_freed_memory():
+                log(f"allocator: glibc's default (mallopt refused the thresholds); {TO_KEEP_DEFAULT}")
         if self.device.type != "cuda":
             return
         torch.backends.cuda.matmul.allow_tf32 = self.tf32
