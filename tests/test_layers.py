@@ -23,6 +23,7 @@ LAYERS = {
     "hopperlm.schedule": 1,  # the LR of a step of that config
     "hopperlm.hardware": 2.0,  # the parts: what the device can do, the network, tokens
     "hopperlm.selftest": 2.0,
+    "hopperlm.cpu_allocator": 2.0,  # the C library's malloc on a CPU run: the plan decides, this switches
     "hopperlm.model": 2.1,
     "hopperlm.data": 2.2,
     "hopperlm.plan": 4,  # how this run will use this machine
