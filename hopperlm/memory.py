@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hopperlm.config import ModelConfig
-from hopperlm.model.lora import count_trainable, target_shapes
+from hopperlm.model.lora import adapted_targets, count_trainable, target_shapes
 from hopperlm.model.loss import default_chunk_tokens
 from hopperlm.model.qlora import nf4_bytes
 from hopperlm.model.transformer import count_params
@@ -80,6 +80,8 @@ def activation_bytes_per_token(
         cfg.vocab_size or 0,
     )
     e = 4 if precision == "fp32" else 2
+    if cfg.mlp == "relu2":  # up, its ReLU and the square (3h) where SwiGLU keeps gate, silu, up, product (4h)
+        h = h * 3 // 4
     if precision == "fp32":
         block = 28 * d + 8 * kv + 16 * h
         head = 4 * d + 4 * d  # final norm input and its output (the LM head's input)
@@ -174,7 +176,7 @@ def _lora_estimate(
     running one and the prefetched next: NF4 data stays 4-bit, the rest in the compute dtype) and the fp32
     gradients of one block's adapters before their reduce-scatter."""
 
-    targets = lora.target_list
+    targets = adapted_targets(cfg, lora)
     shapes = target_shapes(cfg)
     adapted = cfg.n_layers * sum(shapes[t][0] * shapes[t][1] for t in targets)
     frozen = nf4_bytes(adapted) if lora.quantize == "nf4" else adapted * (4 if precision == "fp32" else 2)

@@ -42,7 +42,12 @@ class ModelConfig:
     n_kv_heads: int | None = None
     """Key/value heads for grouped-query attention; null = n_heads (multi-head attention)."""
     ffn_dim: int | None = None
-    """SwiGLU hidden width; null = 8/3 * dim rounded up to multiple_of."""
+    """The MLP's hidden width; null = 8/3 * dim (SwiGLU) or 4 * dim (ReLU²) rounded up to multiple_of. At
+    equal parameters a ReLU² MLP is 1.5x as wide as a SwiGLU one (two matrices instead of three)."""
+    mlp: Literal["swiglu", "relu2"] = "swiglu"
+    """The blocks' MLP: swiglu (Llama's gated SiLU: gate, up and down projections) or relu2 (not gated: up, ReLU
+    squared, down; Primer, modded-nanogpt, nanochat). relu2 exports as Arcee (transformers' ArceeForCausalLM,
+    llama.cpp's arcee)."""
     multiple_of: int = 64
     """Rounding for the default ffn_dim (and for vocab_size taken from data)."""
     vocab_size: int | None = None
@@ -84,7 +89,10 @@ class ModelConfig:
     """Biases on the query, key and value projections (Qwen2)."""
     qk_norm: bool = False
     """RMSNorm over each head's queries and keys before RoPE (OLMo 2, Qwen3, modded-nanogpt): attention logits
-    stay bounded at high learning rates. Exports in the hopperlm format only (no Llama equivalent)."""
+    stay bounded at high learning rates. Exports as Qwen3 (transformers' Qwen3ForCausalLM, llama.cpp's qwen3)."""
+    logit_softcap: float | None = None
+    """Cap the LM head's logits smoothly at +-this (cap * tanh(logits / cap); Gemma 2, modded-nanogpt, nanochat
+    use 15-30); null = off. No Llama-family format carries it, so `export` to HF or GGUF refuses such a model."""
     zero_init_output: bool = False
     """Initialise the residual output projections (o_proj, down_proj) to zero (modded-nanogpt): every block
     starts as the identity. Only the initialisation changes: the model and its checkpoints are the same."""
@@ -117,6 +125,8 @@ class ModelConfig:
             )
         if self.ffn_dim is not None and self.ffn_dim <= 0:
             raise ConfigError(f"model.ffn_dim={self.ffn_dim} must be positive")
+        if self.logit_softcap is not None and self.logit_softcap <= 0:
+            raise ConfigError(f"model.logit_softcap={self.logit_softcap} must be positive (or null: off)")
         if self.vocab_size is not None and self.vocab_size <= 0:
             raise ConfigError(f"model.vocab_size={self.vocab_size} must be positive")
         if not 0.0 <= self.dropout < 1.0:
@@ -178,7 +188,7 @@ class ModelConfig:
     def hidden_dim(self) -> int:
         if self.ffn_dim is not None:
             return self.ffn_dim
-        hidden = int(8 * self.dim / 3)
+        hidden = 4 * self.dim if self.mlp == "relu2" else int(8 * self.dim / 3)
         return self.multiple_of * -(-hidden // self.multiple_of)
 
 

@@ -34,6 +34,11 @@ class Config:
                 "train.embed_warmup_steps trains new embedding rows, which LoRA keeps frozen; "
                 "drop one of train.embed_warmup_steps and lora.rank"
             )
+        if self.optim.head_lr is not None and self.model.tie_embeddings:
+            raise ConfigError(
+                "optim.head_lr needs an untied head (model.tie_embeddings false): a tied head is the input "
+                "embedding, which trains at optim.embed_lr"
+            )
         # (a model section awaiting model.init_from is checked once resolve_init_from has filled it in)
         if not self.model.awaits_init_from and self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(

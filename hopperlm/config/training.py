@@ -49,6 +49,10 @@ class OptimConfig:
     """Shape after warm-up, over the run's budget (steps, tokens or wall-clock hours)."""
     warmup_steps: int = 100
     """Linear LR warm-up, in optimizer steps."""
+    warmup_share: float | None = None
+    """Linear LR warm-up as a share of the run's budget (steps, tokens or wall-clock hours), laid like the decay:
+    under train.max_hours it ends at that share of the deadline whatever the machine's speed. Replaces
+    optim.warmup_steps when set; the shape after it (cosine, linear, WSD) spans the rest of the budget."""
     decay_fraction: float = 0.2
     """WSD only: the last fraction of the budget spent decaying linearly to min_lr."""
     resume_horizon: Literal["extend", "keep"] = "extend"
@@ -57,7 +61,15 @@ class OptimConfig:
     WSD lengthens its stable phase), `keep` holds the original schedule (the decay ends at the original budget
     and the LR stays at its minimum after it). Either way the run says how the LR changes."""
     weight_decay: float = 0.1
-    """AdamW decoupled weight decay on matrices (never on norms, biases or embeddings)."""
+    """AdamW decoupled weight decay on matrices (never on norms, biases or embeddings); Muon's too unless
+    optim.muon_weight_decay is set."""
+    embed_lr: float | None = None
+    """Peak learning rate of the input embedding (AdamW), on the same schedule as optim.lr; null = optim.lr.
+    nanochat trains it at 0.3 (x its width and batch rules) where the blocks' matrices take 0.02: an embedding
+    row sees a gradient only when its token occurs. Under μP it keeps μP's rule for embeddings (no width factor)."""
+    head_lr: float | None = None
+    """Peak learning rate of an untied LM head (AdamW), on the same schedule as optim.lr; null = optim.lr.
+    Under μP it keeps μP's rule for the head (no width factor: its output multiplier scales with width)."""
     beta1: float = 0.9
     """AdamW beta1."""
     beta2: float = 0.95
@@ -75,12 +87,43 @@ class OptimConfig:
     size, so optim.lr keeps its meaning);
     paged_adamw8bit (bitsandbytes' 8-bit AdamW with states in paged memory: QLoRA's optimizer, CUDA)."""
     muon_momentum: float = 0.95
-    """Muon's momentum (Nesterov)."""
-    muon_lr_adjust: Literal["match_rms_adamw", "spectral"] = "match_rms_adamw"
+    """Muon's momentum (Nesterov); the value after optim.muon_momentum_warmup_steps."""
+    muon_momentum_warmup_steps: int = 0
+    """Muon's momentum rises linearly from optim.muon_momentum_start to optim.muon_momentum over this many
+    optimizer steps (modded-nanogpt, nanochat: 0.85 -> 0.95 or 0.97); 0 = constant from the first step."""
+    muon_momentum_start: float = 0.85
+    """Muon's momentum at step 0 when optim.muon_momentum_warmup_steps > 0."""
+    muon_momentum_final: float | None = None
+    """Muon's momentum at the end of the LR decay (WSD's decay, or the whole shape for cosine and linear),
+    reached linearly from optim.muon_momentum (nanochat: 0.97 -> 0.90); null = optim.muon_momentum throughout."""
+    muon_lr_adjust: Literal["match_rms_adamw", "spectral", "original"] = "match_rms_adamw"
     """How Muon's step follows a matrix's shape. match_rms_adamw (torch's; Moonlight): each update has AdamW's
     RMS at optim.lr, so under model.parametrization mup it takes AdamW's 1/m. spectral: torch's "original"
     adjustment, scaled to equal match_rms_adamw at model.base_dim (at the model's own width under standard): the
-    update's spectral norm stays the same as the model widens (Yang, Simon and Bernstein 2023), no 1/m."""
+    update's spectral norm stays the same as the model widens (Yang, Simon and Bernstein 2023), no 1/m.
+    original: torch's "original" adjustment as it is (lr x sqrt(max(1, rows/cols))), so optim.lr is Muon's own
+    LR as modded-nanogpt and nanochat state it (their 0.02-0.05); spectral too, so no 1/m under mup."""
+    muon_weight_decay: float | None = None
+    """Weight decay of Muon's matrices; null = optim.weight_decay (nanochat decays them at 0.28, its head at
+    0.01)."""
+    cautious_weight_decay: bool = False
+    """Muon's matrices: decay only the coordinates whose update has the weight's sign (the update already pulls
+    them towards zero: Chen et al. 2025's cautious weight decay, nanochat). The decay per step stays lr x weight
+    decay, so it follows the LR schedule."""
+    weight_decay_schedule: Literal["constant", "cosine"] = "constant"
+    """Muon's weight decay over the budget: constant (the decay per step, lr x weight decay, follows the LR
+    schedule) or cosine (the weight decay itself falls to zero along a cosine over the budget, as nanochat's,
+    still times the LR)."""
+    normuon: bool = False
+    """NorMuon (Li et al. 2025, modded-nanogpt, nanochat): after orthogonalisation each neuron's update is divided
+    by the root of its own running mean square (optim.normuon_beta2), then the matrix's update is scaled back to
+    its norm before, so Muon's step size is unchanged and its neurons are evened out."""
+    normuon_beta2: float = 0.95
+    """NorMuon: the decay of each neuron's running mean square (the paper's 0.95; nanochat uses 0.9)."""
+    muon_ns: Literal["keller", "polar_express"] = "keller"
+    """Muon's orthogonalisation: keller (Keller Jordan's quintic Newton-Schulz, 5 steps of one polynomial, as
+    torch's) or polar_express (Amsel et al. 2025: a different polynomial at each of the 5 steps, closer to the
+    polar factor; modded-nanogpt, nanochat)."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -93,6 +136,45 @@ class OptimConfig:
             raise ConfigError(f"optim.decay_fraction={self.decay_fraction} must be in (0, 1]")
         if self.grad_clip < 0:
             raise ConfigError(f"optim.grad_clip={self.grad_clip} must be >= 0 (0 disables clipping)")
+        if self.warmup_share is not None and not 0.0 < self.warmup_share < 1.0:
+            raise ConfigError(f"optim.warmup_share={self.warmup_share} must be in (0, 1) (or null)")
+        for name in ("embed_lr", "head_lr"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"optim.{name}={value} must be positive (or null: optim.lr)")
+        for name in ("muon_momentum", "muon_momentum_start", "muon_momentum_final", "normuon_beta2"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ConfigError(f"optim.{name}={value} must be in [0, 1)")
+        if self.muon_momentum_warmup_steps < 0:
+            raise ConfigError(
+                f"optim.muon_momentum_warmup_steps={self.muon_momentum_warmup_steps} must be >= 0"
+            )
+        if self.muon_weight_decay is not None and self.muon_weight_decay < 0:
+            raise ConfigError(f"optim.muon_weight_decay={self.muon_weight_decay} must be >= 0 (or null)")
+        if self.name != "muon":
+            muon_only = [k for k, v in self.muon_settings().items() if v != MUON_DEFAULTS[k]]
+            if muon_only:
+                raise ConfigError(
+                    f"optim.{muon_only[0]} is a setting of Muon's; set optim.name muon, or drop it "
+                    f"(optim.name is {self.name})"
+                )
+
+    def muon_settings(self) -> dict[str, Any]:
+        """The keys that only Muon reads, by name."""
+        return {k: getattr(self, k) for k in MUON_DEFAULTS}
+
+
+# the keys only Muon reads, with their defaults (an AdamW recipe that sets one is told so)
+MUON_DEFAULTS: dict[str, Any] = {
+    "muon_momentum_warmup_steps": 0,
+    "muon_momentum_final": None,
+    "muon_weight_decay": None,
+    "cautious_weight_decay": False,
+    "weight_decay_schedule": "constant",
+    "normuon": False,
+    "muon_ns": "keller",
+}
 
 
 @dataclass

@@ -49,10 +49,24 @@ def target_shapes(model_cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     }
 
 
+def adapted_targets(model_cfg: ModelConfig, cfg: LoRAConfig) -> list[str]:
+    """lora.targets that this model has: a ReLU² MLP (model.mlp relu2) has no gate projection, so every
+    projection (all-linear, or the seven listed: the default) adapts the other six; naming `gate` among fewer is
+    an error."""
+    if model_cfg.mlp != "relu2" or "gate" not in cfg.target_list:
+        return cfg.target_list
+    if set(cfg.target_list) != set(TARGETS):
+        raise ConfigError(
+            "lora.targets names gate, which a ReLU² MLP (model.mlp relu2) does not have; drop it, or use "
+            "all-linear"
+        )
+    return [t for t in cfg.target_list if t != "gate"]
+
+
 def count_trainable(model_cfg: ModelConfig, cfg: LoRAConfig) -> int:
     """Exact number of adapter parameters: r * (in + out) per adapted projection per block."""
     shapes = target_shapes(model_cfg)
-    per_block = sum(cfg.rank * (shapes[t][0] + shapes[t][1]) for t in cfg.target_list)
+    per_block = sum(cfg.rank * (shapes[t][0] + shapes[t][1]) for t in adapted_targets(model_cfg, cfg))
     return model_cfg.n_layers * per_block
 
 
@@ -71,7 +85,7 @@ def training_flops_per_token(model_cfg: ModelConfig, seq_len: int, cfg: LoRAConf
 
 def target_module_names(model_cfg: ModelConfig, cfg: LoRAConfig) -> list[str]:
     """Full module names of the adapted projections, e.g. layers.0.attn.q_proj."""
-    paths = [TARGETS[t] for t in cfg.target_list]
+    paths = [TARGETS[t] for t in adapted_targets(model_cfg, cfg)]
     return [f"layers.{i}.{p}" for i in range(model_cfg.n_layers) for p in paths]
 
 

@@ -25,9 +25,15 @@ def default_chunk_tokens(vocab_size: int) -> int:
     return max(256, min(16384, 2 ** int(math.log2(max(1, CHUNK_ELEMENTS // vocab_size)))))
 
 
-def _chunked(hidden, weight, targets, chunk_tokens, compute_dtype, need_h, need_w):
+def softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap * tanh(logits / cap): logits bounded smoothly at +-cap (model.logit_softcap); as they are for None."""
+    return logits if cap is None else cap * torch.tanh(logits / cap)
+
+
+def _chunked(hidden, weight, targets, chunk_tokens, compute_dtype, need_h, need_w, cap=None):
     """(mean loss, d loss/d hidden or None, d loss/d weight or None), one chunk of logits at a time.
-    hidden (N, d), weight (V, d), targets (N,) with IGNORE_INDEX where no loss is taken."""
+    hidden (N, d), weight (V, d), targets (N,) with IGNORE_INDEX where no loss is taken; `cap`: the logits'
+    softcap (model.logit_softcap), whose derivative 1 - tanh^2 joins the gradient before its matmuls."""
     n_valid = (targets != IGNORE_INDEX).sum().clamp(min=1)
     w = weight.to(compute_dtype)
     loss = torch.zeros((), device=hidden.device, dtype=torch.float32)
@@ -37,6 +43,9 @@ def _chunked(hidden, weight, targets, chunk_tokens, compute_dtype, need_h, need_
         h = hidden[start : start + chunk_tokens].to(compute_dtype)  # (c, d)
         t = targets[start : start + chunk_tokens]  # (c,)
         logits = (h @ w.t()).float()  # (c, V)
+        if cap is not None:
+            squashed = torch.tanh(logits / cap)
+            logits = cap * squashed
         valid = t != IGNORE_INDEX
         safe_t = torch.where(valid, t, 0)
         lse = torch.logsumexp(logits, dim=-1)  # (c,)
@@ -46,7 +55,10 @@ def _chunked(hidden, weight, targets, chunk_tokens, compute_dtype, need_h, need_
             # d(mean loss)/d(logits) = (softmax - onehot) / n_valid on the rows that count
             grad = torch.exp(logits - lse[:, None])
             grad.scatter_add_(1, safe_t[:, None], torch.full_like(lse[:, None], -1.0))
-            grad = (grad * (valid.float() / n_valid)[:, None]).to(compute_dtype)
+            grad = grad * (valid.float() / n_valid)[:, None]
+            if cap is not None:  # d(cap tanh(z / cap))/dz = 1 - tanh^2
+                grad = grad * (1 - squashed.square())
+            grad = grad.to(compute_dtype)
             if need_h:
                 grad_hidden[start : start + chunk_tokens] = (grad @ w).to(hidden.dtype)
             if need_w:
@@ -56,10 +68,10 @@ def _chunked(hidden, weight, targets, chunk_tokens, compute_dtype, need_h, need_
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_tokens, compute_dtype):
+    def forward(ctx, hidden, weight, targets, chunk_tokens, compute_dtype, cap):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         loss, grad_hidden, grad_weight = _chunked(
-            hidden, weight, targets, chunk_tokens, compute_dtype, need_h, need_w
+            hidden, weight, targets, chunk_tokens, compute_dtype, need_h, need_w, cap
         )
         ctx.save_for_backward(grad_hidden, grad_weight)
         return loss
@@ -69,7 +81,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         dh = grad_hidden * grad_loss.to(grad_hidden.dtype) if grad_hidden is not None else None
         dw = grad_weight * grad_loss if grad_weight is not None else None
-        return dh, dw, None, None, None
+        return dh, dw, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -77,8 +89,10 @@ def linear_cross_entropy(
     weight: torch.Tensor,
     targets: torch.Tensor,
     chunk_tokens: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Mean cross-entropy of `hidden @ weight.T` against `targets`, chunk by chunk.
+    """Mean cross-entropy of `hidden @ weight.T` (softcapped at `softcap`, when given) against `targets`, chunk
+    by chunk.
 
     hidden (..., d), weight (V, d), targets (...) with IGNORE_INDEX (-100) for positions without a loss.
     Under autocast the matmuls run in the autocast dtype and the softmax in fp32, as on the standard path.
@@ -92,8 +106,8 @@ def linear_cross_entropy(
     args = (hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), chunk, compute_dtype)
     with torch.autocast(device_type, enabled=False):  # the dtypes are chosen explicitly inside
         if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-            return _LinearCrossEntropy.apply(*args)
-        return _chunked(*args, need_h=False, need_w=False)[0]  # evaluation: the loss alone
+            return _LinearCrossEntropy.apply(*args, softcap)
+        return _chunked(*args, need_h=False, need_w=False, cap=softcap)[0]  # evaluation: the loss alone
 
 
 def standard_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

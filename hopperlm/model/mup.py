@@ -74,7 +74,8 @@ def optimizer_multipliers(
     """id(parameter) -> its learning-rate factor, for the parameters that have one; `shapes(cfg)`: every
     parameter's shape (transformer.py's parameter_shapes). AdamW's matrix-like parameters under mup: 1/m
     (MuAdamW). Muon's matrices (`muon_ids`): match_rms_adamw the same 1/m; spectral the factor that makes
-    torch's "original" adjustment equal match_rms_adamw at base_dim (under standard, at the model's own width).
+    torch's "original" adjustment equal match_rms_adamw at base_dim (under standard, at the model's own width);
+    original none (torch's rule as it is keeps the spectral norm of the update as width grows by itself).
     scale_groups divides each group's weight decay by the same factor, so the decay per step, lr x weight
     decay, stays what optim.lr and optim.weight_decay say (MuAdamW does the same)."""
     mup = cfg.parametrization == "mup"
@@ -85,6 +86,8 @@ def optimizer_multipliers(
         m = mults.get(name)
         if m is not None:
             factors[id(p)] = 1.0 / m
+        if id(p) in muon_ids and muon_lr_adjust == "original":  # Muon's own LR, spectral by itself: no factor
+            factors.pop(id(p), None)
         if id(p) in muon_ids and muon_lr_adjust == "spectral":
             fan_out, fan_in = base[name] if m is not None else tuple(p.shape)
             # torch's original: lr x max(1, sqrt(fan_out / fan_in)); match_rms_adamw: lr x 0.2 x sqrt(max side)

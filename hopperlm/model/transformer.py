@@ -1,4 +1,5 @@
-"""LLaMA-style decoder: RMSNorm, RoPE, grouped-query attention through SDPA, SwiGLU, tied or untied head.
+"""LLaMA-style decoder: RMSNorm, RoPE, grouped-query attention through SDPA, SwiGLU (or ReLU²), tied or untied
+head; optionally QK-norm (Qwen3) and a logit softcap.
 
 Module names follow the Hugging Face Llama layout (q_proj ... down_proj) so conversion and LoRA targets read
 the same. RoPE uses the "rotate half" convention of HF Llama checkpoints.
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from hopperlm.config import ModelConfig
 from hopperlm.model.attention import DocumentMask, document_mask, masked_attention, positions_from_doc_ids
 from hopperlm.model.completep import residual_init_std, residual_multiplier
-from hopperlm.model.loss import linear_cross_entropy, standard_cross_entropy
+from hopperlm.model.loss import linear_cross_entropy, softcapped, standard_cross_entropy
 from hopperlm.model.mup import base_config, matrix_multipliers, output_multiplier
 from hopperlm.model.rope import scale_inv_freq
 
@@ -183,13 +184,31 @@ class SwiGLU(nn.Module):
         return self.down_proj(self.act(gate, up))
 
 
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """ReLU², relu(x)^2 (Primer, So et al. 2021): transformers' "relu2" activation."""
+    return F.relu(x).square()
+
+
+class ReLU2MLP(nn.Module):
+    """The non-gated MLP of modded-nanogpt and nanochat (model.mlp relu2): down(relu(up(x))^2). Named as
+    transformers' ArceeMLP (up_proj, down_proj), which exports it."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.up_proj = nn.Linear(cfg.dim, cfg.hidden_dim, bias=False)
+        self.down_proj = nn.Linear(cfg.hidden_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(relu_squared(self.up_proj(x)))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.mlp = SwiGLU(cfg)
+        self.mlp = ReLU2MLP(cfg) if cfg.mlp == "relu2" else SwiGLU(cfg)
         self.drop = nn.Dropout(cfg.dropout)
         # CompleteP's (base_depth / n_layers) on both branches' outputs (model/completep.py); 1 otherwise
         self.residual_mult = residual_multiplier(cfg)
@@ -315,7 +334,7 @@ class Transformer(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, pos, docs)
         if targets is None:
-            return self.lm_head(self.head_input(x))  # (B, T, V)
+            return softcapped(self.lm_head(self.head_input(x)), self.cfg.logit_softcap)  # (B, T, V)
         return self.output_loss(x, targets)
 
     def head_input(self, x: torch.Tensor) -> torch.Tensor:
@@ -326,11 +345,12 @@ class Transformer(nn.Module):
     def output_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Final norm, LM head and mean cross-entropy: its own method so it can be compiled as one region."""
         h = self.head_input(x)  # (B, T, d)
+        cap = self.cfg.logit_softcap
         if self.head_loss is not None:
             return self.head_loss(h, self.lm_head.weight, targets)
         if self.fused_loss:
-            return linear_cross_entropy(h, self.lm_head.weight, targets)
-        return standard_cross_entropy(self.lm_head(h), targets)
+            return linear_cross_entropy(h, self.lm_head.weight, targets, softcap=cap)
+        return standard_cross_entropy(softcapped(self.lm_head(h), cap), targets)
 
     def setup_cache(self, batch: int, max_len: int | None = None) -> None:
         """Give every attention layer a KV cache for generation (`clear_cache` removes them)."""
@@ -380,7 +400,7 @@ def count_params(cfg: ModelConfig) -> dict[str, int]:
         attn += (cfg.n_heads + 2 * cfg.kv_heads) * hd
     if cfg.qk_norm:
         attn += 2 * hd
-    mlp = 3 * d * cfg.hidden_dim
+    mlp = (2 if cfg.mlp == "relu2" else 3) * d * cfg.hidden_dim
     per_block = attn + mlp + 2 * d
     embedding = V * d
     head = 0 if cfg.tie_embeddings else V * d

@@ -38,7 +38,7 @@ import numpy as np
 from hopperlm.checkpoint.layout import latest_checkpoint, read_state
 from hopperlm.config.training import checkpoint_budget, last_step_known_ahead
 from hopperlm.errors import ConfigError
-from hopperlm.schedule import budget_progress, lr_at
+from hopperlm.schedule import budget_progress, counted_warmup_steps, lr_at
 
 if TYPE_CHECKING:
     from hopperlm.config import OptimConfig, TrainConfig
@@ -122,7 +122,7 @@ def planned_lrs(
             "wait for the first log step"
         )
     end = max(1, min(ends))
-    warmup = oc.warmup_steps
+    warmup = counted_warmup_steps(oc)
     lrs = np.empty(end)
     for i in range(end):  # the loop computes the LR of step i before taking it, at elapsed ~ i * step_time
         progress = budget_progress(i, i * tokens_per_step, i * (step_time or 0.0), schedule, warmup)

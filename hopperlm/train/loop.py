@@ -29,7 +29,7 @@ from hopperlm.observe.log_cadence import LogCadence
 from hopperlm.observe.metrics import Interval, human_count, mfu, peak_memory_gb
 from hopperlm.parallel.preemption import Preemption
 from hopperlm.parallel.runtime import session
-from hopperlm.schedule import budget_progress, lr_at
+from hopperlm.schedule import budget_progress, counted_warmup_steps, lr_at, muon_schedule_at
 from hopperlm.train.banner import print_preflight_check
 from hopperlm.train.evaluate import evaluate
 from hopperlm.train.guard import GuardStop
@@ -93,14 +93,17 @@ def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainRes
             if on_step is not None:
                 on_step(s.step)
             budget = run.schedule_budget  # the run's, or the checkpoint's (optim.resume_horizon keep)
-            progress = budget_progress(s.step, s.tokens, run.elapsed(), budget, run.cfg.optim.warmup_steps)
+            progress = budget_progress(
+                s.step, s.tokens, run.elapsed(), budget, counted_warmup_steps(run.cfg.optim)
+            )
             lr = lr_at(s.step, progress, run.cfg.optim) * run.guard.state.lr_scale
+            muon = muon_schedule_at(s.step, progress, run.cfg.optim)  # its momentum and decay, if they move
             if run.embed_warmup is not None:  # new token rows first, then everything (initial_model.py)
                 run.embed_warmup.before_step(s.step, run.parts.optimizer)
             try:
                 batch_of = partial(run.batches.next, s.step + run.guard.state.data_offset)  # (micro) -> Batch
                 result = train_step(
-                    run.parts, batch_of, grad_accum=s.grad_accum, lr=lr, interrupted=signalled
+                    run.parts, batch_of, grad_accum=s.grad_accum, lr=lr, muon=muon, interrupted=signalled
                 )
             except torch.OutOfMemoryError:
                 back_off(run)  # halve the micro-batch, double accumulation, redo the step

@@ -23,23 +23,56 @@ EPS = 1e-7
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
+# Polar Express (Amsel, Persson, Musco and Gower 2025, arXiv 2505.16932, Algorithm 1 with 5 iterations, safety
+# factor 2e-2, cushion 2): one quintic per iteration, each fitted to the spectrum the previous one leaves, as
+# modded-nanogpt and nanochat (nanochat/optim.py) use them; the input is divided by 1.01 x its Frobenius norm
+POLAR_EXPRESS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+POLAR_EXPRESS_SAFETY = 1.01
 
 
-def newton_schulz(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float):
+def newton_schulz(
+    g: torch.Tensor,
+    coefficients: tuple[float, float, float],
+    steps: int,
+    eps: float,
+    schedule: tuple[tuple[float, float, float], ...] | None = None,
+):
     """torch.optim.Muon's quintic Newton–Schulz orthogonalisation, in bf16, of a batch of same-shape matrices
     (N, A, B): each matrix is normalised by its own Frobenius norm and a tall one is iterated transposed (the
-    Gram matrix is then the smaller side's)."""
-    a, b, c = coefficients
+    Gram matrix is then the smaller side's). `schedule`: one (a, b, c) per iteration instead of `coefficients`
+    `steps` times (Polar Express, whose input is normalised with its safety factor)."""
     x = g.bfloat16()
     tall = g.size(-2) > g.size(-1)
     if tall:
         x = x.mT
-    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # (N, 1, 1): spectral norm at most 1
-    for _ in range(steps):
+    norm = x.norm(dim=(-2, -1), keepdim=True)  # (N, 1, 1): spectral norm at most 1 after dividing
+    x = x / (norm.clamp(min=eps) if schedule is None else norm * POLAR_EXPRESS_SAFETY + eps)
+    for a, b, c in schedule or (coefficients,) * steps:
         gram = torch.bmm(x, x.mT)  # (N, A, A), A the smaller side
         poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b * gram + c * gram @ gram
         x = torch.baddbmm(x, poly, x, beta=a)  # a * x + poly @ x
     return x.mT if tall else x
+
+
+def normuon_scale(update: torch.Tensor, second: torch.Tensor, beta2: float, skip: torch.Tensor | None):
+    """NorMuon's per-neuron normalisation (Li et al. 2025, arXiv 2510.05491; nanochat/optim.py) of orthogonalised
+    updates (N, A, B), in fp32: each row's (A >= B) or column's mean square goes into its running mean `second`
+    ((N, A, 1) or (N, 1, B)); the update is divided by that mean's root, then scaled back to its Frobenius norm
+    before. Returns (update, the new running mean); a skipped step keeps the running mean as it was."""
+    u = update.float()
+    mean_sq = u.square().mean(dim=-1 if u.size(-2) >= u.size(-1) else -2, keepdim=True)
+    new = second.lerp(mean_sq, 1 - beta2)
+    if skip is not None:
+        new = torch.where(skip, second, new)
+    scaled = u * new.clamp(min=1e-10).rsqrt()
+    norm_before = u.norm(dim=(-2, -1), keepdim=True)
+    return scaled * (norm_before / scaled.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-10)), new
 
 
 @functools.cache
@@ -65,7 +98,13 @@ class Muon(torch.optim.Optimizer):
 
     `found_inf`: set it to a float tensor on the device (1: skip this step), as for torch's fused AdamW; a
     skipped step leaves every parameter and momentum bit for bit as it was, whatever the gradients hold, and
-    nothing waits on the host. `compile_ns`: compile the batched Newton–Schulz on CUDA."""
+    nothing waits on the host. `compile_ns`: compile the batched Newton–Schulz on CUDA.
+
+    Beyond torch's (each off by default, so the update is torch's unless asked; none is a param-group key, see
+    __init__): `ns_schedule`, one Newton–Schulz polynomial per iteration (POLAR_EXPRESS); `normuon_beta2`,
+    NorMuon's per-neuron normalisation (normuon_scale; its running mean is the state's `normuon_second`);
+    `cautious`, weight decay only where the update has the weight's sign; `decay_factor`, what the weight decay
+    is multiplied by this step (a schedule sets it, as the LR)."""
 
     def __init__(
         self,
@@ -80,6 +119,9 @@ class Muon(torch.optim.Optimizer):
         ns_steps: int = NS_STEPS,
         adjust_lr_fn: str | None = None,
         compile_ns: bool = True,
+        ns_schedule: tuple[tuple[float, float, float], ...] | None = None,
+        normuon_beta2: float | None = None,
+        cautious: bool = False,
     ) -> None:
         if isinstance(lr, torch.Tensor) or lr < 0.0:
             raise ValueError(f"Muon's learning rate must be a float >= 0, not {lr}")
@@ -103,14 +145,21 @@ class Muon(torch.optim.Optimizer):
         }
         super().__init__(params, defaults)
         self.compile_ns = compile_ns
+        self.ns_schedule = (
+            None if ns_schedule is None else tuple(tuple(map(float, abc)) for abc in ns_schedule)
+        )
+        self.normuon_beta2 = normuon_beta2
+        self.cautious = cautious
+        self.decay_factor = 1.0
         self.found_inf: torch.Tensor | None = None
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim != 2:
                     raise ValueError(f"Muon takes 2-D parameters only, not one of shape {tuple(p.shape)}")
 
-    def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "compile_ns": self.compile_ns}  # (copy.deepcopy, pickle)
+    def __getstate__(self) -> dict:  # (copy.deepcopy, pickle)
+        extras = ("compile_ns", "ns_schedule", "normuon_beta2", "cautious", "decay_factor")
+        return {**super().__getstate__(), **{k: getattr(self, k) for k in extras}}
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -161,21 +210,47 @@ class Muon(torch.optim.Optimizer):
         torch._foreach_copy_(bufs, buf.unbind(0))
         update = grad.lerp_(buf, momentum) if group["nesterov"] else buf
         ortho = self._orthogonalise(update, group)  # (N, A, B) bf16
+        if self.normuon_beta2 is not None:
+            ortho = self._normuon(params, ortho, skip)  # (N, A, B) fp32
 
-        lr, decay = group["lr"], group["weight_decay"]
+        lr, decay = group["lr"], group["weight_decay"] * self.decay_factor
         keep: float | torch.Tensor = 1 - lr * decay
         step: float | torch.Tensor = -adjusted_lr(lr, group["adjust_lr_fn"], params[0].shape)
         if skip is not None:  # device scalars: a skipped step multiplies by 1 and adds 0
             keep = torch.where(skip, 1.0, keep)
             step = torch.where(skip, 0.0, step)
-        torch._foreach_mul_(params, keep)  # decoupled weight decay, before the update (as torch)
         # in the parameters' precision, as torch's add_(update, alpha=-lr): a bf16 product would round the step
-        delta = ortho.to(params[0].dtype).mul_(step)
+        ortho = ortho.to(params[0].dtype)
+        if self.cautious and decay:  # decay only where the step (-ortho) already pulls towards zero
+            weights = torch.stack(params)  # (N, A, B), before the decay, as the mask reads them
+            shrink = weights.mul_((ortho * weights >= 0).to(weights.dtype)).mul_(1 - keep)
+            torch._foreach_sub_(params, shrink.unbind(0))
+        else:
+            torch._foreach_mul_(params, keep)  # decoupled weight decay, before the update (as torch)
+        delta = ortho.mul_(step)
         torch._foreach_add_(params, delta.unbind(0))
+
+    def _normuon(
+        self, params: list[torch.Tensor], ortho: torch.Tensor, skip: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The bucket's orthogonalised update after NorMuon (normuon_scale), its running means kept per
+        parameter in the state (`normuon_second`)."""
+        rows, cols = ortho.shape[-2:]
+        shape = (rows, 1) if rows >= cols else (1, cols)
+        seconds = []
+        for p in params:
+            state = self.state[p]
+            if "normuon_second" not in state:
+                state["normuon_second"] = torch.zeros(shape, device=p.device, dtype=torch.float32)
+            seconds.append(state["normuon_second"])
+        scaled, second = normuon_scale(ortho, torch.stack(seconds), self.normuon_beta2, skip)
+        torch._foreach_copy_(seconds, second.unbind(0))
+        return scaled
 
     def _orthogonalise(self, update: torch.Tensor, group: dict) -> torch.Tensor:
         # compiled on CUDA only: fusing the norm and the scalings saves launches there; on a CPU there are no
         # launches to save, and inductor's C++ build would cost each process (and each test) tens of seconds
         compiled = self.compile_ns and update.device.type == "cuda"
         orthogonalise = compiled_newton_schulz() if compiled else newton_schulz
-        return orthogonalise(update, tuple(group["ns_coefficients"]), group["ns_steps"], group["eps"])
+        coefficients = tuple(group["ns_coefficients"])
+        return orthogonalise(update, coefficients, group["ns_steps"], group["eps"], self.ns_schedule)

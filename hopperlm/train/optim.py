@@ -8,10 +8,11 @@ import torch.nn as nn
 
 from hopperlm.config import OptimConfig
 from hopperlm.model.completep import eps_scaled
-from hopperlm.model.mup import scaled_groups
+from hopperlm.model.mup import named_params, scaled_groups
 from hopperlm.model.qlora import require_bitsandbytes
 from hopperlm.model.transformer import parameter_shapes
-from hopperlm.train.muon import Muon
+from hopperlm.schedule import MuonSchedule
+from hopperlm.train.muon import POLAR_EXPRESS, Muon
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -50,11 +51,10 @@ def build_optimizer(
             if p.requires_grad and p.ndim == 2 and n.startswith("layers.")
         ]
         muon_ids = frozenset(id(p) for p in hidden)
-        muon_groups = width_scaled(
-            model, [{"params": hidden, "weight_decay": cfg.weight_decay}], cfg, muon_ids
-        )
+        decay = cfg.weight_decay if cfg.muon_weight_decay is None else cfg.muon_weight_decay
+        muon_groups = width_scaled(model, [{"params": hidden, "weight_decay": decay}], cfg, muon_ids)
         groups = [{**g, "params": [p for p in g["params"] if id(p) not in muon_ids]} for g in groups]
-    groups = eps_scaled(model, width_scaled(model, groups, cfg, muon_ids), cfg.eps)
+    groups = role_scaled(model, eps_scaled(model, width_scaled(model, groups, cfg, muon_ids), cfg.eps), cfg)
     if name == "paged_adamw8bit":  # QLoRA's optimizer (Dettmers et al. 2023)
         bnb = require_bitsandbytes()
         return bnb.optim.PagedAdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
@@ -66,9 +66,50 @@ def build_optimizer(
     adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, **kwargs)
     if name != "muon":
         return adamw
-    adjust = "original" if cfg.muon_lr_adjust == "spectral" else "match_rms_adamw"
-    muon = Muon(muon_groups, lr=cfg.lr, momentum=cfg.muon_momentum, adjust_lr_fn=adjust)
+    adjust = "match_rms_adamw" if cfg.muon_lr_adjust == "match_rms_adamw" else "original"
+    muon = Muon(
+        muon_groups,
+        lr=cfg.lr,
+        momentum=cfg.muon_momentum_start if cfg.muon_momentum_warmup_steps else cfg.muon_momentum,
+        adjust_lr_fn=adjust,
+        ns_schedule=POLAR_EXPRESS if cfg.muon_ns == "polar_express" else None,
+        normuon_beta2=cfg.normuon_beta2 if cfg.normuon else None,
+        cautious=cfg.cautious_weight_decay,
+    )
     return OptimizerPair(muon, adamw)
+
+
+def role_scaled(model: nn.Module, groups: list[dict], cfg: OptimConfig) -> list[dict]:
+    """The groups with the input embedding at optim.embed_lr and an untied LM head at optim.head_lr: each
+    role's ratio to optim.lr multiplies its groups' `lr_scale` (on top of μP's factor), so set_lr gives it the
+    schedule's shape at its own peak. Weight decay keeps its value, as a per-group LR in torch's AdamW: the
+    decay per step is that LR x weight decay. Unchanged when neither is set or the model has no such parts."""
+    ratios = {
+        "embed.weight": (cfg.embed_lr or cfg.lr) / cfg.lr,
+        "lm_head.weight": (cfg.head_lr or cfg.lr) / cfg.lr,
+    }
+    by_id = {id(p): ratios[name] for name, p in named_params(model) if name in ratios and ratios[name] != 1.0}
+    if not by_id:
+        return groups
+    out = []
+    for group in groups:
+        split: dict[float, list] = {}
+        for p in group["params"]:
+            split.setdefault(by_id.get(id(p), 1.0), []).append(p)
+        for ratio, params in split.items():
+            out.append({**group, "params": params, "lr_scale": group.get("lr_scale", 1.0) * ratio})
+    return out
+
+
+def set_muon_schedule(optimizer, schedule: MuonSchedule) -> None:
+    """Muon's momentum and weight-decay factor for this step (schedule.py's muon_schedule_at), on hopperlm's
+    Muon alone or in its pair; other optimizers have neither."""
+    members = optimizer.optimizers if isinstance(optimizer, OptimizerPair) else (optimizer,)
+    for opt in members:
+        if isinstance(opt, Muon):
+            opt.decay_factor = schedule.decay_factor
+            for group in opt.param_groups:
+                group["momentum"] = schedule.momentum
 
 
 def width_scaled(model: nn.Module, groups: list[dict], cfg: OptimConfig, muon_ids=frozenset()) -> list[dict]:

@@ -31,7 +31,7 @@ from hopperlm.model.lora import training_flops_per_token
 from hopperlm.observe.observer import NullObserver, RunObserver
 from hopperlm.parallel.runtime import Clock, Runtime, unwritable_run_dir
 from hopperlm.plan import SHARDED, Plan
-from hopperlm.schedule import budget_progress, lr_at
+from hopperlm.schedule import budget_progress, counted_warmup_steps, lr_at
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner
 from hopperlm.train.data_and_plan import RunData, open_run_data, plan_run, resolve_model_config
 from hopperlm.train.eval_tasks import EvalTasks
@@ -218,7 +218,9 @@ def schedule_budget(
 
     def lr(budget: TrainConfig) -> float:
         return lr_at(
-            state.step, budget_progress(state.step, state.tokens, elapsed_s, budget, oc.warmup_steps), oc
+            state.step,
+            budget_progress(state.step, state.tokens, elapsed_s, budget, counted_warmup_steps(oc)),
+            oc,
         )
 
     changed = ", ".join(

@@ -22,10 +22,11 @@ from hopperlm.errors import ConfigError
 from hopperlm.parallel.parallelize import Parallel, parallelize
 from hopperlm.parallel.runtime import Runtime, current
 from hopperlm.plan import Plan
+from hopperlm.schedule import MuonSchedule
 from hopperlm.speed import apply_speedups
 from hopperlm.speed.compile import uses_cuda_graphs
 from hopperlm.train.muon import Muon
-from hopperlm.train.optim import OptimizerPair, build_optimizer, set_lr
+from hopperlm.train.optim import OptimizerPair, build_optimizer, set_lr, set_muon_schedule
 
 
 def honours_found_inf(optimizer) -> bool:
@@ -152,9 +153,11 @@ def train_step(
     *,
     grad_accum: int,
     lr: float,
+    muon: MuonSchedule | None = None,
     interrupted: Callable[[], bool] | None = None,
 ) -> StepResult | StepDropped:
-    """One optimizer step: `grad_accum` micro-batches (`next_batch(i)` gives the i-th, on any device),
+    """One optimizer step at learning rate `lr` (and Muon's momentum and weight-decay factor `muon`, where the
+    schedule sets them): `grad_accum` micro-batches (`next_batch(i)` gives the i-th, on any device),
     clipping, and the update unless the loss or gradient is not finite. Returns device tensors. When
     `interrupted()` turns true before a micro-batch, the partial step is dropped: gradients cleared, no update,
     StepDropped returned (the weights and optimizer state are those of the last complete step)."""
@@ -168,6 +171,8 @@ def train_step(
             "(pytorch/pytorch#169545); use --train.compile_mode default or a micro-batch that needs none"
         )
     set_lr(optimizer, lr)
+    if muon is not None:
+        set_muon_schedule(optimizer, muon)
     step_loss = torch.zeros((), device=device)
     for micro in range(grad_accum):
         if interrupted is not None and interrupted():  # (a flag set by a signal handler: no device sync)

@@ -1,0 +1,514 @@
+"""The race in its own regime: hopperlm's pretraining recipe against nanoGPT's and nanochat's, every recipe
+training >= 3 tokens per parameter (all parameters counted, as the 350M model's are), at equal parameters, on a
+clock of training FLOPs.
+
+The old race (bench/time_to_target.py) trained a 1.4M-parameter model for ~104 s: about 0.4 tokens per
+parameter, far from the 3 that owt-350m-h100 trains in its 1.5 hours. Here every run trains the same tokens,
+3x the parameters of the largest (untied) model, on the same data as the old race (the first 30 Gutenberg
+books, their 4,096-piece BPE, whole books held out):
+  proxy    4 blocks, d=64, 2 heads of 32, context 256: 737,856 parameters untied (475,712 tied), 541 steps of
+           4,096 tokens (2.22M tokens: 3.0 tokens per parameter untied, 4.7 tied)
+  confirm  the same at d=128 (4 heads) under μP from the proxy: 1,901,696 parameters (2.58x), 1,393 steps
+The clock is training FLOPs: the plan's FLOPs per token (6N + 12·L·d·T, the head counted tied or not) times the
+tokens, plus Muon's Newton–Schulz (5 iterations of 4·A²·B + 2·A³ per A x B matrix, A <= B, per step). Each
+row also has the CPU seconds of its process (os.wait4), since this CPU is not the GPU the race runs on.
+
+The procedure, its order, its rule and its grids are PLAN below, committed before the first run. Recipes and
+rungs: bench/race_recipes.py. Results: `rows` {recipe, role, lr, lr_multiplier, seed, budget_share, steps,
+tokens, flops, seconds, params, final_val_loss, curve [[step, flops, val_loss], ...]}, `time_to_target` per
+baseline, and the ladder's rows {rung, change, seed, final_val_loss, kept} in a second file.
+
+    python3 bench/race_3tpp.py --part baselines --save FILE        (then --part ladder, shares, confirm;
+    python3 bench/race_3tpp.py --part all --save FILE --ladder-save FILE2   hours on 2 cores)
+    python3 bench/race_3tpp.py --smoke                              (a minute: tests run it)
+A part re-reads the earlier parts' runs from the cache (--cache; each run's folder is named by its config's
+digest) and trains only what is missing, so a stopped benchmark goes on where it stopped (--resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+from race_recipes import (
+    BATCH_TOKENS,
+    LR_SEARCH,
+    NANOCHAT_COMMIT,
+    NANOCHAT_LEFT_OUT,
+    NANOGPT,
+    SEQ_LEN,
+    ladder,
+    nanochat,
+    scaled_lrs,
+)
+from time_to_target import prepare_data
+
+VOCAB = 4096
+PROXY = {"dim": 64, "n_layers": 4, "n_heads": 2, "max_seq_len": SEQ_LEN}
+CONFIRM = {**PROXY, "dim": 128, "n_heads": 4}
+TOKENS_PER_PARAM = 3.0
+SEEDS = (0, 1)
+
+PLAN = {
+    "regime": "every run trains ceil(3 x the untied proxy's parameters / 4,096) steps of 4,096 tokens; "
+    "the confirmation the same at d=128",
+    "order": [
+        "1. baselines: nanoGPT's LR grid and nanochat's LR multiplier grid, 2 seeds each",
+        "2. the ladder from nanoGPT at its tuned LR: the rungs of race_recipes.ladder in order, then nanochat's "
+        "tuned recipe as a last rung (where it wins, hopperlm adopts it)",
+        "3. hopperlm = the ladder's best, under μP at base_dim = the proxy's width (the same network at that "
+        "width) where its head is untied; its LR multiplier grid (all its LRs together), 2 seeds",
+        "4. hopperlm at its best multiplier on shorter budgets (SHARES), 2 seeds; the same for its twin with the "
+        "other tie setting, so each baseline is met at its own parameter count",
+        "5. confirm at d=128: hopperlm (μP, the proxy's LRs) and nanochat (its own width, batch and T_epoch "
+        "rules, the proxy's multiplier), 2 seeds each",
+    ],
+    "rule": "a rung is kept when it beats the best recipe so far on both seeds (paired by seed) by more than "
+    "that recipe's seed spread |loss(seed 0) - loss(seed 1)|; a run that fails or ends non-finite loses",
+    "lr_search": "an LR rung multiplies every LR the recipe sets by 2; kept, it tries x2 again (at most 3 in "
+    "all); dropped, it tries x0.5 instead (again at most 3)",
+    "grids": {
+        "nanogpt": [1e-3, 2e-3, 4e-3, 8e-3],
+        "nanochat_multiplier": [0.5, 1.0, 2.0, 4.0],
+        "hopperlm_multiplier": [0.25, 0.5, 1.0, 2.0],
+        "edge": "a grid whose best is at an edge grows by one point a factor of 2 beyond it, at most twice; "
+        "a best still on the edge is marked",
+    },
+    "shares": [0.15, 0.2, 0.3, 0.5, 0.7],
+    "time_to_target": "for each baseline, the target is its mean final loss at its best LR; hopperlm's FLOPs "
+    "to it are those of the shortest budget whose finished runs' mean reaches it, and the log-linear "
+    "interpolation between that budget and the one before",
+    "seeds": list(SEEDS),
+}
+SHARES = tuple(PLAN["shares"])
+
+
+def model_config(model: dict):
+    from hopperlm.config import ModelConfig
+
+    return ModelConfig(**model, vocab_size=VOCAB)
+
+
+def params_of(model: dict) -> int:
+    from hopperlm.model.transformer import count_params
+
+    return count_params(model_config(model))["total"]
+
+
+def newton_schulz_flops(model: dict) -> int:
+    """One Muon step's Newton–Schulz FLOPs: 5 iterations of X X^T (2·A²·B), its square (2·A³) and that times X
+    (2·A²·B) per block matrix, A the smaller side."""
+    from hopperlm.model.transformer import parameter_shapes
+
+    total = 0
+    for name, shape in parameter_shapes(model_config(model)).items():
+        if name.startswith("layers.") and len(shape) == 2:
+            a, b = sorted(shape)
+            total += 5 * (4 * a * a * b + 2 * a**3)
+    return total
+
+
+def flops_per_step(recipe: dict, model: dict) -> int:
+    from hopperlm.model.transformer import flops_per_token
+
+    shape = {**model, **recipe["model"]}
+    ns = newton_schulz_flops(shape) if recipe["optim"].get("name") == "muon" else 0
+    return flops_per_token(model_config(shape), SEQ_LEN) * BATCH_TOKENS + ns
+
+
+def race_steps(model: dict) -> int:
+    """Steps that train TOKENS_PER_PARAM tokens per parameter of the untied model of this shape."""
+    return math.ceil(TOKENS_PER_PARAM * params_of({**model, "tie_embeddings": False}) / BATCH_TOKENS)
+
+
+def run_config(recipe: dict, *, model: dict, data: Path, steps: int, seed: int, eval_windows: int) -> dict:
+    """The YAML a user would write for `recipe` on this budget (its run folder is added by train_runs)."""
+    return {
+        "model": {**model, **recipe["model"]},
+        "data": {"path": str(data)},
+        "optim": dict(recipe["optim"]),
+        "train": {"seq_len": SEQ_LEN, "micro_batch": BATCH_TOKENS // SEQ_LEN, "batch_tokens": BATCH_TOKENS,
+                  "max_steps": steps, "eval_every": max(1, steps // 10), "eval_windows": eval_windows,
+                  "log_every": max(1, steps // 20), "threads": 1, "seed": seed, **recipe["train"]},
+        "checkpoint": {"every": 0, "keep_last": 1},
+    }  # fmt: skip
+
+
+class Runner:
+    """Trains run configs as `hopperlm train` processes, `jobs` side by side on one thread each, each in the
+    cache folder named by its config's digest: a finished run of the same config is read back, never retrained."""
+
+    def __init__(self, cache: Path, jobs: int) -> None:
+        self.cache, self.jobs = cache, jobs
+
+    def folder(self, cfg: dict) -> Path:
+        digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+        return self.cache / "runs" / digest
+
+    def run_all(self, cfgs: list[dict]) -> list[dict]:
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            return list(pool.map(self.run, cfgs))
+
+    def run(self, cfg: dict) -> dict:
+        out = self.folder(cfg)
+        if not (out / "result.json").is_file() or not (out / "cpu.json").is_file():
+            shutil.rmtree(out, ignore_errors=True)  # a run cut off mid-way starts again
+            out.mkdir(parents=True)
+            spec = out / "run.yaml"
+            spec.write_text(yaml.safe_dump({**cfg, "run": {"out_dir": str(out / "run")}}, sort_keys=False))
+            log = (out / "train.log").open("w")
+            proc = subprocess.Popen([sys.executable, "-m", "hopperlm", "train", str(spec)], stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=out)  # fmt: skip
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            log.close()
+            result = {"exit": proc.returncode, "cpu_s": round(usage.ru_utime + usage.ru_stime, 1)}
+            (out / "cpu.json").write_text(json.dumps(result))
+            if proc.returncode and not (out / "run" / "result.json").is_file():
+                (out / "result.json").write_text(json.dumps({"failed": proc.returncode}))
+            else:
+                shutil.copy(out / "run" / "result.json", out / "result.json")
+        return self.read(cfg, out)
+
+    def read(self, cfg: dict, out: Path) -> dict:
+        result = json.loads((out / "result.json").read_text())
+        cpu = json.loads((out / "cpu.json").read_text())
+        metrics = out / "run" / "metrics.jsonl"
+        records = (
+            [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+            if metrics.is_file()
+            else []
+        )
+        loss = result.get("val_loss")
+        return {
+            "steps": result.get("step", 0),
+            "tokens": result.get("tokens", 0),
+            "seconds": cpu["cpu_s"],
+            "final_val_loss": round(loss, 4) if loss is not None and math.isfinite(loss) else None,
+            "curve": [[r["step"], round(r["val_loss"], 4)] for r in records if "val_loss" in r],
+            "run": str(out.relative_to(self.cache)),
+        }
+
+
+class Race:
+    """The parts of PLAN, each reading what earlier parts trained from the runner's cache."""
+
+    def __init__(self, runner: Runner, data: Path, *, smoke: bool, log=print) -> None:
+        self.runner, self.data, self.smoke, self.log = runner, data, smoke, log
+        self.seeds = SEEDS[:1] if smoke else SEEDS
+        self.eval_windows = 8 if smoke else 96
+        self.steps = 4 if smoke else race_steps(PROXY)
+
+    def train(self, name: str, role: str, recipe: dict, *, model: dict = PROXY, share: float = 1.0,
+              steps: int | None = None, multiplier: float | None = None) -> list[dict]:  # fmt: skip
+        """`recipe` on every seed for `share` of the budget; a row per seed."""
+        steps = max(2, round(share * (steps or self.steps)))
+        cfgs = [run_config(recipe, model=model, data=self.data, steps=steps, seed=s, eval_windows=self.eval_windows)
+                for s in self.seeds]  # fmt: skip
+        per_step = flops_per_step(recipe, model)
+        rows = []
+        for seed, got in zip(self.seeds, self.runner.run_all(cfgs), strict=True):
+            curve = [[step, step * per_step, v] for step, v in got.pop("curve")]
+            rows.append({"recipe": name, "role": role, "lr": recipe["optim"]["lr"], "lr_multiplier": multiplier,
+                         "seed": seed, "budget_share": share, **got, "flops": got["steps"] * per_step,
+                         "params": params_of({**model, **recipe["model"]}), "width": model["dim"], "curve": curve,
+                         "config": {k: recipe[k] for k in ("model", "optim", "train")}})  # fmt: skip
+        return rows
+
+    def sweep(self, name: str, role: str, make, grid: list[float]) -> tuple[float, list[dict], bool]:
+        """make(x) -> recipe for every x of `grid`, growing it past an edge best (PLAN["grids"]["edge"]).
+        Returns (best x, rows, best still at an edge)."""
+        grid, rows = sorted(grid), []
+        done: dict[float, list[dict]] = {}
+        for _ in range(3):
+            for x in grid:
+                if x not in done:
+                    done[x] = self.train(name, role, make(x), multiplier=x)
+                    self.log(f"{name} x={x:g}: " + ", ".join(fmt(r["final_val_loss"]) for r in done[x]))
+            best = min(grid, key=lambda x: mean_loss(done[x]))
+            edge = len(grid) > 1 and best in (grid[0], grid[-1])
+            if not edge or self.smoke:
+                break
+            grid = sorted([*grid, best * 2 if best == grid[-1] else best / 2])
+        rows = [r for x in grid for r in done[x]]
+        return best, rows, edge
+
+
+def mean_loss(rows: list[dict]) -> float:
+    """The mean final loss over seeds; a failed or non-finite seed makes it infinite."""
+    losses = [r["final_val_loss"] for r in rows]
+    return statistics.fmean(losses) if all(v is not None for v in losses) else math.inf
+
+
+def fmt(v: float | None) -> str:
+    return "failed" if v is None else f"{v:.4f}"
+
+
+def merged(base: dict, change: dict) -> dict:
+    out = {k: dict(v) for k, v in base.items()}
+    for section, keys in change.items():
+        out[section].update(keys)
+    return out
+
+
+def beats(candidate: list[dict], best: list[dict]) -> tuple[bool, float]:
+    """PLAN's rule: (kept, the best's seed spread)."""
+    losses = [r["final_val_loss"] for r in best]
+    spread = max(losses) - min(losses) if len(losses) > 1 else 0.0
+    if any(r["final_val_loss"] is None for r in candidate):
+        return False, spread
+    paired = zip(
+        sorted(candidate, key=lambda r: r["seed"]), sorted(best, key=lambda r: r["seed"]), strict=True
+    )
+    return all(b["final_val_loss"] - c["final_val_loss"] > spread for c, b in paired), spread
+
+
+def climb(
+    race: Race, start: tuple[str, dict, list[dict]], rungs: list, *, extra=None
+) -> tuple[dict, list[dict]]:
+    """The ladder: each rung added alone to the best recipe so far, kept by PLAN's rule (LR_SEARCH rungs as
+    PLAN["lr_search"]); `extra` (name, recipe): a last rung replacing the recipe whole. Returns (the best recipe,
+    the ladder's rows)."""
+    best_name, best, best_rows = start
+    rows = [{"rung": best_name, "change": {}, "seed": r["seed"], "final_val_loss": r["final_val_loss"],
+             "kept": True, "run": r["run"]} for r in best_rows]  # fmt: skip
+
+    def attempt(name: str, candidate: dict, change: dict) -> bool:
+        nonlocal best_name, best, best_rows
+        got = race.train("ladder", "ladder", candidate)
+        kept, spread = beats(got, best_rows)
+        rows.extend({"rung": name, "change": change, "seed": r["seed"], "final_val_loss": r["final_val_loss"],
+                     "kept": kept, "against": best_name, "spread": round(spread, 4), "run": r["run"]}
+                    for r in got)  # fmt: skip
+        race.log(f"{name:<26} " + " ".join(fmt(r["final_val_loss"]) for r in got) + f"  against {best_name} "
+                 + " ".join(fmt(r["final_val_loss"]) for r in best_rows) + f" (spread {spread:.4f}): "
+                 + ("kept" if kept else "dropped"))  # fmt: skip
+        if kept:
+            best_name, best, best_rows = name, candidate, got
+        return kept
+
+    for name, change in rungs:
+        if name == LR_SEARCH:
+            for factor in (2.0, 0.5):
+                tried = 0
+                while tried < 3 and attempt(f"LRs x{factor:g}", merged(best, scaled_lrs(best, factor)),
+                                            {"lr_factor": factor}):  # fmt: skip
+                    tried += 1
+                if tried:  # x2 was kept at least once: no x0.5
+                    break
+            continue
+        delta = change(best) if callable(change) else change
+        if delta is None:
+            race.log(f"{name:<26} does not apply to {best_name}'s recipe: skipped")
+            rows.append({"rung": name, "change": None, "seed": None, "final_val_loss": None, "kept": False,
+                         "skipped": "does not apply to the best recipe so far"})  # fmt: skip
+            continue
+        attempt(name, merged(best, delta), delta)
+    if extra is not None:
+        attempt(extra[0], extra[1], {"replaced_by": extra[0]})
+    return best, rows
+
+
+def hopperlm_recipe(best: dict, width: int) -> dict:
+    """The ladder's best as hopperlm's recipe: under μP at base_dim `width` where the head is untied (at that
+    width the same network; wider, the proxy's LRs transfer)."""
+    if best["model"].get("tie_embeddings"):
+        return best
+    return merged(best, {"model": {"parametrization": "mup", "base_dim": width}})
+
+
+def twin(recipe: dict) -> dict:
+    """hopperlm's recipe with the other tie setting (μP and head_lr need an untied head: dropped when tied)."""
+    if recipe["model"].get("tie_embeddings"):
+        return merged(recipe, {"model": {"tie_embeddings": False}})
+    out = merged(recipe, {"model": {"tie_embeddings": True}})
+    for key in ("parametrization", "base_dim"):
+        out["model"].pop(key, None)
+    out["optim"].pop("head_lr", None)
+    return out
+
+
+def flops_to_target(rows: list[dict], mine: str, baseline: str) -> dict:
+    """PLAN["time_to_target"] for recipe `mine` against `baseline`, on the FLOPs clock."""
+
+    def by_lr(name):
+        full = [r for r in rows if r["recipe"] == name and r["budget_share"] == 1.0]
+        lrs = sorted({r["lr"] for r in full})
+        return {lr: [r for r in full if r["lr"] == lr] for lr in lrs}
+
+    base = by_lr(baseline)
+    base_lr = min(base, key=lambda lr: mean_loss(base[lr]))
+    target = mean_loss(base[base_lr])
+    base_flops = statistics.fmean(r["flops"] for r in base[base_lr])
+    ours = by_lr(mine)
+    lr = min(ours, key=lambda x: mean_loss(ours[x]))
+    mine_rows = [r for r in rows if r["recipe"] == mine and r["lr"] == lr]
+    budgets = []
+    for share in sorted({r["budget_share"] for r in mine_rows}):
+        runs = [r for r in mine_rows if r["budget_share"] == share]
+        budgets.append((statistics.fmean(r["flops"] for r in runs), mean_loss(runs), share))
+    reached = next((i for i, (_, loss, _) in enumerate(budgets) if loss <= target), None)
+    flops = interpolated = None
+    if reached is not None:
+        flops = interpolated = budgets[reached][0]
+        if reached > 0:
+            (f0, a, _), (f1, b, _) = budgets[reached - 1], budgets[reached]
+            interpolated = math.exp(math.log(f0) + (a - target) / (a - b) * (math.log(f1) - math.log(f0)))
+    return {
+        "hopperlm_recipe": mine, "baseline": baseline, "baseline_lr": base_lr,
+        "baseline_params": base[base_lr][0]["params"], "hopperlm_params": mine_rows[0]["params"],
+        "target_val_loss": round(target, 4), "baseline_flops": base_flops, "hopperlm_lr": lr,
+        "budgets": [{"budget_share": s, "flops": f, "mean_final_val_loss": round(v, 4)} for f, v, s in budgets],
+        "hopperlm_flops": flops,
+        "ratio_reached": None if flops is None else round(flops / base_flops, 3),
+        "ratio_interpolated": None if interpolated is None else round(interpolated / base_flops, 3),
+    }  # fmt: skip
+
+
+PARTS = ("baselines", "ladder", "hopperlm", "shares", "confirm")
+
+
+def run_race(race: Race, last_part: str) -> tuple[dict, dict]:
+    """PLAN's parts up to `last_part` (earlier ones read back from the cache); (race result, ladder result)."""
+    upto = PARTS.index(last_part)
+    proxy_width, smoke = PROXY["dim"], race.smoke
+    grids = {k: v[:1] for k, v in PLAN["grids"].items()} if smoke else PLAN["grids"]
+    result: dict = {"rows": []}
+    nano_lr, rows, edge_n = race.sweep("nanogpt", "baseline", lambda lr: merged(NANOGPT, {"optim": {"lr": lr}}),
+                                       grids["nanogpt"])  # fmt: skip
+    mult, chat_rows, edge_c = race.sweep(
+        "nanochat", "baseline", lambda m: nanochat(dim=proxy_width, steps=race.steps, mult=m),
+        grids["nanochat_multiplier"])  # fmt: skip
+    result["rows"] = rows + chat_rows
+    result["tuned"] = {"nanogpt": {"lr": nano_lr, "at_grid_edge": edge_n},
+                       "nanochat": {"lr_multiplier": mult, "at_grid_edge": edge_c}}  # fmt: skip
+    ladder_result: dict = {}
+    if upto < 1:
+        return result, ladder_result
+    start = (
+        "nanogpt (tuned)",
+        merged(NANOGPT, {"optim": {"lr": nano_lr}}),
+        [r for r in rows if r["lr"] == nano_lr],
+    )
+    rungs = ladder(dim=proxy_width, steps=race.steps)[: 2 if smoke else None]
+    chat = ("nanochat (tuned)", nanochat(dim=proxy_width, steps=race.steps, mult=mult))
+    best, ladder_rows = climb(race, start, rungs, extra=chat)
+    ladder_result = {
+        "rows": ladder_rows,
+        "best": best,
+        "kept": list(dict.fromkeys(r["rung"] for r in ladder_rows if r["kept"])),
+    }
+    if upto < 2:
+        return result, ladder_result
+    recipe = hopperlm_recipe(best, proxy_width)
+    h_mult, h_rows, edge_h = race.sweep("hopperlm", "hopperlm", lambda m: merged(recipe, scaled_lrs(recipe, m)),
+                                        grids["hopperlm_multiplier"])  # fmt: skip
+    tuned = merged(recipe, scaled_lrs(recipe, h_mult))
+    result["rows"] += h_rows
+    result["tuned"]["hopperlm"] = {"lr_multiplier": h_mult, "at_grid_edge": edge_h, "recipe": tuned}
+    if upto < 3:
+        return result, ladder_result
+    other = twin(tuned)
+    twin_name = "hopperlm-tied" if other["model"].get("tie_embeddings") else "hopperlm-untied"
+    result["rows"] += race.train(twin_name, "hopperlm", other)
+    for share in (0.5,) if smoke else SHARES:
+        result["rows"] += race.train("hopperlm", "hopperlm", tuned, share=share)
+        result["rows"] += race.train(twin_name, "hopperlm", other, share=share)
+    result["time_to_target"] = {}
+    for baseline in ("nanogpt", "nanochat"):
+        base_tied = next(r for r in result["rows"] if r["recipe"] == baseline)["config"]["model"].get(
+            "tie_embeddings"
+        )
+        mine = twin_name if bool(other["model"].get("tie_embeddings")) == bool(base_tied) else "hopperlm"
+        result["time_to_target"][baseline] = flops_to_target(result["rows"], mine, baseline)
+    if upto < 4:
+        return result, ladder_result
+    steps = 4 if smoke else race_steps(CONFIRM)
+    result["rows"] += race.train("hopperlm (d=128)", "confirm", tuned, model=CONFIRM, steps=steps)
+    wide_chat = nanochat(dim=CONFIRM["dim"], steps=steps, mult=mult)
+    result["rows"] += race.train("nanochat (d=128)", "confirm", wide_chat, model=CONFIRM, steps=steps)
+    return result, ladder_result
+
+
+def plan_commit() -> str | None:
+    """The commit that added the pre-registered plan (bench/race_recipes.py), before any run."""
+    out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%h", "--", "bench/race_recipes.py"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)  # fmt: skip
+    commits = out.stdout.split()
+    return commits[-1] if out.returncode == 0 and commits else None
+
+
+def report(result: dict, ladder_result: dict, log=print) -> None:
+    """The sweeps' table, the ladder's kept rungs and the time to each target, last."""
+    rows = result["rows"]
+    log(f"\n{'recipe':<18}{'role':<10}{'params':>10}{'lr':>10}{'share':>7}{'tok/param':>10}{'GFLOP':>9}"
+        "  mean final val loss (seeds)")  # fmt: skip
+    keys = sorted(
+        {(r["recipe"], r["lr"], r["budget_share"]) for r in rows}, key=lambda k: (k[0], -k[2], k[1])
+    )
+    for name, lr, share in keys:
+        sel = [r for r in rows if (r["recipe"], r["lr"], r["budget_share"]) == (name, lr, share)]
+        log(f"{name:<18}{sel[0]['role']:<10}{sel[0]['params']:>10,}{lr:>10.2e}{share:>7.2f}"
+            f"{sel[0]['tokens'] / sel[0]['params']:>10.2f}{sel[0]['flops'] / 1e9:>9.0f}  {mean_loss(sel):.4f} "
+            f"({', '.join(fmt(r['final_val_loss']) for r in sel)})")  # fmt: skip
+    for name, tuned in result.get("tuned", {}).items():
+        if tuned.get("at_grid_edge"):
+            log(f"warning: {name}'s best LR is at the edge of its grid")
+    if ladder_result:
+        log("ladder kept: " + ", ".join(ladder_result["kept"]))
+    for baseline, t in result.get("time_to_target", {}).items():
+        reached = (f"reached it in {t['ratio_reached']:.3f}x its FLOPs (interpolated {t['ratio_interpolated']:.3f}x)"
+                   if t["ratio_reached"] is not None else "did not reach it")  # fmt: skip
+        log(f"{t['hopperlm_recipe']} ({t['hopperlm_params']:,} params) against {baseline} ({t['baseline_params']:,} "
+            f"params, lr {t['baseline_lr']:.2e}, val {t['target_val_loss']:.4f}): {reached}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> tuple[dict, dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--part", choices=(*PARTS, "all"), default="all", help="run PLAN up to this part")
+    p.add_argument("--cache", default="/tmp/race-3tpp", help="prepared data and runs (reused)")
+    p.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
+    p.add_argument("--smoke", action="store_true", help="a few steps per run on 3 books: checks the script")
+    p.add_argument("--save", help="write the race's rows and result as JSON here")
+    p.add_argument("--ladder-save", help="write the ladder's rows as JSON here")
+    p.add_argument(
+        "--resume", action="store_true", help="go on: runs in the cache are read back, not retrained"
+    )
+    args = p.parse_args(argv)
+    cache = Path(args.cache).resolve() / ("smoke" if args.smoke else "")
+    if not args.resume and not args.smoke and (cache / "runs").is_dir():
+        sys.exit(
+            f"{cache}/runs holds an earlier race's runs: add --resume to go on with them, or pick --cache"
+        )
+    cache.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    race = Race(Runner(cache, args.jobs), prepare_data(cache, 3 if args.smoke else 30), smoke=args.smoke)
+    result, ladder_result = run_race(race, PARTS[-1] if args.part == "all" else args.part)
+    common = {"command": " ".join(["python3", "bench/race_3tpp.py", *(argv if argv is not None else sys.argv[1:])]),
+              "plan": PLAN, "plan_commit": plan_commit(), "tokens_per_param": TOKENS_PER_PARAM,
+              "nanochat_commit": NANOCHAT_COMMIT, "nanochat_left_out": NANOCHAT_LEFT_OUT,
+              "bench_wall_s": round(time.perf_counter() - start, 1)}  # fmt: skip
+    result, ladder_result = {**common, **result}, {**common, **ladder_result} if ladder_result else {}
+    report(result, ladder_result)
+    from hopperlm.provenance import save_result
+
+    if args.save:
+        save_result(result, args.save)
+    if args.ladder_save and ladder_result:
+        save_result(ladder_result, args.ladder_save)
+    return result, ladder_result
+
+
+if __name__ == "__main__":
+    main()
