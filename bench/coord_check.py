@@ -51,9 +51,11 @@ def coordinates(
     depth: int = 2,
     depth_parametrization: str = "standard",
     base_dim: int = BASE_DIM,
+    group_lrs: tuple[float, float] | None = None,
 ) -> dict:
     """RMS of the last block's output, its attention logits and the output logits after `steps` steps, and of the
-    change of the last block's output over them (on the same batch)."""
+    change of the last block's output over them (on the same batch). `group_lrs`: the embedding and the head
+    at these multiples of `lr` (optim.embed_lr, optim.head_lr)."""
     completep = depth_parametrization == "completep"
     cfg = ModelConfig(
         dim=width,
@@ -67,7 +69,8 @@ def coordinates(
         base_depth=BASE_DEPTH if completep else None,
     )
     model = build_model(cfg, seed=0)
-    opt = build_optimizer(model, OptimConfig(lr=lr, weight_decay=0.0), fused=False, name=optimizer)
+    groups = {} if group_lrs is None else {"embed_lr": group_lrs[0] * lr, "head_lr": group_lrs[1] * lr}
+    opt = build_optimizer(model, OptimConfig(lr=lr, weight_decay=0.0, **groups), fused=False, name=optimizer)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
     seen = {}
     last = model.layers[-1]

@@ -115,6 +115,7 @@ def run_one(spec: dict) -> dict:
                 "min_lr_ratio": 0.0,
                 "weight_decay": 0.0,
                 "muon_lr_adjust": spec["muon_adjust"],
+                **group_lrs(spec),
             },  # fmt: skip
             "train": {
                 "seq_len": SEQ,
@@ -189,6 +190,12 @@ def table(summary: dict, widths, axis: str = "width") -> list[str]:
     return lines
 
 
+def group_lrs(spec: dict) -> dict:
+    """optim.embed_lr and optim.head_lr as the spec's multiples of its LR (--group-lrs), else nothing."""
+    ratios = spec.get("group_lrs")
+    return {} if not ratios else {"embed_lr": ratios[0] * spec["lr"], "head_lr": ratios[1] * spec["lr"]}
+
+
 def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
     """Every run of the benchmark (width or depth), and its grid."""
     if args.depth:
@@ -214,6 +221,7 @@ def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
         grid["steps"] = args.steps
     if args.lrs:
         grid["lrs"] = tuple(args.lrs)
+    groups = "" if not args.group_lrs else "-g{:g}x{:g}".format(*args.group_lrs)
     specs = [
         {
             "parametrization": par,
@@ -224,8 +232,11 @@ def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
             "steps": grid["steps"],
             "data": str(data),
             "muon_adjust": args.muon_adjust,
+            "group_lrs": args.group_lrs,
             "out_dir": str(
-                work / "runs" / f"{par}-{opt}-{args.muon_adjust}-w{w}-lr{lr:.3g}-s{seed}-{grid['steps']}"
+                work
+                / "runs"
+                / f"{par}-{opt}-{args.muon_adjust}{groups}-w{w}-lr{lr:.3g}-s{seed}-{grid['steps']}"
             ),
         }  # fmt: skip
         for par in args.parametrizations.split(",")
@@ -287,6 +298,10 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--muon-adjust", default="match_rms_adamw", choices=("match_rms_adamw", "spectral"))
     p.add_argument("--optimizers", default="adamw,muon")
+    p.add_argument(
+        "--group-lrs", type=lambda t: tuple(float(x) for x in t.split(",")), metavar="EMBED,HEAD",
+        help="train the embedding and the head at these multiples of each run's LR (optim.embed_lr, head_lr)",
+    )  # fmt: skip
     p.add_argument(
         "--parametrizations",
         default="standard,mup",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from hopperlm.config import ModelConfig, OptimConfig
 from hopperlm.errors import ConfigError
@@ -88,7 +89,10 @@ def test_mup_at_its_base_width_is_standard(adjust):
 
 
 @pytest.mark.slow
-def test_coordinate_check_is_flat_under_mup_and_grows_under_standard():
+@pytest.mark.parametrize("group_lrs", [None, (10.0, 0.5)], ids=["one-lr", "embed-10x-head-0.5x"])
+def test_coordinate_check_is_flat_under_mup_and_grows_under_standard(group_lrs):
+    """Also with the embedding and the head at their own LRs (optim.embed_lr, head_lr: nanochat's ratios to the
+    blocks' are ~10x and ~0.5x): each group keeps its own μP rule, so the curves stay flat."""
     sys.path.insert(0, str(REPO / "bench"))
     from coord_check import QUANTITIES, coordinates
 
@@ -96,7 +100,7 @@ def test_coordinate_check_is_flat_under_mup_and_grows_under_standard():
     # standard parametrization's growth is still 4x there, against the 2x asked)
     for optimizer, widths in (("adamw", (64, 256, 1024)), ("muon", (64, 256, 512))):
         got = {
-            (p, w): coordinates(p, w, optimizer=optimizer, steps=4)
+            (p, w): coordinates(p, w, optimizer=optimizer, steps=4, group_lrs=group_lrs)
             for p in ("standard", "mup")
             for w in widths
         }
@@ -163,12 +167,20 @@ def test_the_transfer_benchmark_runs_in_smoke_mode(tmp_path):
             str(tmp_path / "w"),
             "--save",
             str(out),
+            "--group-lrs",
+            "10,0.5",
         ],
         capture_output=True,
         text=True,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(out.read_text())
+    # the runs trained the embedding and the head at their own LRs (the width transfer covers the new groups)
+    run = next((tmp_path / "w" / "runs").glob("mup-adamw-*-g10x0.5-*"))
+    optim = yaml.safe_load((run / "config.yaml").read_text())["optim"]
+    assert optim["embed_lr"] == pytest.approx(10 * optim["lr"]) and optim["head_lr"] == pytest.approx(
+        0.5 * optim["lr"]
+    )
     assert len(record["rows"]) == 2 * 2 * 2 * 3  # parametrizations x optimizers x widths x LRs
     keys = {"parametrization", "optimizer", "width", "params", "lr", "seed", "final_val_loss"}
     assert all(keys <= set(r) and r["final_val_loss"] is not None for r in record["rows"])

@@ -108,6 +108,29 @@ def test_sweep_trains_the_proxy_picks_the_best_lr_and_writes_the_recipe(recipe, 
 
 
 @pytest.mark.slow
+def test_a_sweep_moves_the_group_lrs_with_optim_lr(recipe, tmp_path):
+    """optim.embed_lr and optim.head_lr keep their ratio to optim.lr in every run and in the tuned recipe: the sweep
+    tunes one multiplier of all the recipe's LRs (a group LR held still would change the recipe's ratios)."""
+    recipe.write_text(
+        recipe.read_text().replace(
+            "  warmup_steps: 2", "  warmup_steps: 2\n  embed_lr: 1.0e-2\n  head_lr: 5.0e-4"
+        )
+    )
+    out = tmp_path / "sweep"
+    done = hopperlm("sweep", recipe, "--lr", "1e-3,2e-3,4e-3", "--dim", "32", "--max-steps", "2", "--out", out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "optim.embed_lr moves with optim.lr (10 x it)" in done.stdout
+    for run in out.glob("lr-*-seed-*"):
+        optim = yaml.safe_load((run / "config.yaml").read_text())["optim"]
+        assert optim["embed_lr"] == pytest.approx(10 * optim["lr"]) and optim["head_lr"] == pytest.approx(
+            optim["lr"] / 2
+        )
+    tuned = load_config(out / "tiny-mup.tuned.yaml", []).optim
+    assert tuned.embed_lr == pytest.approx(10 * tuned.lr) and tuned.head_lr == pytest.approx(tuned.lr / 2)
+    assert "differs from the sweep's runs" not in done.stdout  # the tuned recipe at the proxy: the best run
+
+
+@pytest.mark.slow
 def test_the_tuned_recipe_alone_reproduces_the_sweeps_best_run(shakespeare_bytes, tmp_path):
     """Issue 48: the tuned recipe held the LR only (no mup, no base_dim, no data path), so run alone it trained
     something else at an LR tuned for mup. Now it holds every override but width, budget and out_dir: trained

@@ -82,8 +82,22 @@ def test_debug_preset_trains_and_val_loss_falls(shakespeare_bytes, tmp_path):
     assert records[-1]["tokens"] == 120 * 16 * 64
 
 
-def test_resume_gives_the_same_losses_as_an_uninterrupted_run(shakespeare_bytes, tmp_path):
+# the pretraining race's levers (issue 60): Muon's momentum warm-up and warm-down, cautious weight decay on a
+# cosine schedule, NorMuon and Polar Express (optimizer state beyond momentum), group LRs, a warm-up share, a ReLU²
+# MLP, QK-norm and a logit softcap; the run crosses its checkpoint inside the momentum warm-up
+RECIPE_LEVERS = [
+    "--optim.name", "muon", "--optim.muon_momentum_warmup_steps", "8", "--optim.muon_momentum_final", "0.9",
+    "--optim.cautious_weight_decay", "true", "--optim.weight_decay_schedule", "cosine", "--optim.normuon", "true",
+    "--optim.muon_ns", "polar_express", "--optim.embed_lr", "0.03", "--optim.head_lr", "0.002",
+    "--optim.warmup_share", "0.2", "--optim.schedule", "wsd", "--model.mlp", "relu2", "--model.qk_norm", "true",
+    "--model.logit_softcap", "15",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("levers", [[], RECIPE_LEVERS], ids=["adamw", "race-levers"])
+def test_resume_gives_the_same_losses_as_an_uninterrupted_run(shakespeare_bytes, tmp_path, levers):
     overrides = [
+        *levers,
         "--train.max_steps",
         "12",
         "--checkpoint.every",
