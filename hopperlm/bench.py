@@ -19,6 +19,7 @@ dense 16-bit peak, peak memory, and ratios against the baselines measured in the
 
 --variant NAME:KEY=VALUE,... adds a hopperlm row: KEY a train.* field (attention=cudnn, compile_mode=...,
 micro_batch=32, seq_len=512, grad_accum=8: micro-batches per optimizer step), optim.FIELD (optim.name=muon),
+model.FIELD (model.mlp=relu2,model.ffn_dim=4224: the row's model differs from the preset's; state its parameters),
 or documents=N (each row packed from N equal documents: attention masked per document, FlexAttention on CUDA).
 """
 
@@ -92,6 +93,7 @@ class Case:
     seq_len: int | None = None  # None: the preset's
     grad_accum: int = 1
     documents: int = 0  # packed documents a row (masked attention)
+    model_cfg: ModelConfig | None = None  # None: the preset's (a --variant with model.* keys has its own)
 
 
 # ---- the rows --------------------------------------------------------------------------------------------
@@ -168,7 +170,9 @@ def hopperlm_case(
             notes.append(f"{documents} documents a row ({plan.reasons.get('documents', 'document masks')})")
         return step, notes
 
-    return Case(label, micro, build, seq_len=seq, grad_accum=grad_accum, documents=documents)
+    return Case(
+        label, micro, build, seq_len=seq, grad_accum=grad_accum, documents=documents, model_cfg=model_cfg
+    )
 
 
 def hf_case(label: str, model_cfg: ModelConfig, hw: Hardware, micro: int, compiled: bool) -> Case:
@@ -245,9 +249,11 @@ def cases_for(
         name, overrides = parse_variant(text)
         settings = {"fp8": "off", **overrides}
         optim = {k.removeprefix("optim."): settings.pop(k) for k in list(settings) if k.startswith("optim.")}
+        shape = {k.removeprefix("model."): settings.pop(k) for k in list(settings) if k.startswith("model.")}
         row_micro, row_seq = settings.pop("micro_batch", micro), settings.pop("seq_len", seq)
+        row_model = dataclasses.replace(model_cfg, **shape) if shape else model_cfg
         cases.append(
-            hopperlm_case(f"hopperlm {name}", model_cfg, hw, row_micro, row_seq, log, optim=optim, **settings)
+            hopperlm_case(f"hopperlm {name}", row_model, hw, row_micro, row_seq, log, optim=optim, **settings)
         )
     if cuda and hw.fp8:
         backend = "tensorwise" if torchao_available() else "native"
@@ -441,7 +447,7 @@ def run_bench(
         )
         for case in cases:
             row_seq = case.seq_len or seq
-            fpt = flops_per_token(model_cfg, row_seq)
+            fpt = flops_per_token(case.model_cfg or model_cfg, row_seq)
             row = Row(preset, case.config, case.micro_batch, row_seq, fpt, grad_accum=case.grad_accum)
             log(f"{preset}: {case.config} ...")
             on_hopperlm = case.config.startswith("hopperlm")

@@ -391,12 +391,17 @@ def test_bench_variants_set_the_optimizer_shape_accumulation_and_documents():
     from hopperlm.model.transformer import flops_per_token
 
     hw = detect_for("cpu")
-    variants = ["owt:optim.name=muon,seq_len=64,micro_batch=2,grad_accum=2", "docs:documents=4"]
+    variants = ["owt:optim.name=muon,seq_len=64,micro_batch=2,grad_accum=2", "docs:documents=4",
+                "wide:model.mlp=relu2,model.ffn_dim=1024,optim.name=muon,optim.normuon=true"]  # fmt: skip
     rows = run_bench(
         ["gpt2-124m"], hw, quick=True, steps=1, windows=1, warmup=1, hf=False, variants=variants,
-        only=["hopperlm owt", "hopperlm docs"], log=lambda line: None,
+        only=["hopperlm owt", "hopperlm docs", "hopperlm wide"], log=lambda line: None,
     )  # fmt: skip
-    owt, docs = rows
+    owt, docs, wide = rows
+    # a model.* variant trains its own model, and its FLOPs per token are that model's
+    assert wide.error is None and "muon" in wide.notes, wide.error
+    relu2 = dataclasses.replace(bench_model_config("gpt2-124m", quick=True), mlp="relu2", ffn_dim=1024)
+    assert wide.flops_per_token == flops_per_token(relu2, 128)
     assert owt.error is None and docs.error is None, (owt.error, docs.error)
     assert (owt.micro_batch, owt.seq_len, owt.grad_accum) == (2, 64, 2) and "muon" in owt.notes
     assert owt.tokens_per_s == pytest.approx(2 * 64 * 2 / (owt.step_ms / 1000))
