@@ -3,6 +3,7 @@ recipe as published, the ladder's rule, the time to target on FLOPs, and the who
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -67,11 +68,23 @@ def rows(losses_by_lr: dict, name="r", seeds=(0, 1), flops=100.0, share=1.0):
              "params": 10} for lr, vals in losses_by_lr.items() for s, v in zip(seeds, vals, strict=True)]  # fmt: skip
 
 
-def test_a_rung_is_kept_only_when_both_seeds_beat_the_best_by_more_than_its_spread():
+def test_v1_keeps_a_rung_only_when_both_seeds_beat_the_best_by_more_than_its_spread():
     best = rows({1: (5.00, 5.02)})
-    assert race.beats(rows({1: (4.97, 4.99)}), best) == (True, pytest.approx(0.02))
-    assert not race.beats(rows({1: (4.97, 5.01)}), best)[0]  # seed 1 wins by 0.01 < the spread
-    assert not race.beats(rows({1: (4.0, None)}), best)[0]  # a failed seed loses
+    assert race.beats(rows({1: (4.97, 4.99)}), best, "v1") == (True, pytest.approx(0.02))
+    assert not race.beats(rows({1: (4.97, 5.01)}), best, "v1")[0]  # seed 1 wins by 0.01 < the spread
+    assert not race.beats(rows({1: (4.0, None)}), best, "v1")[0]  # a failed seed loses
+
+
+def test_v2_keeps_a_rung_that_wins_on_every_seed_by_more_than_a_paired_t_test_allows():
+    seeds = (0, 1, 2, 3)
+    best = rows({1: (5.36, 5.19, 5.30, 5.25)}, seeds=seeds)  # a noisy best: its own spread 0.17 stops nothing
+    kept, margin = race.beats(rows({1: (5.09, 5.10, 5.12, 5.08)}, seeds=seeds), best)
+    gains = [0.27, 0.09, 0.18, 0.17]
+    assert kept and margin == pytest.approx(2.353 * statistics.stdev(gains) / 2)
+    assert not race.beats(rows({1: (5.09, 5.20, 5.12, 5.08)}, seeds=seeds), best)[0]  # seed 1 loses
+    # every seed wins, but by amounts whose spread the mean does not clear
+    assert not race.beats(rows({1: (4.86, 5.18, 5.29, 5.24)}, seeds=seeds), best)[0]
+    assert race.PLAN_V2["seeds"] == [0, 1, 2, 3] and race.PLAN_V2["grids"] == race.PLAN["grids"]
 
 
 def test_flops_to_target_reads_finished_shorter_budgets():
