@@ -117,7 +117,9 @@ def test_a_sweep_moves_the_group_lrs_with_optim_lr(recipe, tmp_path):
         )
     )
     out = tmp_path / "sweep"
-    done = hopperlm("sweep", recipe, "--lr", "1e-3,2e-3,4e-3", "--dim", "32", "--max-steps", "2", "--out", out)
+    done = hopperlm(
+        "sweep", recipe, "--lr", "1e-3,2e-3,4e-3", "--dim", "32", "--max-steps", "2", "--out", out
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "optim.embed_lr moves with optim.lr (10 x it)" in done.stdout
     for run in out.glob("lr-*-seed-*"):

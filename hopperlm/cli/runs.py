@@ -36,16 +36,23 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> None:
 
     cfg = run_config(args.config, overrides)
     if not printed_config(args, cfg):
-        train_until_done(cfg, args.resume)
+        train_until_done(cfg, args.resume, command=["train", args.config, *overrides])
 
 
-def train_until_done(cfg: Config, resume: Resume) -> None:
+CTRL_C_EXIT = 130  # a shell's code for a process ended by SIGINT (128 + 2)
+
+
+def train_until_done(cfg: Config, resume: Resume, *, command: list[str]) -> None:
     """`train` and `finetune`: `--resume` as checkpoint/checkpointer.py's `find_resume` reads it (`auto`:
     continue the run if it has checkpoints, else start it: a (re)queued job); a preemption signal exits with
-    train.requeue_exit_code so the scheduler may requeue us."""
+    train.requeue_exit_code so the scheduler may requeue us, a Ctrl-C (saved too) with 130. `command`: the verb,
+    recipe and overrides as the user typed them: with --resume, what the Ctrl-C line tells to run."""
     from hopperlm.train.loop import train
 
-    result = train(cfg, resume=resume, log=log)
+    again = shlex.join(["hopperlm", *map(str, command), "--resume"])
+    result = train(cfg, resume=resume, log=log, resume_command=again)
+    if result.stopped_by == "signal SIGINT":
+        sys.exit(CTRL_C_EXIT)
     if result.stopped_by.startswith("signal"):  # preempted: checkpointed
         sys.exit(cfg.train.requeue_exit_code)
 
@@ -154,7 +161,7 @@ def cmd_finetune(args: argparse.Namespace, overrides: list[str]) -> None:
             "to train on prepared token shards use `hopperlm train`"
         )
     if not printed_config(args, cfg):
-        train_until_done(cfg, args.resume)
+        train_until_done(cfg, args.resume, command=["finetune", args.config, *overrides])
 
 
 def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
@@ -184,6 +191,8 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
         if created and not list_checkpoints(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    if result.stopped_by == "signal SIGINT":  # saved; the line said how to go on (train on its config.yaml)
+        sys.exit(CTRL_C_EXIT)
     model, tokenizer = load_for_inference(run_dir, device=cfg.train.device)
     log("\n--- samples ---")
     samples = [s.strip() for s in model_samples(model, tokenizer, "\n", args.samples, 300, 0.8, 200, seed=0)]
@@ -321,13 +330,20 @@ def add_launch_parsers(verbs, common: argparse.ArgumentParser, recipe: str) -> N
         overrides="the recipe on every rank",
         config=recipe,
     )
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--gpus-per-node", type=int, required=True)
+    p.add_argument("--nodes", type=int, required=True, help="nodes the job runs on (sbatch --nodes)")
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        required=True,
+        help="GPUs per node, one rank each (sbatch --gpus-per-node)",
+    )
     p.add_argument("--out", help="where to write the script (default RUN_DIR/job.sbatch)")
     p.add_argument("--time", default="24:00:00", help="time limit of one job (it requeues itself)")
     p.add_argument("--job-name", help="default hopperlm-CONFIG")
-    p.add_argument("--partition")
-    p.add_argument("--account")
+    p.add_argument(
+        "--partition", help="SLURM partition to submit to (sbatch --partition; default: the cluster's)"
+    )
+    p.add_argument("--account", help="account the job is charged to (sbatch --account; default: yours)")
     p.add_argument("--cpus-per-task", type=int, help="CPU cores per node for the training processes")
     p.add_argument(
         "--max-restarts",

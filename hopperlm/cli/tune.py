@@ -4,6 +4,7 @@ forecast the recipe's final loss from narrower proxies trained at its tokens per
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -42,11 +43,25 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
     plan = plan_sweep(args, overrides)
     # one sweep per folder for its whole life: a second one into it is refused before it writes anything
     with hold_folder(plan.out, what="--out", log=log):
-        if any(p.name != LOCK_NAME for p in plan.out.iterdir()):
+        if not args.resume and any(p.name != LOCK_NAME for p in plan.out.iterdir()):
             raise ConfigError(
-                f"{plan.out} exists and is not empty; choose another --out (a sweep never overwrites runs)"
+                f"{plan.out} exists and is not empty; choose another --out (a sweep never overwrites runs), or "
+                "add --resume to go on with a sweep stopped there"
             )
         run_planned_sweep(args, plan)
+
+
+def stopped_by_ctrl_c(line: str | None) -> None:
+    """A Ctrl-C stopped the sweep's runs (each saved its step): the line that says how to go on, exit 130."""
+    if line is not None:
+        log(line)
+        sys.exit(130)
+
+
+def resume_command() -> str:
+    """The sweep's own command line, with --resume: what goes on after a Ctrl-C."""
+    argv = sys.argv[1:]
+    return shlex.join(["hopperlm", *argv, *([] if "--resume" in argv else ["--resume"])])
 
 
 def plan_sweep(args: argparse.Namespace, overrides: list[str]) -> SweepPlan:
@@ -84,7 +99,8 @@ def run_planned_sweep(args: argparse.Namespace, plan: SweepPlan) -> None:
     if ratios:
         log("sweep: " + ", ".join(f"optim.{k} moves with optim.lr ({v:.4g} x it)" for k, v in ratios.items()))
     runs = sweep.run_sweep(recipe, extra + proxy, lrs=lrs, seeds=seeds, out_dir=out, jobs=args.jobs, log=log,
-                           ratios=ratios)  # fmt: skip
+                           ratios=ratios, resume=args.resume)  # fmt: skip
+    stopped_by_ctrl_c(sweep.interrupted_line(runs, resume_command()))
     best, means = sweep.best_lr(runs)
     command = "hopperlm " + " ".join(sys.argv[1:])
     sweep.save_sweep(out, command=command, runs=runs, means=means, best=best, dim=dim, depth=depth)
@@ -127,7 +143,7 @@ def run_planned_sweep(args: argparse.Namespace, plan: SweepPlan) -> None:
             f"set them as {out}/*/config.yaml has them")  # fmt: skip
     if widths:
         saved = forecast_big_run(
-            recipe, plan.overrides, widths, lr=best, seeds=seeds, out=out, jobs=args.jobs
+            recipe, plan.overrides, widths, lr=best, seeds=seeds, out=out, jobs=args.jobs, resume=args.resume
         )
         text = sweep.set_key(text, "train", "forecast_from", str(saved.resolve()), comment=f"`{command}`")
         tuned = write_atomic(tuned, text)
@@ -161,10 +177,10 @@ def forecast_widths(args: argparse.Namespace, recipe: Path, overrides: list[str]
 
 
 def forecast_big_run(
-    recipe: Path, overrides: list[str], plan: dict, *, lr: float, seeds, out: Path, jobs: int
+    recipe: Path, overrides: list[str], plan: dict, *, lr: float, seeds, out: Path, jobs: int, resume: bool
 ):
     """Train the proxies of `plan` at the best LR and the big run's tokens per parameter, and forecast its final
-    validation loss (observe/width_forecast.py); the forecast's file."""
+    validation loss (observe/width_forecast.py); the forecast's file. `resume`: run_sweep's."""
     from hopperlm.observe.collapse import curve_of_run
     from hopperlm.observe.width_forecast import forecast
     from hopperlm.train import sweep
@@ -173,7 +189,11 @@ def forecast_big_run(
         f"{plan['tokens_per_param']:.3g} tokens per parameter (the recipe's {plan['tokens']:,} tokens / "
         f"{plan['params']:,} parameters)")  # fmt: skip
     points = sweep.run_widths(recipe, overrides, widths=plan["widths"], lr=lr, seeds=seeds,
-                              tokens_per_param=plan["tokens_per_param"], out_dir=out, jobs=jobs, log=log)  # fmt: skip
+                              tokens_per_param=plan["tokens_per_param"], out_dir=out, jobs=jobs, log=log,
+                              resume=resume)  # fmt: skip
+    if any(p["interrupted"] for p in points):  # the LR sweep and the tuned recipe are complete
+        stopped_by_ctrl_c(f"sweep: stopped by Ctrl-C while training the widths' proxies (each run in progress "
+                          f"saved its step); resume with: {resume_command()}")  # fmt: skip
     result = forecast(points, target_params=plan["params"], tokens_per_param=plan["tokens_per_param"])
     # the whole curves too: `hopperlm forecast RUN --proxies OUT` shapes the big run's forecast with them
     result.curves = [
@@ -217,6 +237,12 @@ def add_sweep_parser(verbs, common: argparse.ArgumentParser, recipe: str) -> Non
     )
     p.add_argument("--jobs", type=int_at_least(1), default=1, help="runs side by side (default 1)")
     p.add_argument("--out", help="sweep folder (default runs/sweep-RECIPE)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with a sweep stopped (Ctrl-C) in --out: finished runs are kept, interrupted ones resume "
+        "from their checkpoints, the rest start",
+    )
     p.add_argument(
         "--widths",
         help="then train the recipe at these narrower widths (at least 3, comma-separated) at the best LR and "

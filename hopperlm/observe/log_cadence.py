@@ -16,7 +16,8 @@ user's cannot be told apart once the config is loaded, and more lines cost a sho
   at once, compile included) and the PROBE_STEPS-th after it; the speed between the two (the compile left out)
   says how many steps the budget allows, and the interval shrinks the same way, once. Both are log steps, so
   with several ranks every rank reads the same agreed clock there and makes the same choice (ranks must agree
-  on every log step). A wall-clock trigger ("a line every 30 s") would not be: it is not used.
+  on every log step). A wall-clock trigger ("a line every 30 s") would not be: it is not used. (The loop logs
+  the steps before these too, until the clock budget has timed its first steps: train/clock_budget.py.)
 - The interval chosen divides log_every: checkpoint.every and eval.every are acted on only on log steps, and
   were set to fall on them, so every step the configured interval logs is still logged.
 """

@@ -4,9 +4,10 @@ metrics.jsonl schema (one JSON object per line; a key is absent when it was not 
   step          optimizer steps completed             tokens        training tokens seen so far
   loss          mean training loss since the last log val_loss      validation loss (evaluation steps only)
   lr            learning rate of the last step        grad_norm     global gradient norm before clipping
-  tokens_per_s  training tokens / wall second since the last log (includes evaluation time on eval steps)
+  tokens_per_s  training tokens / wall second of training since the last log (evaluations and checkpoint
+                saves left out: they are not training)
   mfu           tokens_per_s * FLOPs per token / the device's dense bf16 peak; null where the peak is unknown (CPU)
-  step_time_s   mean wall seconds per step since the last log
+  step_time_s   mean wall seconds per training step since the last log (evaluations and saves left out)
   peak_mem_gb   CUDA: max allocated by tensors; CPU: peak resident memory of the process
   elapsed_s     wall seconds of training so far (across resumes; what max_hours counts)
   skipped_steps updates the stability guard dropped so far (present once there is one)
@@ -73,7 +74,8 @@ def mfu(tokens_per_s: float, flops_per_token: int, peak_flops: float | None) -> 
 
 class Interval:
     """Wall time and work between two log steps. Timing is read only on log steps, after the loss `.item()`
-    has synchronised with the device, so the hot path never waits on the host."""
+    has synchronised with the device, so the hot path never waits on the host. What is not training (an
+    evaluation, a checkpoint save) is timed by the loop and left out (`exclude`), so the rates are training's."""
 
     def __init__(self) -> None:
         self.reset()
@@ -84,14 +86,23 @@ class Interval:
         self.start = time.perf_counter()
         self.steps = 0
         self.tokens = 0
+        self.excluded = 0.0  # seconds of the interval that were not training
 
     def add(self, tokens: int) -> None:
         self.steps += 1
         self.tokens += tokens
 
+    def exclude(self, seconds: float) -> None:
+        """`seconds` of this interval were not training (an evaluation, a checkpoint save)."""
+        self.excluded += seconds
+
+    def training_s(self) -> float:
+        """Wall seconds of training in the interval so far."""
+        return max(time.perf_counter() - self.start - self.excluded, 1e-9)
+
     def rates(self) -> tuple[float, float]:
-        """(tokens per second, seconds per step)."""
-        seconds = max(time.perf_counter() - self.start, 1e-9)
+        """(tokens per second, seconds per step), of training."""
+        seconds = self.training_s()
         return self.tokens / seconds, seconds / max(self.steps, 1)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hopperlm.config import Config, ModelConfig, TrainConfig
+from hopperlm.config import Config, ModelConfig, OptimConfig, TrainConfig
 from hopperlm.diskspace import unwritten
 from hopperlm.files import write_atomic
 from hopperlm.hardware import Hardware
@@ -193,8 +193,13 @@ class RunObserver:
         self.best_val = min((v for _, v in self.val_points), default=None)
         self.rates.mark(step, tokens, elapsed_s)
 
+    def reschedule(self, tc: TrainConfig, oc: OptimConfig, schedule: TrainConfig | None) -> None:
+        """The LR schedule changed as the run went (a wall-clock budget's training span, a warm-up laid on the
+        clock: train/clock_budget.py): the forecast replays the new one, to `tc`'s end."""
+        self.forecaster.tc, self.forecaster.oc, self.forecaster.schedule = tc, oc, schedule
+
     def finish(self, result: Any) -> None:
-        """result.json (how the run ended) and, unless preempted or switched off, the report."""
+        """result.json (how the run ended) and, unless preempted (not by Ctrl-C) or switched off, the report."""
         summary = {
             "stopped_by": result.stopped_by,
             "step": result.step,
@@ -208,7 +213,8 @@ class RunObserver:
             write_atomic(self.run_dir / "result.json", json.dumps(summary, indent=2) + "\n")
             if not self.cfg.log.report:
                 return
-            if result.stopped_by.startswith("signal"):
+            # a scheduler's warning is too short to wait on the report; a person's Ctrl-C is not
+            if result.stopped_by.startswith("signal") and result.stopped_by != "signal SIGINT":
                 self.log(f"report: skipped (preempted); `hopperlm report {self.run_dir}` writes it")
                 return
             from hopperlm.observe.report import write_report
@@ -242,6 +248,9 @@ class NullObserver:
         return record
 
     def restart_at(self, step: int, tokens: int, elapsed_s: float) -> None:
+        return None
+
+    def reschedule(self, tc: TrainConfig, oc: OptimConfig, schedule: TrainConfig | None) -> None:
         return None
 
     def finish(self, result: Any) -> None:

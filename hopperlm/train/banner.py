@@ -37,7 +37,11 @@ def print_banner(
         steps = math.ceil(tc.max_tokens / plan.tokens_per_step)
         planned.append(f"{human_count(tc.max_tokens)} tokens = {steps:,} steps")
     if tc.max_hours:
-        planned.append(f"{human_hours(tc.max_hours)} wall clock (LR decay lands at the deadline)")
+        # (train/clock_budget.py: the final evaluation's time is reserved within it)
+        planned.append(
+            f"{human_hours(tc.max_hours)} wall clock, the final evaluation included (the LR decays by the end of "
+            "training)"
+        )
     peak = (
         f"{hw.peak_16bit / 1e12:.0f} TFLOP/s dense 16-bit peak" if hw.peak_16bit else "peak unknown: MFU n/a"
     )

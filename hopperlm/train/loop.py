@@ -13,6 +13,8 @@ has reviewed, and it decides whether one is due.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -21,13 +23,15 @@ from pathlib import Path
 import torch
 
 from hopperlm.checkpoint.checkpointer import Resume
+from hopperlm.checkpoint.layout import checkpoint_dir
 from hopperlm.config import Config
+from hopperlm.config.training import last_step_known_ahead
 from hopperlm.data.train_data import combined_val_loss
 from hopperlm.errors import HopperError
 from hopperlm.model.transformer import count_params
 from hopperlm.observe.log_cadence import LogCadence
 from hopperlm.observe.metrics import Interval, human_count, mfu, peak_memory_gb
-from hopperlm.parallel.preemption import Preemption
+from hopperlm.parallel.preemption import CTRL_C, Preemption
 from hopperlm.parallel.runtime import session
 from hopperlm.schedule import budget_progress, counted_warmup_steps, lr_at, muon_schedule_at
 from hopperlm.train.banner import print_preflight_check
@@ -58,77 +62,105 @@ def train(
     resume: Resume = False,
     log: Callable[[str], None] = print,
     on_step: Callable[[int], None] | None = None,
+    resume_command: str | None = None,
 ) -> TrainResult:
     """Train from `cfg`, fresh or from a checkpoint (`resume`: checkpoint/checkpointer.py's `Resume`), until a
     budget ends.
-    Under torchrun every rank calls this. `on_step(steps_done)` runs before every step (profiler marks)."""
+    Under torchrun every rank calls this. `on_step(steps_done)` runs before every step (profiler marks).
+    `resume_command`: what the line after a Ctrl-C tells to run (the CLI's: the user's own command line, with
+    --resume); default `hopperlm train RUN_DIR/config.yaml --resume`."""
     with session(cfg.parallel, device=cfg.train.device, run_dir=cfg.run.out_dir, log=log) as rt:
         run = setup_run(cfg, resume, rt)
-        return run_loop(run, on_step)
+        return run_loop(run, on_step, resume_command)
 
 
-def run_loop(run: Run, on_step: Callable[[int], None] | None = None) -> TrainResult:
+def run_loop(
+    run: Run, on_step: Callable[[int], None] | None = None, resume_command: str | None = None
+) -> TrainResult:
     s, tc = run.state, run.cfg.train
     stopped_by = budget_done(run)
     if stopped_by:
         run.log(f"nothing to do: the run already reached its {stopped_by} budget at step {s.step}")
-    pending: list[StepResult] = []  # the steps since the last log step
-    interval, lr = Interval(), 0.0
+    if s.clock_budget.budget_s is not None:  # a resume: the reserve and warm-up the checkpoint kept
+        reschedule_forecast(run)
     # train.log_every, shortened for a run that would print fewer than ~10 lines (one line says so)
     cadence = LogCadence(tc, step=s.step, tokens_per_step=run.tokens_per_step, log=run.log)
     run.model.train()
     # one process stops at the next micro-batch boundary; several ranks must agree first (on log steps)
     one_process = run.rt.world_size == 1
+    # (finish runs inside Preemption too: a second Ctrl-C while the last checkpoint or the report is written
+    # still says what it throws away)
+    with Preemption(run.log, at_micro_batch=one_process, lost=partial(lost_steps, run)) as preemption:
+        with run.observer:
+            stopped_by = steps(run, on_step, preemption, cadence, stopped_by)
+        if run.guard.halt is not None:  # guard.policy stop: raised once the good step before it is saved
+            raise run.guard.halt
+        return finish(run, stopped_by, preemption, resume_command)
+
+
+def steps(
+    run: Run,
+    on_step: Callable[[int], None] | None,
+    preemption: Preemption,
+    cadence: LogCadence,
+    stopped_by: str | None,
+) -> str:
+    """The loop itself, until a budget, a target, a signal or the guard stops it; why it stopped."""
+    s, tc, one_process = run.state, run.cfg.train, run.rt.world_size == 1
+    pending: list[StepResult] = []  # the steps since the last log step
+    interval, lr = Interval(), 0.0
     reviewed = True  # the step the run starts from: step 0, or a checkpoint's
-    with Preemption(run.log, at_micro_batch=one_process) as preemption, run.observer:
-        signalled = (lambda: preemption.requested is not None) if one_process else None
-        # a signal ends a wait for room (checkpoint.on_disk_full wait)
-        run.checkpointer.watch(lambda: preemption.requested)
-        while True:
-            if reviewed:  # the loop's one save: the checkpointer decides whether this step's is due
-                run.checkpointer.step(s.step, last=stopped_by is not None)
-                reviewed = False
-            if stopped_by is not None:
-                break
-            if on_step is not None:
-                on_step(s.step)
-            budget = run.schedule_budget  # the run's, or the checkpoint's (optim.resume_horizon keep)
-            progress = budget_progress(
-                s.step, s.tokens, run.elapsed(), budget, counted_warmup_steps(run.cfg.optim)
+    signalled = (lambda: preemption.requested is not None) if one_process else None
+    # a signal ends a wait for room (checkpoint.on_disk_full wait)
+    run.checkpointer.watch(lambda: preemption.requested)
+    while True:
+        if reviewed:  # the loop's one save: the checkpointer decides whether this step's is due
+            saving = time.perf_counter()
+            run.checkpointer.step(s.step, last=stopped_by is not None)
+            interval.exclude(time.perf_counter() - saving)  # (a save is not training)
+            reviewed = False
+        if stopped_by is not None:
+            return stopped_by
+        if on_step is not None:
+            on_step(s.step)
+        # the run's budget, or the checkpoint's (optim.resume_horizon keep), less the final evaluation's time
+        budget = s.clock_budget.schedule(run.schedule_budget)
+        progress = budget_progress(
+            s.step, s.tokens, run.elapsed(), budget, counted_warmup_steps(run.cfg.optim)
+        )
+        lr = lr_at(s.step, progress, run.cfg.optim) * run.guard.state.lr_scale
+        muon = muon_schedule_at(s.step, progress, run.cfg.optim)  # its momentum and decay, if they move
+        if run.embed_warmup is not None:  # new token rows first, then everything (initial_model.py)
+            run.embed_warmup.before_step(s.step, run.parts.optimizer)
+        try:
+            batch_of = partial(run.batches.next, s.step + run.guard.state.data_offset)  # (micro) -> Batch
+            result = train_step(
+                run.parts, batch_of, grad_accum=s.grad_accum, lr=lr, muon=muon, interrupted=signalled
             )
-            lr = lr_at(s.step, progress, run.cfg.optim) * run.guard.state.lr_scale
-            muon = muon_schedule_at(s.step, progress, run.cfg.optim)  # its momentum and decay, if they move
-            if run.embed_warmup is not None:  # new token rows first, then everything (initial_model.py)
-                run.embed_warmup.before_step(s.step, run.parts.optimizer)
-            try:
-                batch_of = partial(run.batches.next, s.step + run.guard.state.data_offset)  # (micro) -> Batch
-                result = train_step(
-                    run.parts, batch_of, grad_accum=s.grad_accum, lr=lr, muon=muon, interrupted=signalled
-                )
-            except torch.OutOfMemoryError:
-                back_off(run)  # halve the micro-batch, double accumulation, redo the step
-                continue
-            if isinstance(result, StepDropped):  # a signal mid-step: keep the last complete one
-                stopped_by = stop_mid_step(run, result, pending, interval, lr, preemption.requested)
-                reviewed = True  # its checkpoint is written at the loop's top, then the loop ends
-                continue
-            pending.append(result)
-            s.step, s.tokens = s.step + 1, s.tokens + run.tokens_per_step
-            run.rt.beat(s.step)  # several ranks: the heartbeat the launcher watches (parallel/watchdog.py)
-            interval.add(run.tokens_per_step)
-            is_log_step = cadence.due(s.step) or bool(tc.eval_every and s.step % tc.eval_every == 0)
-            is_log_step = is_log_step or budget_done(run) is not None  # (the same on every rank)
-            signal = run.rt.agree(preemption.requested, is_log_step)  # several ranks: decided on log steps
-            stopped_by = budget_done(run) or (f"signal {signal}" if signal else None)
-            if is_log_step or stopped_by:
-                stopped_by = log_step(run, pending, interval, lr, stopped_by)
-                cadence.logged(s.step, run.elapsed())  # a wall-clock budget: its speed, once
-                reviewed = True
-                pending.clear()
-                interval.reset()
-    if run.guard.halt is not None:  # guard.policy stop: raised once the good step before it is saved
-        raise run.guard.halt
-    return finish(run, stopped_by, preemption)
+        except torch.OutOfMemoryError:
+            back_off(run)  # halve the micro-batch, double accumulation, redo the step
+            continue
+        if isinstance(result, StepDropped):  # a signal mid-step: keep the last complete one
+            stopped_by = stop_mid_step(run, result, pending, interval, lr, preemption.requested)
+            reviewed = True  # its checkpoint is written at the loop's top, then the loop ends
+            continue
+        pending.append(result)
+        s.step, s.tokens = s.step + 1, s.tokens + run.tokens_per_step
+        run.rt.beat(s.step)  # several ranks: the heartbeat the launcher watches (parallel/watchdog.py)
+        interval.add(run.tokens_per_step)
+        is_log_step = cadence.due(s.step) or bool(tc.eval_every and s.step % tc.eval_every == 0)
+        is_log_step = is_log_step or s.clock_budget.probing()  # a wall-clock run's first steps are timed
+        if is_log_step and s.clock_budget.budget_s is not None:  # before the stop: it may move the end
+            keep_clock(run, interval)  # the final evaluation's time reserved, the warm-up fitted
+        is_log_step = is_log_step or budget_done(run) is not None  # (the same on every rank)
+        signal = run.rt.agree(preemption.requested, is_log_step)  # several ranks: decided on log steps
+        stopped_by = budget_done(run) or (f"signal {signal}" if signal else None)
+        if is_log_step or stopped_by:
+            stopped_by = log_step(run, pending, interval, lr, stopped_by)
+            cadence.logged(s.step, run.elapsed())  # a wall-clock budget: its speed, once
+            reviewed = True
+            pending.clear()
+            interval.reset()
 
 
 def stop_mid_step(
@@ -156,9 +188,79 @@ def budget_done(run: Run) -> str | None:
         return "max_steps"
     if tc.max_tokens is not None and s.tokens >= tc.max_tokens:
         return "max_tokens"
-    if tc.max_hours is not None and run.elapsed() >= tc.max_hours * 3600:
+    # the deadline less the final evaluation's time (train/clock_budget.py), to the nearest step; several ranks
+    # read one agreed clock but time their steps apart, so they stop at the first step past it
+    if tc.max_hours is not None and s.clock_budget.done(run.elapsed(), rounding=run.rt.world_size == 1):
         return "max_hours"
     return None
+
+
+def keep_clock(run: Run, interval: Interval) -> None:
+    """At a log step of a train.max_hours run, before the stop is decided: the interval's training time counted
+    (the first interval left out: it allocates, and may compile); at the first timed steps the final
+    evaluation's time estimated and a warm-up in steps that would not fit laid on the clock
+    (train/clock_budget.py)."""
+    s, clock, compiled = run.state, run.state.clock_budget, run.plan.compile
+    if not interval.cold:
+        clock.timed(interval.steps, interval.training_s())
+    if not clock.due(compiled=compiled):
+        return
+    start = time.perf_counter()
+    seconds, windows, timed = probe_evaluation(run) if run.data.val_sets else (None, 0, 0)
+    interval.exclude(time.perf_counter() - start)  # (not training)
+    clock.estimated(seconds, windows, timed, run.log)
+    optim = clock.lay_warmup(
+        run.cfg.optim,
+        step=s.step,
+        elapsed_s=run.elapsed(),
+        step_s=run.rt.broadcast_object(clock.step_s()),  # rank 0's: every rank decides alike
+        known_steps=last_step_known_ahead(run.cfg.train, run.tokens_per_step),
+        log=run.log,
+    )
+    if optim is not None:
+        run.cfg = dataclasses.replace(run.cfg, optim=optim)
+    reschedule_forecast(run)
+
+
+def probe_evaluation(run: Run) -> tuple[float, int, int]:
+    """(seconds the whole evaluation will take, its windows, those timed): each validation set evaluated on one
+    batch of its windows per rank, twice, the faster time (the first may compile or allocate; a loaded machine
+    slows either) scaled to all its batches; rank 0's estimate, for every rank."""
+    s = run.state
+    per = s.micro_batch * run.rt.world_size
+    seconds, windows, timed = 0.0, 0, 0
+    with run.rt.long_phase("evaluation"):
+        for v in run.data.val_sets:
+            probe, took = v.starts[:per], []
+            for _ in range(2):
+                start = time.perf_counter()
+                evaluate(run.model, v.shards, probe, run.plan, micro_batch=s.micro_batch,
+                         packing=run.cfg.data.packing, rt=run.rt)  # fmt: skip
+                took.append(time.perf_counter() - start)
+            seconds += min(took) * -(-len(v.starts) // per)
+            windows, timed = windows + len(v.starts), timed + len(probe)
+    return run.rt.broadcast_object(seconds), windows, timed
+
+
+def reschedule_forecast(run: Run) -> None:
+    """The forecast replays the schedule the LR now follows: to the training's end, the warm-up as laid."""
+    clock = run.state.clock_budget
+    kept = run.schedule_budget if run.schedule_budget != run.cfg.train else None
+    run.observer.reschedule(
+        clock.schedule(run.cfg.train), run.cfg.optim, clock.schedule(kept) if kept is not None else None
+    )
+
+
+def lost_steps(run: Run) -> str:
+    """What ending the process now throws away, in words: the steps since the last checkpoint."""
+    s, saved = run.state, run.checkpointer.saved_step
+    if saved is not None and saved >= s.step:
+        return f"nothing is lost (step {saved} is saved)"
+    if s.step == 0:
+        return "no step was trained yet"
+    first = 1 if saved is None else saved + 1
+    steps_lost = f"step {first} is" if first == s.step else f"steps {first}-{s.step} are"
+    return f"{steps_lost} lost ({'no checkpoint yet' if saved is None else f'last checkpoint: step {saved}'})"
 
 
 def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float, stopped_by: str | None):
@@ -181,7 +283,7 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
     good = [x for x, ok in zip(losses, flags, strict=True) if ok]
     record = {"step": s.step, "tokens": s.tokens, "loss": sum(good) / len(good) if good else float("nan")}
     if run.data.val_sets and ((tc.eval_every and s.step % tc.eval_every == 0) or stopped_by):
-        val_losses = validate(run)
+        val_losses = validate(run, interval)
         record["val_loss"] = s.val_loss
         if len(val_losses) > 1:  # a mixture: each dataset's own loss (e.g. watch English being forgotten)
             record["val_losses"] = val_losses
@@ -190,8 +292,10 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
             stopped_by = "target_loss"
     if run.eval_tasks is not None and run.eval_tasks.due(s.step, stopped_by):
         # rank 0 runs lm-eval; the others wait at their next collective
+        start = time.perf_counter()
         with run.rt.long_phase("lm-eval tasks"):
             tasks = run.eval_tasks.run(run.model, s.step)
+        interval.exclude(time.perf_counter() - start)  # (the tokens/s are training's)
         if tasks:
             record["tasks"] = tasks
     tok_s, step_s = interval.rates()
@@ -228,9 +332,11 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
     return stopped_by
 
 
-def validate(run: Run) -> dict[str, float]:
-    """Each validation set's loss; the run's validation loss is their mixture-weighted mean."""
+def validate(run: Run, interval: Interval) -> dict[str, float]:
+    """Each validation set's loss; the run's validation loss is their mixture-weighted mean. Its time is left
+    out of the interval's rates, and is what a wall-clock budget reserves for the final evaluation."""
     s, val_sets = run.state, run.data.val_sets
+    start = time.perf_counter()
     with run.rt.long_phase("evaluation"):
         losses = {
             v.name: evaluate(
@@ -244,6 +350,11 @@ def validate(run: Run) -> dict[str, float]:
             )
             for v in val_sets
         }
+    seconds = time.perf_counter() - start
+    interval.exclude(seconds)
+    if s.clock_budget.budget_s is not None:  # rank 0's measure, for every rank
+        s.clock_budget.evaluated(run.rt.broadcast_object(seconds), run.log)
+        reschedule_forecast(run)
     s.val_loss = combined_val_loss(losses, val_sets)
     s.best_val = s.val_loss if s.best_val is None else min(s.best_val, s.val_loss)
     return losses
@@ -300,18 +411,39 @@ def rollback(run: Run, bad_step: int) -> None:
     run.observer.restart_at(s.step, s.tokens, run.elapsed())  # the curve restarts; events.jsonl keeps why
 
 
-def finish(run: Run, stopped_by: str, preemption: Preemption | None = None) -> TrainResult:
+def finish(
+    run: Run, stopped_by: str, preemption: Preemption | None = None, resume_command: str | None = None
+) -> TrainResult:
     s = run.state
     run.batches.close()
     run.checkpointer.close(s.step)  # a background checkpoint completes before the run ends
     total = run.elapsed()
+    clock = s.clock_budget
+    evaluation = (
+        f" ({clock.reserve_s:.1f} s of them the final evaluation)"
+        if stopped_by == "max_hours" and clock.measured
+        else ""
+    )
     run.log(
-        f"done: {stopped_by} after {s.step:,} steps, {human_count(s.tokens)} tokens, {total:.1f} s"
+        f"done: {stopped_by} after {s.step:,} steps, {human_count(s.tokens)} tokens, {total:.1f} s{evaluation}"
         + (f" | val loss {s.val_loss:.4f} (best {s.best_val:.4f})" if s.val_loss is not None else "")
     )
     result = TrainResult(run.run_dir, s.step, s.tokens, total, s.val_loss, s.best_val, stopped_by)
     run.observer.finish(result)  # result.json, the report
-    if preemption is not None and preemption.requested:  # how much of a scheduler's warning the exit took
+    # how much of a scheduler's warning the exit took (a Ctrl-C's last line is the resume line)
+    if preemption is not None and preemption.requested not in (None, CTRL_C):
         run.log(f"exit {preemption.seconds_since():.1f} s after {preemption.requested}")
     run.checkpointer.check_end(s.step)  # on_disk_full continue: a run whose last state is unsaved fails
+    if stopped_by == f"signal {CTRL_C}" and run.checkpointer.saved_step == s.step:
+        run.log(resume_line(run, resume_command))
     return result
+
+
+def resume_line(run: Run, command: str | None) -> str:
+    """After a Ctrl-C: the step saved, where, and the command that goes on from it (several ranks: each
+    rank's, under the same launcher)."""
+    verb = "finetune" if run.cfg.sft.path else "train"
+    command = command or f"hopperlm {verb} {run.run_dir / 'config.yaml'} --resume"
+    ranks = " on every rank (the same torchrun or hopperlm launch)" if run.rt.world_size > 1 else ""
+    where = checkpoint_dir(run.run_dir, run.state.step)
+    return f"saved step {run.state.step} to {where}; resume with: {command}{ranks}"

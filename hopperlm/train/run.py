@@ -33,6 +33,7 @@ from hopperlm.parallel.runtime import Clock, Runtime, unwritable_run_dir
 from hopperlm.plan import SHARDED, Plan
 from hopperlm.schedule import budget_progress, counted_warmup_steps, lr_at
 from hopperlm.train.banner import predicted_tokens_per_s, print_banner
+from hopperlm.train.clock_budget import ClockBudget
 from hopperlm.train.data_and_plan import RunData, open_run_data, plan_run, resolve_model_config
 from hopperlm.train.eval_tasks import EvalTasks
 from hopperlm.train.guard import Guard
@@ -125,7 +126,13 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     layout = BatchLayout(plan.micro_batch, plan.grad_accum, rt.rank, rt.world_size)
     batches = data.batches(layout, pin=plan.pin_memory, prefetch=default_prefetch(cfg.data, plan.device))
     state = TrainState(
-        plan.micro_batch, plan.grad_accum, fp8, attention=plan.attention, guard=guard, batches=batches
+        plan.micro_batch,
+        plan.grad_accum,
+        fp8,
+        attention=plan.attention,
+        guard=guard,
+        batches=batches,
+        clock_budget=ClockBudget.for_run(cfg.train),
     )
     state.run_record = {"config": cfg.to_dict(), "data_manifest_tokenizer": data.manifest["tokenizer"]}
 
@@ -143,6 +150,8 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     if start is not None:  # weights, optimizer, scaler and RNGs into the parts; the state (its clock too)
         checkpointer.load(start)
     prepare_run_dir(run_dir, rt, data.data_dir, config_yaml(cfg))
+    # a resume: the warm-up laid on the clock, if it was (config.yaml above keeps the recipe as given)
+    cfg = kept_clock_warmup(cfg, state.clock_budget, log)
     # before any step: keep_last + 1 checkpoints (weights, optimizer state, the tokenizer copied) and the
     # keep_every milestones to come must fit
     room_line = checkpointer.check_room(
@@ -241,6 +250,19 @@ def schedule_budget(
         f"{lr(chosen):.3g} (optim.resume_horizon {other} for the other choice)"
     )
     return chosen
+
+
+def kept_clock_warmup(cfg: Config, clock: ClockBudget, log: Callable[[str], None]) -> Config:
+    """A resumed train.max_hours run whose warm-up was laid on the clock (train/clock_budget.py) keeps it, so
+    its LR follows the schedule the run started with."""
+    optim = clock.optim(cfg.optim)
+    if optim is cfg.optim:
+        return cfg
+    log(
+        f"resume: warm-up kept as optim.warmup_share {optim.warmup_share:g} (laid on the clock at the run's "
+        f"start: optim.warmup_steps {cfg.optim.warmup_steps} did not fit its budget)"
+    )
+    return dataclasses.replace(cfg, optim=optim)
 
 
 def keep_checkpoint_batch(tc: TrainConfig, start: ResumePoint | None, rt: Runtime) -> TrainConfig:

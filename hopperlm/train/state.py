@@ -7,6 +7,8 @@
     attention                   the plan's SDPA kernel (a resume keeps it: kernels round differently)
     schedule_budget             the budget the LR schedule is laid over (a resume may keep the original one)
     clock                       seconds of training across resumes (what train.max_hours counts)
+    clock_budget                how train.max_hours is kept: the final evaluation's reserve, a warm-up
+                                laid on the clock (train/clock_budget.py)
     guard                       the stability guard's counters, data offset and LR scale (train/guard.py)
     batches                     the position of the data stream (data/batches.py)
 
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from hopperlm.config import TrainConfig
     from hopperlm.data.batches import BatchSource
     from hopperlm.parallel.runtime import Clock
+    from hopperlm.train.clock_budget import ClockBudget
     from hopperlm.train.guard import Guard
 
 
@@ -46,6 +49,7 @@ class TrainState:
     clock: Clock | None = None
     guard: Guard | None = None
     batches: BatchSource | None = None
+    clock_budget: ClockBudget | None = None
     run_record: dict[str, Any] = field(default_factory=dict)  # config, data tokenizer: saved, never restored
     # not saved: each process's first log step compares its measured speed with the prediction, a resumed one too
     preflight_checked: bool = False
@@ -68,6 +72,7 @@ class TrainState:
             "schedule_budget": {k: getattr(self.schedule_budget, k) for k in BUDGET_KEYS},
             "guard": self.guard.to_dict(),
             "data": self.batches.state_dict(),
+            "clock_budget": self.clock_budget.state_dict() if self.clock_budget is not None else None,
             **self.run_record,
         }
 
@@ -81,6 +86,8 @@ class TrainState:
         self.saved_budget = budget_before(saved)  # (a run resumed with keep remembers its original)
         self.guard.load(saved.get("guard"))
         self.batches.load_state_dict(saved.get("data"))
+        if self.clock_budget is not None:
+            self.clock_budget.load_state_dict(saved.get("clock_budget"))
 
     def roll_back(self, saved: dict[str, Any], bad_step: int) -> None:
         """Back to a checkpoint's step and tokens after divergence at `bad_step`. The guard keeps counting (its

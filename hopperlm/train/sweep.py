@@ -15,6 +15,9 @@ at the proxy's width and budget, reproduces the sweep's run).
 With `--widths`, the recipe is then trained at each of those widths at the best LR and the recipe's own tokens per
 parameter (run_widths), and observe/width_forecast.py forecasts the recipe's final loss from them
 (OUT/forecast.json, named by train.forecast_from in the tuned recipe).
+Ctrl-C loses no run (train/sweep_interrupt.py): the runs in progress save their step, no new one starts, and one
+line gives the sweep's own command with --resume, which keeps the finished runs, resumes the interrupted ones
+from their checkpoints and starts the rest.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import math
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -44,6 +46,7 @@ from ruamel.yaml.util import load_yaml_guess_indent
 from hopperlm.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from hopperlm.errors import ConfigError
 from hopperlm.files import write_atomic
+from hopperlm.train.sweep_interrupt import SweepInterrupt
 
 MIN_LRS = 3  # fewer cannot show that the best lies inside the grid
 
@@ -58,6 +61,15 @@ class SweepRun:
     seconds: float | None = None
     error: str | None = None
     threads: int | None = None  # OMP_NUM_THREADS of its process: a CPU run's losses depend on it
+    step: int | None = None  # the step it ended at (stopped by Ctrl-C: the step it saved)
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopped by Ctrl-C (saved, to resume) or kept from starting by it: no result yet."""
+        return self.stopped_by == "signal SIGINT" or self.error == NOT_STARTED
+
+
+NOT_STARTED = "not started (Ctrl-C)"
 
 
 def parse_lrs(text: str) -> list[float]:
@@ -157,36 +169,91 @@ def run_sweep(
     jobs: int = 1,
     log: Callable[[str], None] = print,
     ratios: dict[str, float] | None = None,
+    resume: bool = False,
 ) -> list[SweepRun]:
     """Train every (LR, seed) as a `hopperlm train` process; each run's final validation loss from result.json.
-    `ratios`: group LRs set at these multiples of each run's LR (group_lr_ratios)."""
+    `ratios`: group LRs set at these multiples of each run's LR (group_lr_ratios). `resume`: a run that finished
+    before is kept as it is, the others go on from their checkpoints (or start). After a Ctrl-C the runs it
+    stopped, or kept from starting, say so (`SweepRun.interrupted`)."""
     runs = [
         SweepRun(lr, seed, str(out_dir / f"lr-{lr_text(lr)}-seed-{seed}")) for lr in lrs for seed in seeds
     ]
     threads = max(1, (os.cpu_count() or 1) // jobs)
 
     def train(run: SweepRun) -> SweepRun:
+        if resume and finished_before(run):
+            log(
+                f"sweep: lr {lr_text(run.lr)} seed {run.seed}: val {run.final_val_loss:.4f} (finished before)"
+            )
+            return run
         cmd = [sys.executable, "-m", "hopperlm", "train", str(recipe), *overrides, *lr_overrides(run.lr, ratios or {}),
-               "--train.seed", str(run.seed), "--run.out_dir", run.run_dir, "--log.report", "false"]  # fmt: skip
+               "--train.seed", str(run.seed), "--run.out_dir", run.run_dir, "--log.report", "false",
+               *(["--resume", "auto"] if resume else [])]  # fmt: skip
         run.threads = threads
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         t0 = time.monotonic()
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        proc = interrupt.start(cmd, {**os.environ, "OMP_NUM_THREADS": str(threads)})
+        if proc is None:
+            run.error = NOT_STARTED
+            return run
+        stdout, stderr = proc.communicate()
+        interrupt.ended(proc)
         run.seconds = round(time.monotonic() - t0, 1)
         Path(run.run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run.run_dir) / "sweep.log").write_text(done.stdout + done.stderr)
-        try:
-            result = json.loads((Path(run.run_dir) / "result.json").read_text())
-            run.final_val_loss, run.stopped_by = result.get("val_loss"), result.get("stopped_by")
-        except (OSError, ValueError):
-            lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-            run.error = (lines[-1] if lines else f"exit {done.returncode}")[:300]
-        state = f"val {run.final_val_loss:.4f}" if run.final_val_loss is not None else f"failed: {run.error}"
-        log(f"sweep: lr {lr_text(run.lr)} seed {run.seed}: {state} ({run.seconds:.0f} s)")
+        # a resumed run's log goes on after its first part's
+        with open(Path(run.run_dir) / "sweep.log", "a" if resume else "w") as f:
+            f.write(stdout + stderr)
+        read_result(run, stdout + stderr, proc.returncode)
+        log(f"sweep: lr {lr_text(run.lr)} seed {run.seed}: {run_state(run)} ({run.seconds:.0f} s)")
         return run
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    with SweepInterrupt(log) as interrupt, ThreadPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(train, runs))
+
+
+def finished_before(run: SweepRun) -> bool:
+    """The run's result.json says it ended by its budget (not a signal); its result is then read into `run`."""
+    try:
+        result = json.loads((Path(run.run_dir) / "result.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if str(result.get("stopped_by", "signal")).startswith("signal"):
+        return False
+    run.final_val_loss, run.stopped_by = result.get("val_loss"), result["stopped_by"]
+    run.step = result.get("step")
+    return True
+
+
+def read_result(run: SweepRun, output: str, returncode: int) -> None:
+    """How the run's process ended: its result.json (a run stopped by Ctrl-C has one too, but its loss is not a
+    final one), else its last line of output."""
+    try:
+        result = json.loads((Path(run.run_dir) / "result.json").read_text())
+        run.stopped_by, run.step = result.get("stopped_by"), result.get("step")
+        run.final_val_loss = None if run.interrupted else result.get("val_loss")
+    except (OSError, ValueError):
+        lines = [line for line in output.splitlines() if line.strip()]
+        run.error = (lines[-1] if lines else f"exit {returncode}")[:300]
+
+
+def run_state(run: SweepRun) -> str:
+    if run.interrupted:
+        return f"stopped by Ctrl-C, step {run.step} saved" if run.step is not None else str(run.error)
+    return f"val {run.final_val_loss:.4f}" if run.final_val_loss is not None else f"failed: {run.error}"
+
+
+def interrupted_line(runs: list[SweepRun], again: str) -> str | None:
+    """After a Ctrl-C: what finished, what was saved, and the command that goes on (`again`: the sweep's own,
+    with --resume); None when no run was interrupted."""
+    if not any(r.interrupted for r in runs):
+        return None
+    saved = [r for r in runs if r.stopped_by == "signal SIGINT"]
+    waiting = sum(r.error == NOT_STARTED for r in runs)
+    done = sum(not r.interrupted and r.final_val_loss is not None for r in runs)
+    where = ", ".join(f"lr {lr_text(r.lr)} seed {r.seed} at step {r.step}" for r in saved)
+    return (
+        f"sweep: stopped by Ctrl-C: {done} of {len(runs)} runs finished, {len(saved)} saved mid-run"
+        f"{f' ({where})' if where else ''}, {waiting} not started; resume with: {again}"
+    )
 
 
 def model_params(model: ModelConfig, data: DataConfig) -> int:
@@ -235,10 +302,11 @@ def run_widths(
     out_dir: Path,
     jobs: int = 1,
     log: Callable[[str], None] = print,
+    resume: bool = False,
 ) -> list[dict]:
     """The recipe at each width (proxy_overrides) and `lr`, trained for `tokens_per_param` tokens per parameter,
-    every seed; a point per run: {width, params, seed, final_val_loss, steps, run_dir} (loss None where it
-    failed)."""
+    every seed; a point per run: {width, params, seed, final_val_loss, steps, run_dir, interrupted} (loss None
+    where it failed or a Ctrl-C stopped it; no width starts after a Ctrl-C). `resume`: run_sweep's."""
     from hopperlm.config import load_config
 
     points, model = [], load_config(recipe, overrides).model
@@ -249,7 +317,7 @@ def run_widths(
         steps = max(1, round(tokens_per_param * params / tokens_per_step(cfg.train)))
         budget = ["--train.max_steps", str(steps), "--train.max_hours", "null", "--train.max_tokens", "null"]
         runs = run_sweep(recipe, overrides + proxy + budget, lrs=[lr], seeds=seeds, out_dir=out_dir / f"width-{width}",
-                         jobs=jobs, log=lambda line, w=width: log(f"width {w}: {line}"))  # fmt: skip
+                         jobs=jobs, log=lambda line, w=width: log(f"width {w}: {line}"), resume=resume)  # fmt: skip
         points += [
             {
                 "width": width,
@@ -258,9 +326,12 @@ def run_widths(
                 "steps": steps,
                 "final_val_loss": r.final_val_loss,
                 "run_dir": str(r.run_dir),
+                "interrupted": r.interrupted,
             }
             for r in runs
         ]
+        if any(r.interrupted for r in runs):  # Ctrl-C: the widths after it never start
+            break
     return points
 
 

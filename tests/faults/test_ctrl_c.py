@@ -1,0 +1,165 @@
+"""Ctrl-C (SIGINT) costs no work: `train` and `sweep` save, write the report, say how to resume and exit 130; the
+resumed run equals an uninterrupted one bitwise; a second Ctrl-C exits at once, saying what it throws away."""
+
+import json
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from hopperlm.checkpoint.layout import checkpoint_dir, latest_checkpoint, list_checkpoints
+from hopperlm.config import load_config
+from hopperlm.observe.metrics import read_metrics
+from hopperlm.train.loop import train
+
+REPO = Path(__file__).resolve().parents[2]
+QUIET = lambda line: None  # noqa: E731
+# 16 micro-batches a step: the Ctrl-C lands mid-step, whose partial work is dropped (and redone on resume)
+LONG_STEP = ["--train.micro_batch", "4", "--train.batch_tokens", str(4 * 64 * 16)]
+
+
+def popen(*args) -> subprocess.Popen:
+    """`hopperlm ARGS` as a user types it (`hopperlm` is this Python's module)."""
+    cmd = [sys.executable, "-m", "hopperlm", *map(str, args)]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_lines(root: Path, lines: int, proc: subprocess.Popen, timeout: float = 900.0) -> None:
+    """Until a metrics.jsonl under `root` (the run, or a sweep's run) has `lines` records; the deadline only
+    catches a hang."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        found = sorted(root.glob("**/metrics.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= lines:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no metrics.jsonl under {root} reached {lines} records; {proc.poll()=}")
+
+
+def records(run: Path) -> list[tuple]:
+    return [
+        (r["step"], r["loss"], r["lr"], r["grad_norm"], r.get("val_loss"))
+        for r in read_metrics(run / "metrics.jsonl")
+    ]
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_says_how_to_resume_and_the_resume_is_exact(shakespeare_bytes, tmp_path):
+    run = tmp_path / "run"
+    args = ["train", "configs/debug.yaml", "--data.path", str(shakespeare_bytes), "--run.out_dir", str(run),
+            "--train.max_steps", "30", "--train.log_every", "1", "--checkpoint.every", "0", *LONG_STEP]  # fmt: skip
+    proc = popen(*args)
+    wait_for_lines(run, 4, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err
+    assert "Ctrl-C: stopping at the next micro-batch boundary" in out
+    saved = int(latest_checkpoint(run).name.split("_")[1])
+    assert 4 <= saved < 30 and [c.name for c in list_checkpoints(run)] == [latest_checkpoint(run).name]
+    command = shlex.join(["hopperlm", *args, "--resume"])  # the user's own command line, with --resume
+    line = f"saved step {saved} to {checkpoint_dir(run, saved)}; resume with: {command}"
+    assert out.splitlines()[-1] == line
+    assert json.loads((run / "result.json").read_text())["stopped_by"] == "signal SIGINT"
+    assert (run / "report.md").is_file()  # the report too (a scheduler's preemption skips it)
+
+    # the printed command, run as printed, goes on to the end
+    again = shlex.split(command)
+    resumed = popen(*again[1:])
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    assert f"resuming from {checkpoint_dir(run, saved)}" in out
+    whole = tmp_path / "whole"
+    overrides = args[2:]
+    overrides[overrides.index(str(run))] = str(whole)
+    train(load_config(REPO / "configs" / "debug.yaml", overrides), log=QUIET)
+    assert records(run) == records(whole)  # every step's loss, LR, grad norm and val loss, bitwise
+    ours, theirs = (load_file(checkpoint_dir(r, 30) / "model.safetensors") for r in (run, whole))
+    assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_exits_at_once_saying_what_is_lost(shakespeare_bytes, tmp_path):
+    run = tmp_path / "run"
+    # the stop's validation reads every window (about a second): the second Ctrl-C lands before the save
+    proc = popen("train", "configs/debug.yaml", "--data.path", shakespeare_bytes, "--run.out_dir", run,
+                 "--train.max_steps", "400", "--train.log_every", "1", "--checkpoint.every", "3",
+                 "--train.eval_windows", "2000", "--train.eval_every", "0")  # fmt: skip
+    wait_for_lines(run, 4, proc)
+    proc.send_signal(signal.SIGINT)
+    for line in proc.stdout:  # (the run flushes every line)
+        if line.startswith("Ctrl-C: stopping"):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == -signal.SIGINT, err  # ended by the signal itself: a shell sees 130
+    last = out.splitlines()[-1]
+    said = r"second Ctrl-C: exiting without saving; steps? (\d+)(?:-(\d+))? (?:is|are) lost \(last checkpoint: step (\d+)\)"
+    lost = re.fullmatch(said, last)
+    assert lost, out
+    first, end, kept = (int(g) if g else None for g in lost.groups())
+    end = end or first
+    assert first == kept + 1 and kept % 3 == 0 and end >= first
+    assert latest_checkpoint(run).name == checkpoint_dir(run, kept).name  # nothing saved after it
+    assert read_metrics(run / "metrics.jsonl")[-1]["step"] == end
+    assert not (run / "result.json").exists() and not (run / "report.md").exists()
+
+
+RECIPE = """model:
+  preset: null
+  dim: 64
+  n_layers: 2
+  n_heads: 4
+  parametrization: mup
+  base_dim: 32
+  max_seq_len: 64
+data:
+  path: {data}
+optim:
+  lr: 1.0e-3
+  warmup_steps: 2
+train:
+  seq_len: 64
+  micro_batch: 8
+  max_steps: 6
+  eval_every: 0
+  eval_windows: 4
+  log_every: 1
+checkpoint:
+  every: 0
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_sweep_with_its_runs_saved_and_its_resume_finishes_it(shakespeare_bytes, tmp_path):
+    recipe, out = tmp_path / "tiny-mup.yaml", tmp_path / "sweep"
+    recipe.write_text(RECIPE.format(data=shakespeare_bytes))
+    args = ["sweep", str(recipe), "--lr", "3e-4,3e-3,1e-2", "--dim", "32", "--max-steps", "60", "--out", str(out)]  # fmt: skip
+    proc = popen(*args)
+    wait_for_lines(out, 3, proc)
+    proc.send_signal(signal.SIGINT)  # to the sweep alone: it forwards it to its run, once
+    stdout, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err
+    first = out / "lr-0.0003-seed-1337"
+    saved = latest_checkpoint(first)
+    assert saved is not None
+    assert json.loads((first / "result.json").read_text())["stopped_by"] == "signal SIGINT"
+    assert sorted(p.name for p in out.glob("lr-*")) == [first.name]  # no run started after the Ctrl-C
+    step = int(saved.name.split("_")[1])
+    command = shlex.join(["hopperlm", *args, "--resume"])
+    assert stdout.splitlines()[-1] == (
+        f"sweep: stopped by Ctrl-C: 0 of 3 runs finished, 1 saved mid-run (lr 0.0003 seed 1337 at step {step}), "
+        f"2 not started; resume with: {command}"
+    )
+
+    resumed = popen(*shlex.split(command)[1:])
+    stdout, err = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, err
+    assert f"resuming from {saved}" in (first / "sweep.log").read_text()
+    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    assert [(r["stopped_by"], r["final_val_loss"] is not None) for r in rows] == [("max_steps", True)] * 3
