@@ -12,6 +12,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 TIGRINYA_PROMPT = "ሰላም ንኹልኩም ኣሕዋትን ኣሓትን"
+# tests/hf_tiny.py's family -> the case: the model features that export as that architecture
+FEATURE_FAMILIES = {"arcee": "relu2 (arcee)", "qwen3": "qk_norm (qwen3)"}
 
 
 def sh(*cmd, cwd=None, env=None) -> str:
@@ -26,12 +28,13 @@ def hopperlm(*args) -> str:
 
 
 # ---- the models -------------------------------------------------------------------------------------------
-def hub_folder(work: Path, data: Path) -> Path:
-    """A tiny random Llama (2 blocks, d=64) saved like a Hub folder with all of TinyLlama's tokenizer files."""
+def hub_folder(work: Path, data: Path, family: str = "tinyllama") -> Path:
+    """A tiny random model of `family` (tests/hf_tiny.py: a Llama by default; arcee: ReLU², qwen3: QK-norm; 2
+    blocks, d=64) saved like a Hub folder with all of TinyLlama's tokenizer files."""
     from hf_tiny import tiny_hf_model
 
-    out = work / "hub"
-    tiny_hf_model("tinyllama", vocab_size=32000, max_position_embeddings=512).save_pretrained(out)
+    out = work / ("hub" if family == "tinyllama" else f"hub-{family}")
+    tiny_hf_model(family, vocab_size=32000, max_position_embeddings=512).save_pretrained(out)
     for name in TOKENIZER_FILES:
         shutil.copy(data / "tokenizers" / "tinyllama-1.1b-chat-v1.0" / name, out / name)
     return out
@@ -60,6 +63,11 @@ def make_cases(work: Path, data: Path) -> dict[str, tuple[Path, str]]:
     tir_data = work / "tigrinya"
     hopperlm("prepare", tigrinya, "--out", tir_data, "--tokenizer", extended / "tokenizer.json")
     hopperlm(*train_args(imported, tir_data, work / "extended", 200))
+    # hopperlm's own features, as the architectures that carry them: model.mlp relu2 (Arcee, llama.cpp's arcee)
+    # and model.qk_norm (Qwen3, its qwen3), each imported from a Hub folder and trained on as cpt is
+    for family in FEATURE_FAMILIES:
+        hopperlm("import", hub_folder(work, data, family), work / f"{family}-imported")
+        hopperlm(*train_args(work / f"{family}-imported", english, work / f"{family}-cpt", 200))
     english_prompt = "ROMEO: What light through yonder window breaks?"
     return {
         "import": (imported, english_prompt),
@@ -67,7 +75,15 @@ def make_cases(work: Path, data: Path) -> dict[str, tuple[Path, str]]:
         "lora": (work / "lora", english_prompt),
         "extended (English)": (work / "extended", english_prompt),
         "extended (Tigrinya)": (work / "extended", TIGRINYA_PROMPT),
+        **{name: (work / f"{family}-cpt", english_prompt) for family, name in FEATURE_FAMILIES.items()},
     }
+
+
+def convert_hf_to_gguf(source: Path, hf: Path, out: Path, outtype: str = "f32") -> Path:
+    """llama.cpp's own converter (its convert_hf_to_gguf.py, with its gguf-py) on a Hugging Face folder."""
+    env = {**os.environ, "PYTHONPATH": str(source / "gguf-py")}
+    sh(sys.executable, source / "convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out, env=env)
+    return out
 
 
 # ---- what each side says ------------------------------------------------------------------------------------
@@ -138,8 +154,6 @@ def check_all(
 ) -> dict:
     """`tolerances`: quantized outtype -> the largest relative change of held-out perplexity against f32's."""
     bin_dir = source / "build" / "bin"
-    converter = source / "convert_hf_to_gguf.py"
-    env = {**os.environ, "PYTHONPATH": str(source / "gguf-py")}
     heldout = {"English": work / "heldout-en.txt", "Tigrinya": work / "heldout-tir.txt"}
     heldout["English"].write_text((data / "tinyshakespeare" / "input.txt").read_text()[-40_000:])
     # not in training (HornMT is): a parallel corpus's Tigrinya side
@@ -152,17 +166,7 @@ def check_all(
         hf = work / f"{slug}-hf"
         hopperlm("export", model, hf, "--dtype", "fp32")
         files = sorted(p.name for p in hf.iterdir())
-        ggufs = {"convert_hf_to_gguf f32": work / f"{slug}-converted.gguf"}
-        sh(
-            sys.executable,
-            converter,
-            hf,
-            "--outtype",
-            "f32",
-            "--outfile",
-            ggufs["convert_hf_to_gguf f32"],
-            env=env,
-        )
+        ggufs = {"convert_hf_to_gguf f32": convert_hf_to_gguf(source, hf, work / f"{slug}-converted.gguf")}
         said = {}  # what the export printed (a k-quant: llama.cpp's fallback types for narrow rows)
         for outtype in ("f32", *tolerances):
             ggufs[f"export --format gguf {outtype}"] = work / f"{slug}-{outtype}.gguf"

@@ -29,7 +29,12 @@ real tokenizer files:
   cpt        continued pretraining from it (model.init_from) on Tiny Shakespeare prepared with its tokenizer
   lora       a LoRA run from it on the same data (merged on export)
   extended   continued pretraining on a `tokenizer extend`-ed vocabulary (Tigrinya pieces) and Tigrinya text
-Needs the package index once (the source distribution) and ../shared/data.
+  relu2 (arcee), qk_norm (qwen3)
+             as cpt, from a tiny random Arcee (model.mlp relu2) and Qwen3 (model.qk_norm) Hub folder: llama.cpp's
+             arcee and qwen3 architectures, from its converter and from `export --format gguf`
+Needs the package index once (the source distribution) and ../shared/data. tests/test_gguf_export.py runs
+llama.cpp's converter wherever the source is unpacked (the binaries need not be built) and the binaries where
+they are built.
 """
 
 from __future__ import annotations
@@ -76,6 +81,13 @@ def built_bin_dir() -> Path | None:
     that need llama.cpp skip without it)."""
     bin_dir = next(cache_dir().glob("llama_cpp_python-*/vendor/llama.cpp/build/bin"), None)
     return bin_dir if bin_dir is not None and all((bin_dir / b).is_file() for b in BINARIES) else None
+
+
+def unpacked_source() -> Path | None:
+    """The llama.cpp source tree where ensure_llamacpp has unpacked it (convert_hf_to_gguf.py and its gguf-py:
+    the converter runs without the binaries), else None; never downloads."""
+    source = cache_dir() / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    return source if (source / "convert_hf_to_gguf.py").is_file() else None
 
 
 def run(cmd: list, **kwargs) -> subprocess.CompletedProcess:

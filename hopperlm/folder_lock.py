@@ -7,6 +7,12 @@ not exist while it is written, and is renamed into place). The holder writes its
 time into the file, so the one it refuses can say who holds it. The kernel drops a flock with its process: a
 killed writer (kill -9, an OOM kill) leaves a lock file that holds nobody back, nothing to clean up. A filesystem
 without flock (some NFS and Lustre mounts: ENOLCK, EOPNOTSUPP, ENOSYS) gets one log line and no lock.
+
+A command leaves the disk as it found it when it writes nothing: the folders the holder made to hold the lock (the
+run folder and its missing parents, or OUT's missing parents) are removed as it lets go if they are still empty,
+so a refused start (a mistyped data path, a k-quant export without llama-quantize) leaves no empty `runs/NAME/`
+or output folder behind. Only empty folders it made itself go: a folder that was there before, or that holds
+anything, stays as it is.
 """
 
 from __future__ import annotations
@@ -46,22 +52,46 @@ def hold_folder(
     parent when `beside`); yields the lock file, removed at the end. Another holder, in this process or any
     other, makes it raise FolderBusy naming the holder and `what` (how the user picks another folder, e.g.
     `--run.out_dir`). An OSError making the folder or the lock file (read-only, not a directory) is raised as
-    it is, for the caller to word."""
+    it is, for the caller to word. The folders it made are removed as it lets go if still empty (see above)."""
     path = lock_path(folder, beside=beside)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    made = _missing_folders(path.parent)
     try:
-        fd = _take(path, Path(folder), what=what, log=log)
-    except FolderBusy:
-        if not _held_by_our_launcher(path):
-            raise
-        yield path  # the launcher that started this process holds it for the whole job: write under its lock
-        return
-    try:
-        yield path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = _take(path, Path(folder), what=what, log=log)
+        except FolderBusy:
+            if not _held_by_our_launcher(path):
+                raise
+            yield path  # the launcher that started this process holds it for the whole job: write under its lock
+            return
+        try:
+            yield path
+        finally:
+            if fd is not None:
+                path.unlink(missing_ok=True)  # while still held: the next writer makes a new file (see _take)
+                os.close(fd)
     finally:
-        if fd is not None:
-            path.unlink(missing_ok=True)  # while still held: the next writer makes a new file (see _take)
-            os.close(fd)
+        _remove_if_empty(made)
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first: what mkdir(parents=True) makes."""
+    missing = []
+    for candidate in (folder, *folder.parents):
+        if candidate.exists() or candidate.is_symlink():
+            break
+        missing.append(candidate)
+    return missing
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    """rmdir each folder, deepest first, up to the first that is not empty (or not removable): rmdir removes an
+    empty folder only, so anything written into one (by this command or another) keeps it."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _take(path: Path, folder: Path, *, what: str, log: Callable[[str], None]) -> int | None:
@@ -75,6 +105,7 @@ def _take(path: Path, folder: Path, *, what: str, log: Callable[[str], None]) ->
         except OSError as e:
             if e.errno in NO_FLOCK:
                 os.close(fd)
+                path.unlink(missing_ok=True)  # a lock file that holds nothing is not left behind
                 if not _said_no_flock:
                     log(
                         f"{folder}: no flock on this filesystem ({e.strerror}); a second writer is not refused"

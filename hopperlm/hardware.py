@@ -134,11 +134,14 @@ def gpu_attention_backends(capability: tuple[int, int]) -> list[str]:
     return found
 
 
+# SDPA's two CPU kernels, named as the plan names them ("attention: SDPA's CPU kernel (PyTorch picks it)"), so
+# diagnose and the run report, which print this list, say what the console says (the first is flash-based)
+CPU_ATTENTION = ["SDPA's CPU kernel", "math"]
+
+
 def _cpu_only() -> Hardware:
     cores = cpu_cores()
-    return Hardware(
-        "cpu", f"CPU ({cores} cores)", attention=["flash (CPU)", "math"], cpu_cores=cores, ram=_ram()
-    )
+    return Hardware("cpu", f"CPU ({cores} cores)", attention=list(CPU_ATTENTION), cpu_cores=cores, ram=_ram())
 
 
 def detect(index: int | None = None) -> Hardware:
@@ -204,7 +207,7 @@ SIMULATED: dict[str, dict] = {
 def simulated(kind: str, free_fraction: float = 0.95) -> Hardware:
     """A Hardware description of a GPU (or 'CPU') that is not here, for planning tests and `diagnose --as`."""
     if kind.upper() == "CPU":
-        return Hardware("cpu", "CPU (8 cores)", attention=["flash (CPU)", "math"], cpu_cores=8, ram=64 * _GIB)
+        return Hardware("cpu", "CPU (8 cores)", attention=list(CPU_ATTENTION), cpu_cores=8, ram=64 * _GIB)
     if kind not in SIMULATED:
         raise ConfigError(f"no simulated GPU {kind!r}; choose one of: {', '.join(SIMULATED)}, CPU")
     spec = SIMULATED[kind]

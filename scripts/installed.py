@@ -1,6 +1,6 @@
 """Exit 0 when this Python already has what `scripts/setup.sh [--dev]` would install, so setup can skip pip.
 
-    python3 scripts/installed.py [--extras dev|gguf,eval] [REQUIREMENT ...]
+    python3 scripts/installed.py [--extras dev|gguf,eval,hf] [REQUIREMENT ...]
 
 Checks, from pyproject.toml: every requirement of the project (and of the extras named, plus any
 REQUIREMENT given, e.g. the mup pin setup.sh installs on its own) is installed at a version its specifier accepts, and hopperlm itself is installed editable

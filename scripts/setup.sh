@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Install hopperlm (editable) and what it needs into the current Python, with the extras the docs' commands use
-# on any machine: gguf (`export --format gguf`) and eval (`eval --tasks`). `--dev` adds the test tools (the dev
-# extra holds those two too).
+# on any machine: gguf (`export --format gguf`), eval (`eval --tasks`) and hf (transformers: an export loaded with
+# AutoModelForCausalLM.from_pretrained). `--dev` adds the test tools (the dev extra holds those three too).
 # torch is installed first and on purpose: without a GPU we take the CPU build (torch==2.13.0), so pip never
 # pulls the multi-GB CUDA build onto a machine that cannot use it. An installed torch >= 2.11 is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-extras="gguf,eval" mup=()
+extras="gguf,eval,hf" mup=()
 # Microsoft's mup (--dev), which tests/test_mup.py compares hopperlm's μP multipliers with: installed without its
 # dependencies, as its optimizers and shapes need only torch and pyyaml (its torchvision pin would replace the
 # CPU torch)

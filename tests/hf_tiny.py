@@ -27,6 +27,8 @@ FAMILIES = {
     "llama3": ("LlamaConfig", {"rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE}),
     "mistral": ("MistralConfig", {"sliding_window": 64}),
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": True, "rms_norm_eps": 1e-6}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16, "rms_norm_eps": 1e-6}),  # QK-norm (head_dim: hidden/heads)
+    "arcee": ("ArceeConfig", {"hidden_act": "relu2"}),  # the non-gated ReLU² MLP
 }
 
 

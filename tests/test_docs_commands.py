@@ -241,12 +241,14 @@ def setup_python(tmp_path_factory) -> Path:
 
 def test_the_docs_environment_holds_what_setup_installs(setup_python: Path):
     """The environment the docs' blocks run in imports hopperlm, torch and setup.sh's extras (gguf: `export
-    --format gguf`), and not what only the dev extra brings (pytest, torchao)."""
-    assert "gguf" in setup_extras(), (
-        "scripts/setup.sh no longer installs gguf, which `export --format gguf` needs"
+    --format gguf`; transformers: an export loaded with from_pretrained), and not what only the dev extra brings
+    (pytest, torchao)."""
+    assert {"gguf", "hf"} <= set(setup_extras()), (
+        "scripts/setup.sh no longer installs gguf and transformers, which `export --format gguf` and the "
+        "docs' transformers block need"
     )
     probe = (
-        "import importlib.util as u, hopperlm, torch, gguf, lm_eval\n"
+        "import importlib.util as u, hopperlm, torch, gguf, lm_eval, transformers\n"
         "print(sorted(m for m in ('pytest', 'torchao') if u.find_spec(m)))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -1,12 +1,16 @@
 """`hopperlm export --format gguf`: the file read back with the `gguf` package (llama.cpp's own reader and writer)
 holds the Llama architecture's keys, SentencePiece's vocabulary with its scores and types, and every tensor
 under llama.cpp's name with the shape and values llama.cpp's converter writes (queries and keys permuted to
-interleaved RoPE pairs exactly as convert_hf_to_gguf.py's LlamaModel.permute does). llama.cpp itself runs the
-files in bench/llamacpp_check.py (where its binaries are built). k-quants go through llama.cpp's llama-quantize
-(refused in one line, before anything is written, where there is none), and `--modelfile`'s Ollama TEMPLATE is
+interleaved RoPE pairs exactly as convert_hf_to_gguf.py's LlamaModel.permute does); a ReLU² model as llama.cpp's
+arcee, a QK-norm one as its qwen3 (attn_q_norm/attn_k_norm, no permutation: NEOX RoPE), byte for byte what
+llama.cpp's own converter writes from the `export`ed folder where its source is unpacked. llama.cpp itself runs
+the files in bench/llamacpp_check.py (where its binaries are built). k-quants go through llama.cpp's llama-quantize
+(refused in one line, before anything is written, where there is none, except for Ollama: an f16 file that
+`ollama create -q q4_K_M` quantizes), and `--modelfile`'s Ollama TEMPLATE is
 rendered here with a reader of the Go-template actions it writes and compared with transformers' rendering of
 the run's chat template."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -115,6 +119,89 @@ def test_f32_gguf_holds_the_architecture_vocabulary_and_llama_cpp_tensors(hub_ll
         data("blk.0.ffn_gate.weight"), hf["model.layers.0.mlp.gate_proj.weight"].numpy()
     )
     np.testing.assert_array_equal(data("output_norm.weight"), hf["model.norm.weight"].numpy())
+
+
+def imported_family(family: str, where: Path, data_dir: Path, **overrides) -> tuple[Path, dict]:
+    """A tiny random `family` model (tests/hf_tiny.py) saved like a Hub folder with TinyLlama's tokenizer files,
+    and `hopperlm import`ed: (the imported folder, the Hugging Face state dict)."""
+    from hf_tiny import save_hf, tiny_hf_model
+
+    from hopperlm.interop.hf_convert import import_hf
+
+    model = tiny_hf_model(family, vocab_size=32000, max_position_embeddings=512, **overrides)
+    tokenizer = data_dir / "tokenizers" / "tinyllama-1.1b-chat-v1.0"
+    hub = save_hf(model, where / f"{family}-hub", tokenizer_from=tokenizer)
+    return import_hf(hub, where / family, log=lambda line: None), model.state_dict()
+
+
+@pytest.mark.parametrize("family", ["arcee", "qwen3"])
+def test_relu2_is_llama_cpp_arcee_and_qk_norm_its_qwen3(family, data_dir, tmp_path):
+    """A ReLU² model (Arcee) is llama.cpp's arcee architecture: no ffn_gate, queries and keys permuted to
+    interleaved RoPE pairs as convert_hf_to_gguf.py's ArceeModel(LlamaModel) does. A QK-norm model (Qwen3) is
+    its qwen3: attn_q_norm / attn_k_norm per head, queries and keys as stored (llama.cpp's qwen3 rotates halves,
+    NEOX, and Qwen3Model does not permute). Every tensor name is one gguf-py lists for the architecture."""
+    from hopperlm.interop.gguf import export_gguf
+
+    source, hf = imported_family(family, tmp_path, data_dir)
+    out = export_gguf(source, tmp_path / f"{family}.gguf", "f32", log=lambda line: None)
+    r = gguf.GGUFReader(out)
+    assert field(r, "general.architecture") == family and field(r, "tokenizer.ggml.model") == "llama"
+    keys = {"block_count": 2, "embedding_length": 64, "feed_forward_length": 96, "attention.head_count": 4,
+            "attention.head_count_kv": 2, "attention.key_length": 16, "rope.dimension_count": 16}  # fmt: skip
+    assert {key: field(r, f"{family}.{key}") for key in keys} == keys
+    eps = field(r, f"{family}.attention.layer_norm_rms_epsilon")
+    assert eps == pytest.approx(1e-6 if family == "qwen3" else 1e-5)
+
+    tensors = {t.name: t for t in r.tensors}
+    block = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]
+    block += ["attn_q_norm", "attn_k_norm", "ffn_gate"] if family == "qwen3" else []
+    expected = {"token_embd.weight", "output_norm.weight", "output.weight"}
+    assert set(tensors) == expected | {f"blk.{i}.{n}.weight" for i in range(2) for n in block}
+    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == family)
+    known = {gguf.TENSOR_NAMES[t].format(bid=i) for t in gguf.MODEL_TENSORS[arch] for i in range(2)}
+    assert {name.removesuffix(".weight") for name in tensors} <= known  # llama.cpp's names for `family`
+
+    def data(name):  # the reader's shape is GGML's (reversed); the values in row-major order are torch's
+        t = tensors[name]
+        return np.asarray(t.data).reshape(tuple(reversed([int(x) for x in t.shape])))
+
+    q = hf["model.layers.1.self_attn.q_proj.weight"].numpy()
+    k = hf["model.layers.1.self_attn.k_proj.weight"].numpy()
+    if family == "arcee":
+        np.testing.assert_array_equal(data("blk.1.attn_q.weight"), llama_cpp_permute(q, 4))
+        np.testing.assert_array_equal(data("blk.1.attn_k.weight"), llama_cpp_permute(k, 2))
+    else:
+        np.testing.assert_array_equal(data("blk.1.attn_q.weight"), q)
+        np.testing.assert_array_equal(data("blk.1.attn_k.weight"), k)
+        for n in ("q", "k"):
+            ours = data(f"blk.1.attn_{n}_norm.weight")
+            np.testing.assert_array_equal(ours, hf[f"model.layers.1.self_attn.{n}_norm.weight"].numpy())
+            assert tensors[f"blk.1.attn_{n}_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    for n in ("up", "down"):
+        np.testing.assert_array_equal(
+            data(f"blk.0.ffn_{n}.weight"), hf[f"model.layers.0.mlp.{n}_proj.weight"]
+        )
+
+
+def test_transformers_gguf_loader_reads_the_qwen3_file_with_its_logits(data_dir, tmp_path):
+    """Another program's reader: transformers' own GGUF loader (`from_pretrained(gguf_file=)`, which maps
+    llama.cpp's qwen3 names and keys back) gives the logits of the Qwen3 model the file was exported from. (Its
+    qwen3 mapping reads no head size and takes Qwen3's 128, so this model's heads are 128 wide.)"""
+    import torch
+    import transformers
+
+    from hopperlm.interop.gguf import export_gguf
+
+    shape = {"hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128}
+    source, hf = imported_family("qwen3", tmp_path, data_dir, **shape)
+    export_gguf(source, tmp_path / "qwen3.gguf", "f32", log=lambda line: None)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "qwen3-hub").eval()
+    read = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="qwen3.gguf", dtype=torch.float32
+    ).eval()
+    x = torch.randint(0, 32000, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(read(x).logits, theirs(x).logits, rtol=1e-5, atol=1e-5)
 
 
 def test_q8_0_and_f16_keep_norms_in_f32_and_stay_close(imported, tmp_path):
@@ -236,6 +323,88 @@ def test_llama_cpp_tokenizes_and_continues_as_hopperlm(imported, tmp_path):
     assert llama_greedy(bin_dir, out, prompt, 12) == hopperlm_greedy(imported, prompt, 12)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["tinyllama", "arcee", "qwen3"])
+def test_llama_cpp_converter_writes_what_export_writes(family, data_dir, tmp_path):
+    """Where bench/llamacpp_check.py has unpacked llama.cpp's source (the binaries need not be built): its own
+    convert_hf_to_gguf.py, on the Hugging Face folder `export` writes of a Llama, a ReLU² (Arcee) and a QK-norm
+    (Qwen3) model, writes every tensor `export --format gguf` writes, byte for byte (name, type, shape, values),
+    and the same value for every key both write."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from llamacpp_check import unpacked_source
+
+    source = unpacked_source()
+    if source is None:
+        pytest.skip("llama.cpp's source is not unpacked here: python3 bench/llamacpp_check.py --build-only")
+    from llamacpp_cases import convert_hf_to_gguf
+
+    from hopperlm.interop.gguf import export_gguf
+    from hopperlm.interop.hf_convert import export_hf
+
+    model, _ = imported_family(family, tmp_path, data_dir)
+    ours = gguf.GGUFReader(export_gguf(model, tmp_path / "ours.gguf", "f32", log=lambda line: None))
+    hf = export_hf(model, tmp_path / "hf", dtype="fp32", log=lambda line: None)
+    theirs = gguf.GGUFReader(convert_hf_to_gguf(source, hf, tmp_path / "converted.gguf"))
+    a, b = {t.name: t for t in ours.tensors}, {t.name: t for t in theirs.tensors}
+    assert sorted(a) == sorted(b)
+    for name, t in a.items():
+        assert (t.tensor_type, list(t.shape)) == (b[name].tensor_type, list(b[name].shape)), name
+        np.testing.assert_array_equal(np.asarray(t.data), np.asarray(b[name].data), err_msg=name)
+    arch = field(theirs, "general.architecture")
+    assert field(ours, "general.architecture") == arch
+    # the architecture's keys and the vocabulary's pieces and ids (the scores and types differ on <unk>, <s>
+    # and </s> alone: the converter takes tokenizer_config.json's word for them, export SentencePiece's)
+    vocabulary = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens")
+    keys = [
+        k for k in theirs.fields if k.startswith(f"{arch}.") or k in vocabulary or k.endswith("_token_id")
+    ]
+    assert len(keys) > 10 and set(keys) <= set(ours.fields), sorted(set(keys) - set(ours.fields))
+    for key in keys:
+        mine, converted = field(ours, key), field(theirs, key)
+        if isinstance(mine, list):  # the pieces
+            assert [bytes(p) for p in mine] == [bytes(p) for p in converted], key
+        else:
+            assert mine == pytest.approx(converted) if isinstance(mine, float) else mine == converted, key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["arcee", "qwen3"])
+def test_llama_cpp_runs_relu2_and_qk_norm_models_as_hopperlm(family, data_dir, tmp_path):
+    """Where bench/llamacpp_check.py has built llama.cpp: a ReLU² model (arcee) and a QK-norm one (qwen3), as
+    `export --format gguf` writes them and as llama.cpp's own convert_hf_to_gguf.py converts their `export`ed
+    Hugging Face folder: llama.cpp loads both files, tokenizes as SentencePiece does, and continues the prompt
+    greedily as `hopperlm generate --temperature 0` does (the check of bench/llamacpp_check.py's cases)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    bin_dir = built_llama_cpp()
+    if bin_dir is None:
+        pytest.skip("llama.cpp is not built on this machine: python3 bench/llamacpp_check.py --build-only")
+    from llamacpp_cases import (
+        convert_hf_to_gguf,
+        hopperlm_greedy,
+        hopperlm_ids,
+        llama_greedy,
+        llama_tokenize,
+        sentencepiece_ids,
+    )
+
+    from hopperlm.interop.gguf import export_gguf
+    from hopperlm.interop.hf_convert import export_hf
+
+    source, _ = imported_family(family, tmp_path, data_dir)
+    hf = export_hf(source, tmp_path / "hf", dtype="fp32", log=lambda line: None)
+    files = {
+        "export --format gguf": export_gguf(source, tmp_path / "ours.gguf", "f32", log=lambda line: None),
+        "convert_hf_to_gguf": convert_hf_to_gguf(bin_dir.parents[1], hf, tmp_path / "converted.gguf"),
+    }
+    prompt = "ROMEO: What light through yonder window breaks?"
+    ours = hopperlm_greedy(source, prompt, 12)
+    for how, path in files.items():
+        assert field(gguf.GGUFReader(path), "general.architecture") == family, how
+        ids = llama_tokenize(bin_dir, path, prompt)
+        assert ids == sentencepiece_ids(source / "tokenizer", prompt) == hopperlm_ids(source, prompt), how
+        assert llama_greedy(bin_dir, path, prompt, 12) == ours, how
+
+
 # ---- k-quants through llama-quantize, and the Ollama Modelfile ------------------------------------------------
 def built_llama_cpp() -> Path | None:
     """bench/llamacpp_check.py's build folder (bin/) where it has built every binary; never builds."""
@@ -248,34 +417,71 @@ def built_llama_cpp() -> Path | None:
 def test_a_k_quant_without_llama_quantize_is_one_line_and_writes_nothing(
     imported, tmp_path, monkeypatch, capsys
 ):
+    """No llama-quantize: a k-quant is refused in one line, before anything is written (the output folder made
+    for it removed again, one that was there left as it was), naming how to get the binary and, for Ollama,
+    the --modelfile route; so is --modelfile with a k-quant Ollama does not make, and a --llama-cpp DIR
+    without the binary (the user chose that route)."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     (out_dir / "keep.gguf").write_bytes(b"keep me")
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))  # no llama-quantize anywhere on it
     (tmp_path / "no-llama").mkdir()
     cases = [
-        ([], "not found on PATH"),
-        (["--llama-cpp", str(tmp_path / "no-llama")], "no llama-quantize in it"),
-    ]
-    for extra, message in cases:
-        args = [
-            "export",
-            str(imported),
-            str(out_dir / "tiny.gguf"),
-            "--format",
-            "gguf",
-            "--outtype",
-            "q4_k_m",
-        ]
+        (out_dir, ["--outtype", "q4_k_m"], ["not found on PATH", "--llama-cpp DIR", "add --modelfile"]),
+        (tmp_path / "ollama", ["--outtype", "q4_k_m"], ["not found on PATH", "ollama create NAME -q q4_K_M"]),
+        (out_dir, ["--outtype", "q5_k_m", "--modelfile"], ["`ollama create -q` makes q4_K_M only"]),
+        (out_dir, ["--outtype", "q4_k_m", "--modelfile", "--llama-cpp", str(tmp_path / "no-llama")],
+         ["no llama-quantize in it"]),
+    ]  # fmt: skip
+    for folder, extra, messages in cases:
         with pytest.raises(SystemExit) as exit_:
-            main([*args, "--modelfile", *extra])
+            main(["export", str(imported), str(folder / "tiny.gguf"), "--format", "gguf", *extra])
         stderr = capsys.readouterr().err
         lines = [line for line in stderr.splitlines() if line.startswith("error:")]
-        assert exit_.value.code == 2 and len(lines) == 1 and message in lines[0], stderr[-2000:]
-        assert "--llama-cpp DIR" in lines[0] and "bench/llamacpp_check.py --build-only" in lines[0]
+        assert exit_.value.code == 2 and len(lines) == 1, stderr[-2000:]
+        assert all(m in lines[0] for m in messages) and "bench/llamacpp_check.py --build-only" in lines[0]
         assert "Traceback" not in stderr
         assert sorted(p.name for p in out_dir.iterdir()) == ["keep.gguf"]  # no GGUF, no Modelfile, no temp
         assert (out_dir / "keep.gguf").read_bytes() == b"keep me"
+        assert not (tmp_path / "ollama").exists()  # the folder made for the export went with the refusal
+
+
+def test_q4_k_m_for_ollama_without_llama_quantize_is_an_f16_file_ollama_quantizes(
+    imported, tmp_path, monkeypatch, capsys
+):
+    """`--outtype q4_k_m --modelfile` without llama.cpp: the f16 GGUF and its Modelfile, one line saying this is
+    the route taken, and the one command that makes Ollama quantize it (`ollama create NAME -q q4_K_M`)."""
+    system_path = os.environ.get("PATH", "")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))  # no llama-quantize anywhere on it
+    out = tmp_path / "ollama" / "tiny-q4_k_m.gguf"
+    main(["export", str(imported), str(out), "--format", "gguf", "--outtype", "q4_k_m", "--modelfile"])
+    stdout = capsys.readouterr().out
+    route = [line for line in stdout.splitlines() if "no llama.cpp llama-quantize on PATH" in line]
+    assert len(route) == 1 and "written in f16" in route[0] and "q4_K_M" in route[0], stdout
+    assert f"ollama create tiny-q4_k_m -q q4_K_M -f {out.parent / 'Modelfile'}" in stdout
+    assert f"exported {out} (GGUF, f16:" in stdout
+    assert sorted(p.name for p in out.parent.iterdir()) == ["Modelfile", "tiny-q4_k_m.gguf"]
+    r = gguf.GGUFReader(out)
+    assert field(r, "general.file_type") == gguf.LlamaFileType.MOSTLY_F16  # what Ollama's -q takes
+    assert {t.tensor_type for t in r.tensors} == {
+        gguf.GGMLQuantizationType.F16,
+        gguf.GGMLQuantizationType.F32,
+    }
+    text = (out.parent / "Modelfile").read_text()
+    assert "#   ollama create NAME -q q4_K_M -f Modelfile" in text and "FROM ./tiny-q4_k_m.gguf\n" in text
+
+    # with a llama-quantize on PATH (a stand-in that copies its input) the llama.cpp route stays: no -q
+    fake = tmp_path / "bin" / "llama-quantize"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\ncp "$1" "$2"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", os.pathsep.join((str(fake.parent), system_path)))  # found first
+    main(["export", str(imported), str(out), "--format", "gguf", "--outtype", "q4_k_m", "--modelfile",
+          "--overwrite"])  # fmt: skip
+    stdout = capsys.readouterr().out
+    assert "no llama.cpp llama-quantize" not in stdout and f"exported {out} (GGUF, q4_k_m:" in stdout
+    assert f"ollama create tiny-q4_k_m -f {out.parent / 'Modelfile'}" in stdout
+    assert "-q q4_K_M" not in (out.parent / "Modelfile").read_text()
 
 
 def modelfile_fields(text: str) -> tuple[str | None, dict[str, list[str]]]:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from hf_tiny import FAMILIES, save_hf, tiny_hf_model
+from hf_tiny import FAMILIES, LLAMA3_ROPE, save_hf, tiny_hf_model
 
 from hopperlm.config import ModelConfig, load_config
 from hopperlm.diskspace import DiskError
@@ -32,6 +32,7 @@ def test_logits_match_transformers_and_round_trip_is_bit_exact(family, tmp_path)
         diff = (ours(x) - theirs(x).logits).abs().max().item()
     assert diff <= 1e-4, diff
     assert ours.cfg.qkv_bias == (family == "qwen2") and ours.cfg.tie_embeddings == (family == "qwen2")
+    assert ours.cfg.qk_norm == (family == "qwen3") and (ours.cfg.mlp == "relu2") == (family == "arcee")
     assert (
         count_params(ours.cfg)["total"]
         == sum(p.numel() for p in ours.parameters())
@@ -160,12 +161,91 @@ def test_preset_configs_round_trip_through_config_json(preset):
     assert count_params(ours)["total"] == n  # 6,738,415,616 for Llama-2-7B
 
 
-def test_export_refuses_qk_norm_before_writing_anything(tmp_path):
+# ---- hopperlm's own features exported: ReLU² as Arcee, QK-norm as Qwen3; what no format carries, refused ----
+LLAMA3 = {k: float(v) for k, v in LLAMA3_ROPE.items() if k != "rope_type"}  # model.rope_scaling's llama3
+
+
+def native_model(folder, seed: int = 0, **features):
+    """A tiny hopperlm model with `features` (model.mlp, model.qk_norm, ...), every weight non-trivial (norms
+    around one, QK-norm's included), written as a model folder without a tokenizer. (folder, model)."""
     from hopperlm.checkpoint.layout import write_model
     from hopperlm.model.transformer import build_model
 
-    cfg = ModelConfig(dim=32, n_layers=1, n_heads=2, ffn_dim=64, vocab_size=64, max_seq_len=32, qk_norm=True)
-    write_model(tmp_path / "model", build_model(cfg, seed=0), cfg, None)
-    with pytest.raises(ConfigError, match=r"model.qk_norm=true has no Llama.*--format hopperlm"):
-        export_hf(tmp_path / "model", tmp_path / "out", log=QUIET)
-    assert not (tmp_path / "out").exists()
+    shape = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=256, max_seq_len=64)
+    cfg = ModelConfig(**{**shape, **features})
+    model = build_model(cfg, seed=seed).eval()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p))
+    write_model(folder, model, cfg, None)
+    return folder, model
+
+
+@pytest.mark.parametrize(
+    "features, family",
+    [
+        ({"mlp": "relu2"}, "arcee"),
+        ({"mlp": "relu2", "tie_embeddings": True, "rope_theta": 500000.0, "rope_scaling": LLAMA3}, "arcee"),
+        ({"qk_norm": True}, "qwen3"),
+        (
+            {"qk_norm": True, "tie_embeddings": True, "n_kv_heads": 4, "rope_scaling": {"factor": 2.0}},
+            "qwen3",
+        ),
+    ],
+)
+def test_relu2_exports_as_arcee_and_qk_norm_as_qwen3_with_hopperlm_logits(features, family, tmp_path):
+    """`export` of a ReLU² model writes transformers' ArceeForCausalLM, of a QK-norm model Qwen3ForCausalLM;
+    from_pretrained gives hopperlm's logits (fp32), and `import` of the folder gives back the same model."""
+    source, ours = native_model(tmp_path / "model", **features)
+    out = export_hf(source, tmp_path / "hf", log=QUIET)
+    config = json.loads((out / "config.json").read_text())
+    architecture = {"arcee": "ArceeForCausalLM", "qwen3": "Qwen3ForCausalLM"}[family]
+    assert config["model_type"] == family and config["architectures"] == [architecture]
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
+    assert type(theirs).__name__ == architecture
+    assert theirs.num_parameters() == count_params(ours.cfg)["total"]
+    x = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x).logits, ours(x), rtol=1e-5, atol=1e-5)
+
+    back = import_hf(out, tmp_path / "imported", log=QUIET)
+    again = build_empty(ModelConfig(**hf.model_values(back)), "cpu").eval()
+    load_weights(again, back)
+    assert (again.cfg.mlp, again.cfg.qk_norm) == (ours.cfg.mlp, ours.cfg.qk_norm)
+    a, b = ours.state_dict(), again.state_dict()
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_exports_no_format_carries_are_refused_in_one_line_and_write_nothing(tmp_path, capsys):
+    """A logit softcap (HF and GGUF), QK-norm with ReLU², and either with q/k/v biases: `hopperlm export` exits 2
+    with one line naming the keys and --format hopperlm, and leaves no output folder or file behind."""
+    from hopperlm.cli import main
+
+    cases = [
+        ({"logit_softcap": 15.0}, "model.logit_softcap=15.0: no Llama-family format carries a logit softcap"),
+        (
+            {"mlp": "relu2", "qk_norm": True},
+            "model.qk_norm=true with model.mlp=relu2: no Llama-family format",
+        ),
+        ({"qk_norm": True, "qkv_bias": True}, "model.qkv_bias=true with model.qk_norm=true: Qwen3"),
+        ({"mlp": "relu2", "qkv_bias": True}, "model.qkv_bias=true with model.mlp=relu2: Arcee"),
+    ]
+    for i, (features, message) in enumerate(cases):
+        source, _ = native_model(tmp_path / f"model-{i}", **features)
+        for out, fmt in (
+            (tmp_path / f"hf-{i}", []),
+            (tmp_path / f"gguf-{i}" / "m.gguf", ["--format", "gguf"]),
+        ):
+            with pytest.raises(SystemExit) as exit_:
+                main(["export", str(source), str(out), *fmt])
+            stderr = capsys.readouterr().err
+            lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+            assert exit_.value.code == 2 and len(lines) == 1, stderr[-2000:]
+            assert message in lines[0] and "--format hopperlm" in lines[0], (fmt, lines[0])
+            assert "Traceback" not in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"model-{i}" for i in range(len(cases))]
+    with pytest.raises(ConfigError, match="model.logit_softcap=15.0"):
+        hf.llama_config(ModelConfig(vocab_size=64, logit_softcap=15.0))  # `bench`'s transformers baseline
+    with pytest.raises(ConfigError, match="transformers' arcee family"):
+        hf.llama_config(ModelConfig(vocab_size=64, mlp="relu2"))

@@ -107,8 +107,12 @@ class Tags(HTMLParser):
 
 
 def test_report_renders_markdown_and_self_contained_html(short_run):
-    run, _, result = short_run
+    run, lines, result = short_run
     md = (run / "report.md").read_text()
+    # the plan's attention kernel in the console's words, in the hardware line and the choices alike
+    console = next(line for line in lines if line.startswith("attention: ")).removeprefix("attention: ")
+    plan = md[md.index("## Plan") : md.index("## Stability events")]
+    assert f"| attention | {console} |" in plan and "attention: " + console.split(" (")[0] in plan, plan
     records = read_metrics(run / "metrics.jsonl")
     for heading in (
         "## Summary",

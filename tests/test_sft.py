@@ -200,6 +200,8 @@ def test_examples_cut_short_above_a_fifth_are_a_warning_naming_the_fix(tinyllama
         )
         warning = [x for x in lines if x.startswith("warning: ")]
         assert bool(warning) == warned, lines
+        plan = [x for x in lines if x.startswith("sft: ")]  # the statistic in the warning's own words
+        assert len(plan) == 1 and f" cut short at train.seq_len {seq_len}, " in plan[0], plan
         if warned:
             assert "of the examples were cut short at train.seq_len 32 (the longest, " in warning[0]
             assert "raise --train.seq_len" in warning[0] and len(warning) == 1

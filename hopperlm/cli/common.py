@@ -53,6 +53,7 @@ def resolve_recipe(name_or_path: str) -> Path:
     )
 
 
+DEVICE_HELP = "auto (default: the GPU if torch sees one, else the CPU) | cpu | cuda | cuda:N"
 RESUME_HELP = "continue from the run's latest checkpoint, or from PATH; `auto`: only if it has checkpoints"
 PRINT_CONFIG_HELP = (
     "print the resolved config as YAML (defaults, overrides and model.init_from filled in), then exit"

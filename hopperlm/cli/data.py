@@ -84,13 +84,14 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         common,
         "prepare",
         cmd_prepare,
-        "text/JSONL/Parquet -> token shards + manifest.json (resumable)",
+        "text/JSONL/TSV/CSV/Parquet -> token shards + manifest.json (resumable)",
         description="An interrupted prepare resumes when run again with the same inputs and options.",
     )
     p.add_argument(
         "inputs",
         nargs="+",
-        help=".txt, .jsonl, .jsonl.gz, .parquet files, folders of them, a datasets save_to_disk folder, hf:NAME",
+        help=".txt, .tokens (WikiText), .jsonl, .jsonl.gz, .tsv, .csv (a header row; one document per row), "
+        ".parquet files, folders of them, a datasets save_to_disk folder, hf:NAME (a Hub dataset)",
     )
     p.add_argument("--out", required=True, help="output directory for shards and manifest.json")
     p.add_argument(
@@ -104,7 +105,12 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         default="tail",
         help="tail: last tokens are validation; docs: whole documents by hash",
     )
-    p.add_argument("--text-field", default="text", help="JSONL field holding the document text")
+    p.add_argument(
+        "--text-field",
+        default="text",
+        help="the JSONL field, or the TSV/CSV/Parquet column (by its header name), holding the document text "
+        "(default text)",
+    )
     p.add_argument("--shard-tokens", type=int, default=100_000_000, help="most tokens per shard file")
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
     p.add_argument(
@@ -140,7 +146,13 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     t = actions.add_parser("train", parents=[common], help="learn a BPE or Unigram tokenizer on a corpus")
     t.add_argument("corpus", nargs="+", help="text/JSONL/TSV/Parquet files or folders (as for prepare)")
     t.add_argument("--kind", choices=["bpe", "unigram"], default="bpe", help="byte-level BPE or Unigram")
-    t.add_argument("--vocab-size", type=int, required=True)
+    t.add_argument(
+        "--vocab-size",
+        type=int,
+        required=True,
+        help="most pieces the tokenizer holds, special tokens included (bpe: 258 or more: "
+        "the 256 bytes, EOS and its merges; a small corpus may give fewer)",
+    )
     e = actions.add_parser(
         "extend",
         parents=[common],
@@ -162,5 +174,13 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     e.add_argument("--json", action="store_true", help="also print the report as JSON")
     for q in (t, e):
         q.add_argument("--out", required=True, help="output directory for tokenizer.json")
-        q.add_argument("--text-field", default="text", help="JSONL field / table column holding the text")
-        q.add_argument("--overwrite", action="store_true")
+        q.add_argument(
+            "--text-field",
+            default="text",
+            help="the JSONL field, or TSV/CSV/Parquet column, holding the text",
+        )
+        q.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace a non-empty --out (the new tokenizer is written beside it and swapped in whole)",
+        )

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hopperlm.cli.common import add_verb, log, printed_config, run_config
+from hopperlm.cli.common import DEVICE_HELP, add_verb, log, printed_config, run_config
 from hopperlm.errors import ConfigError
 
 if TYPE_CHECKING:  # (the CLI imports torch only when a verb needs it)
@@ -334,7 +334,7 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         help="comma-separated rows to run, of eager, hopperlm, 'hopperlm muon', 'hopperlm fp8', hf, hf+compile and the "
         "--variant names as 'hopperlm NAME' (default: all that the device supports)",
     )
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument(
         "--out", help="write the results as JSON here, after every row (e.g. bench/results/DATE-GPU.json)"
     )
@@ -365,4 +365,4 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="folder for the PNGs (default: FIRST_RUN_DIR/plots)")
 
     p = add_verb(verbs, common, "report", cmd_report, "write RUN_DIR/report.md and report.html")
-    p.add_argument("run", metavar="RUN_DIR")
+    p.add_argument("run", metavar="RUN_DIR", help="run directory (holding metrics.jsonl and config.yaml)")

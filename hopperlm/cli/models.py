@@ -7,7 +7,15 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from hopperlm.cli.common import add_verb, float_above, float_at_least, int_at_least, log, number
+from hopperlm.cli.common import (
+    DEVICE_HELP,
+    add_verb,
+    float_above,
+    float_at_least,
+    int_at_least,
+    log,
+    number,
+)
 from hopperlm.errors import ConfigError
 from hopperlm.folder_lock import hold_folder
 
@@ -283,7 +291,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     elif args.format == "gguf":
         from hopperlm.interop.gguf import export_gguf
 
-        out = export_gguf(
+        export_gguf(
             Path(args.run),
             Path(args.out),
             args.outtype,
@@ -291,8 +299,7 @@ def cmd_export(args: argparse.Namespace) -> None:
             log=log,
             llama_cpp=args.llama_cpp,
             modelfile=args.modelfile,
-        )
-        log(f"exported {out} (GGUF, {args.outtype}: llama-cli -m {out}, or an Ollama Modelfile FROM it)")
+        )  # (it says what it wrote: the outtype, or f16 for Ollama to quantize)
     elif args.format == "hopperlm":
         from hopperlm.interop.export import export_model
 
@@ -340,7 +347,11 @@ def _add_import(verbs, common: argparse.ArgumentParser) -> None:
         "hf_dir", help="folder with config.json + safetensors (Llama 2/3, TinyLlama, Mistral, Qwen2)"
     )
     p.add_argument("out", help="output folder")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty OUT (the new folder is written beside it and swapped in whole)",
+    )
 
 
 def _add_merge_and_export(verbs, common: argparse.ArgumentParser) -> None:
@@ -354,21 +365,33 @@ def _add_merge_and_export(verbs, common: argparse.ArgumentParser) -> None:
     ):
         p = add_verb(verbs, common, verb, cmd_export if verb == "export" else cmd_merge, text)
         p.add_argument("run", help="run dir (latest checkpoint), checkpoint dir or model folder")
-        p.add_argument("out", help="output directory")
+        p.add_argument(
+            "out",
+            help="output folder"
+            + ("; a GGUF export (--format gguf) is one file: NAME.gguf" if verb == "export" else ""),
+        )
         formats = ["hf", "hopperlm", "gguf"] if verb == "export" else ["hopperlm", "hf"]
         p.add_argument("--format", choices=formats, default=formats[0], help=f"default {formats[0]}")
         p.add_argument("--dtype", default="auto", help="auto (as stored) | fp32 | bf16 | fp16")
         p.add_argument(
             "--max-shard-size", default="5GB", help="split weights into files of at most this size"
         )
-        p.add_argument("--overwrite", action="store_true")
+        p.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace an existing OUT (written beside it and swapped in whole; GGUF: the file and its "
+            "Modelfile)"
+            if verb == "export"
+            else "replace a non-empty OUT (written beside it and swapped in whole)",
+        )
         if verb == "export":
             p.add_argument("--peft", action="store_true", help="LoRA runs: the adapters in PEFT's format")
             p.add_argument(
                 "--outtype",
                 default="f16",
                 help="--format gguf: f16 (default) | bf16 | q8_0 | f32 (norms stay f32) | q4_k_m | q5_k_m | q6_k "
-                "(k-quants: made by llama.cpp's llama-quantize from the f16 file); OUT is NAME.gguf",
+                "(k-quants: made by llama.cpp's llama-quantize from the f16 file; without it, q4_k_m with "
+                "--modelfile writes the f16 file that `ollama create -q q4_K_M` quantizes); OUT is NAME.gguf",
             )
             p.add_argument(
                 "--llama-cpp",
@@ -440,7 +463,7 @@ def _add_eval(verbs, common: argparse.ArgumentParser) -> None:
         help="held-out windows (--tasks: requests) per forward pass (>= 1; default: the run's micro-batch, "
         "else up to 8; --tasks: 8)",
     )
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--json", help="also write the results here")
 
 
@@ -475,4 +498,4 @@ def _add_generate(verbs, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--num-samples", type=int_at_least(1), default=1, help="texts to sample (>= 1)")
     p.add_argument("--seed", type=int_at_least(0), default=0, help="sample i draws with seed + i (>= 0)")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)

@@ -412,7 +412,8 @@ def open_sft_data(
         f"sft: {len(records):,} {fmt} records from {sc.path}, template {template.name}; {len(train):,} train / "
         f"{len(val):,} val examples; {per_epoch:,} rows of {T} per epoch "
         f"({tokens['train'] / (per_epoch * T):.0%} filled{', packed' if sc.packing else ''}); "
-        f"{learned / max(1, tokens['train']):.0%} of tokens in the loss; {cut} cut to {T + 1} tokens, {dropped} dropped"
+        f"{learned / max(1, tokens['train']):.0%} of tokens in the loss; {cut} cut short at train.seq_len {T}, "
+        f"{dropped} dropped"  # (as the warning below says it: a row of seq_len predictions holds seq_len + 1 ids)
     )
     if cut > TRUNCATION_WARNING * len(records):  # the model then mostly learns replies that stop mid-way
         log(

@@ -171,7 +171,7 @@ def _nearest_dir(data_dir: Path) -> str:
     close = difflib.get_close_matches(data_dir.name, siblings, n=1)
     if close:
         return f"did you mean {parent / close[0]}? (prepared, beside it)"
-    return f"prepare it first: hopperlm prepare TEXT --out {data_dir} (TEXT: .txt, .jsonl or .parquet files or folders)"
+    return f"prepare it first: hopperlm prepare TEXT --out {data_dir} (TEXT: {', '.join(FILE_SUFFIXES)} files or folders)"
 
 
 def read_manifest(data_dir: Path) -> dict:

@@ -120,7 +120,7 @@ def find_sources(inputs: list) -> list[Source]:
             sources.append(Source(kinds.get(_suffix(path), "text"), str(path)))
         else:
             raise DataError(
-                f"input {path} does not exist; pass a .txt, .jsonl(.gz) or .parquet file, or a folder"
+                f"input {path} does not exist; pass a {', '.join(FILE_SUFFIXES)} file, or a folder"
             )
     if not sources:
         raise DataError("no inputs given; pass at least one .txt file, .jsonl file or folder")

@@ -5,6 +5,10 @@ families below map one to one onto a ModelConfig:
   llama    Llama 2, Llama 3 (rope_theta 500000) and 3.1+ (llama3 RoPE scaling), TinyLlama
   mistral  as llama, plus a sliding attention window: contexts up to the window are exact
   qwen2    as llama, plus biases on q/k/v (and often tied embeddings)
+  qwen3    as llama, plus per-head RMSNorm of queries and keys before RoPE (model.qk_norm)
+  arcee    as llama, with the non-gated ReLU² MLP (hidden_act relu2: up_proj, down_proj; model.mlp relu2)
+Export picks the family from the model's features (hf_family); a model no family describes (a logit softcap,
+QK-norm with ReLU², either with q/k/v biases) is refused in one line naming the keys and `--format hopperlm`.
 Anything a ModelConfig cannot express (another activation, o_proj or MLP biases, a head size other than
 hidden/heads, dynamic or YaRN RoPE scaling) is refused with the key at fault, never converted approximately.
 `transformers` itself is not needed to read or write these files; it is imported lazily for `llama_config`
@@ -23,14 +27,23 @@ from hopperlm.checkpoint.layout import is_hf_dir, read_model_config, resolve_mod
 from hopperlm.config import ModelConfig
 from hopperlm.errors import CheckpointError, ConfigError
 
-FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+FAMILIES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "arcee": "ArceeForCausalLM",
+}
+# family -> (its config.json's hidden_act, the model.mlp that computes it); every other family: silu, swiglu
+ACTIVATIONS = {"arcee": ("relu2", "relu2")}
+HOPPERLM_FORMAT = "export it with --format hopperlm"
 
 
 def require_transformers():
     try:
         import transformers
     except ImportError:
-        raise ConfigError("this needs Hugging Face transformers: pip install transformers") from None
+        raise ConfigError("this needs Hugging Face transformers: pip install 'hopperlm[hf]'") from None
     return transformers
 
 
@@ -77,11 +90,14 @@ def model_values_from_hf(raw: dict, where: str, log=None) -> dict[str, Any]:
     if family not in FAMILIES:
         raise ConfigError(
             f"{where}: model_type {family!r} is not supported; hopperlm converts "
-            f"{', '.join(FAMILIES)} checkpoints (Llama 2/3, TinyLlama, Mistral, Qwen2)"
+            f"{', '.join(FAMILIES)} checkpoints (Llama 2/3, TinyLlama, Mistral, Qwen2, Qwen3, Arcee)"
         )
-    act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        raise ConfigError(f"{where}: hidden_act={act!r}; hopperlm's MLP is SwiGLU (silu)")
+    act, mlp = ACTIVATIONS.get(family, ("silu", "swiglu"))
+    if raw.get("hidden_act", act) != act:
+        raise ConfigError(
+            f"{where}: hidden_act={raw['hidden_act']!r}; hopperlm's {family} MLP is "
+            + ("SwiGLU (silu)" if act == "silu" else f"ReLU² ({act})")
+        )
     if raw.get("mlp_bias"):
         raise ConfigError(f"{where}: mlp_bias=true is not supported (hopperlm's MLP has no biases)")
     if family != "qwen2" and raw.get("attention_bias"):
@@ -96,8 +112,8 @@ def model_values_from_hf(raw: dict, where: str, log=None) -> dict[str, Any]:
     theta, scaling = _rope(raw, where)
     max_len = int(raw.get("max_position_embeddings", 2048))
     window = raw.get("sliding_window")
-    if family == "qwen2" and not raw.get("use_sliding_window"):
-        window = None  # Qwen2 configs name a window they do not use
+    if family in ("qwen2", "qwen3") and not raw.get("use_sliding_window"):
+        window = None  # Qwen configs name a window they do not use
     if window is not None:
         window = int(window)
         if window < max_len:
@@ -121,6 +137,8 @@ def model_values_from_hf(raw: dict, where: str, log=None) -> dict[str, Any]:
         "dropout": 0.0,
         "init_std": float(raw.get("initializer_range", 0.02)),
         "qkv_bias": family == "qwen2",
+        "qk_norm": family == "qwen3",
+        "mlp": mlp,
         "rope_scaling": scaling,
         "sliding_window": window,
     }
@@ -144,25 +162,54 @@ def model_values(path: str | Path, log=None) -> dict[str, Any]:
     return values
 
 
-def require_llama_family(cfg: ModelConfig) -> None:
-    """ConfigError for a model the Llama-family configs cannot describe (hopperlm's own features)."""
-    if cfg.qk_norm:
+def refuse_unexportable(cfg: ModelConfig) -> None:
+    """One ConfigError, naming the keys, for a model no Llama-family format describes: not the Hugging Face
+    families of FAMILIES, nor llama.cpp's llama, qwen3 and arcee (gguf.py asks here too)."""
+    if cfg.logit_softcap is not None:
         raise ConfigError(
-            "model.qk_norm=true has no Llama/Qwen2/Mistral equivalent in transformers; export this model with "
-            "`hopperlm export RUN OUT --format hopperlm` (or train it with model.qk_norm: false)"
+            f"model.logit_softcap={cfg.logit_softcap}: no Llama-family format carries a logit softcap "
+            f"(transformers' and llama.cpp's Llama, Qwen3 and Arcee have none); {HOPPERLM_FORMAT}, or train "
+            "without it"
         )
+    if cfg.qk_norm and cfg.mlp == "relu2":
+        raise ConfigError(
+            "model.qk_norm=true with model.mlp=relu2: no Llama-family format has both (Qwen3 has QK-norm with "
+            f"SwiGLU, Arcee ReLU² without QK-norm); {HOPPERLM_FORMAT}, or train with one of them"
+        )
+    for present, key, family in (
+        (cfg.qk_norm, "qk_norm=true", "Qwen3"),
+        (cfg.mlp == "relu2", "mlp=relu2", "Arcee"),
+    ):
+        if present and cfg.qkv_bias:
+            raise ConfigError(
+                f"model.qkv_bias=true with model.{key}: {family}, the format for model.{key}, has no biases on "
+                f"q/k/v alone (its attention_bias puts one on o_proj too); {HOPPERLM_FORMAT}"
+            )
+
+
+def hf_family(cfg: ModelConfig, base_family: str | None = None) -> str:
+    """The Hugging Face family that describes `cfg` (ConfigError where none does: refuse_unexportable): arcee
+    for ReLU², qwen3 for QK-norm, qwen2 for q/k/v biases; otherwise the base's llama or mistral (the
+    config.json a run started from), else mistral for a window and llama."""
+    refuse_unexportable(cfg)
+    if cfg.mlp == "relu2":
+        return "arcee"
+    if cfg.qk_norm:
+        return "qwen3"
+    if cfg.qkv_bias:
+        return "qwen2"
+    if base_family in ("llama", "mistral"):
+        return base_family
+    return "mistral" if cfg.sliding_window else "llama"
 
 
 def hf_config_dict(cfg: ModelConfig, dtype: str, base: dict | None = None) -> dict[str, Any]:
-    """A transformers config.json for `cfg`. `base` (the config.json a run started from) keeps its family and
-    token ids; otherwise the family follows the features: qwen2 for q/k/v biases, mistral for a window."""
+    """A transformers config.json for `cfg`, of hf_family's family. `base` (the config.json a run started
+    from) keeps its token ids, and its family where the features allow it (llama or mistral)."""
     if cfg.vocab_size is None:
         raise ConfigError("model.vocab_size must be set to write a Hugging Face config")
-    require_llama_family(cfg)
     base = base or {}
-    family = base.get("model_type")
-    if family not in FAMILIES or (cfg.qkv_bias and family != "qwen2"):
-        family = "qwen2" if cfg.qkv_bias else ("mistral" if cfg.sliding_window else "llama")
+    family = hf_family(cfg, base.get("model_type"))
     out: dict[str, Any] = {
         "architectures": [FAMILIES[family]],
         "model_type": family,
@@ -173,7 +220,7 @@ def hf_config_dict(cfg: ModelConfig, dtype: str, base: dict | None = None) -> di
         "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.kv_heads,
         "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
+        "hidden_act": ACTIVATIONS.get(family, ("silu",))[0],
         "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
@@ -190,24 +237,43 @@ def hf_config_dict(cfg: ModelConfig, dtype: str, base: dict | None = None) -> di
             k: (int(v) if k == "original_max_position_embeddings" else v) for k, v in cfg.rope_scaling.items()
         }
         out["rope_scaling"] = {"rope_type": kind, **scaling}
-    if family == "llama":
+    if family in ("llama", "arcee"):
         out.update(attention_bias=False, mlp_bias=False)
     elif family == "mistral":
         out["sliding_window"] = cfg.sliding_window
-    else:
+    else:  # qwen2, qwen3: a window only caps hopperlm's context (max_position_embeddings), attention is full
         out.update(use_sliding_window=False, sliding_window=None)
+    if family == "qwen3":
+        out.update(attention_bias=False, max_window_layers=cfg.n_layers)
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if key in base:
             out[key] = base[key]
     return out
 
 
+def with_token_ids(config: dict[str, Any], ids: dict[str, int]) -> dict[str, Any]:
+    """config.json's token ids: the base's (hf_config_dict), else the tokenizer's `ids`; an Arcee config
+    without them says null, where ArceeConfig would default to Llama 3's 128000/128001."""
+    for key, value in ids.items():
+        config.setdefault(key, value)
+    if config["model_type"] == "arcee":
+        for key in ("bos_token_id", "eos_token_id"):
+            config.setdefault(key, None)
+    return config
+
+
 def llama_config(cfg: ModelConfig):
-    """transformers.LlamaConfig with the same shapes, RoPE base, norm epsilon and tying as `cfg`."""
+    """transformers.LlamaConfig with the same shapes, RoPE base, norm epsilon and tying as `cfg` (a model of
+    another family, or of none, is refused: a LlamaConfig would be another network)."""
     transformers = require_transformers()
     if cfg.vocab_size is None:
         raise ConfigError("model.vocab_size must be set to build a Hugging Face config")
-    require_llama_family(cfg)
+    family = hf_family(cfg)
+    if family not in ("llama", "mistral"):
+        raise ConfigError(
+            f"this model is of transformers' {family} family (model.mlp={cfg.mlp}, model.qk_norm="
+            f"{str(cfg.qk_norm).lower()}, model.qkv_bias={str(cfg.qkv_bias).lower()}), not a LlamaConfig"
+        )
     return transformers.LlamaConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.dim,

@@ -35,7 +35,13 @@ from hopperlm.data.tokenizer import BYTE_MARKER, TOKENIZER_FILES
 from hopperlm.diskspace import staged_output
 from hopperlm.errors import CheckpointError, ConfigError
 from hopperlm.files import save_safetensors
-from hopperlm.interop.hf import hf_config_dict, is_hf_dir, model_values_from_hf, read_json
+from hopperlm.interop.hf import (
+    hf_config_dict,
+    is_hf_dir,
+    model_values_from_hf,
+    read_json,
+    with_token_ids,
+)
 from hopperlm.interop.hf_tokenizer import token_ids, write_hf_tokenizer
 from hopperlm.interop.tensors import iter_model_tensors, to_hf_name
 from hopperlm.model.completep import residual_multiplier
@@ -183,9 +189,7 @@ def export_hf(
     torch_dtype = output_dtype(dtype, model_dir)
     base, generation = hf_origin(model_dir, cfg)
     ids = token_ids(model_dir / TOKENIZER_DIR)
-    config = hf_config_dict(cfg, DTYPE_NAMES[torch_dtype], base)
-    for key, value in ids.items():
-        config.setdefault(key, value)
+    config = with_token_ids(hf_config_dict(cfg, DTYPE_NAMES[torch_dtype], base), ids)
     if (
         generation is None and ids
     ):  # a hopperlm-trained model: transformers samples as `hopperlm generate` does

@@ -217,10 +217,18 @@ def run_chat_template(tokenizer: Tokenizer) -> ChatTemplate | None:
 
 
 def modelfile_text(
-    model_dir: Path, cfg: ModelConfig, gguf_name: str, *, source: Path, bos_added: bool, log=print
+    model_dir: Path,
+    cfg: ModelConfig,
+    gguf_name: str,
+    *,
+    source: Path,
+    bos_added: bool,
+    quantize: str | None = None,
+    log=print,
 ) -> str:
     """The Modelfile for `gguf_name` (a file beside it) from the model in `model_dir` (what the user named:
-    `source`); raises before anything is written when its chat template cannot be said in Ollama's TEMPLATE."""
+    `source`); raises before anything is written when its chat template cannot be said in Ollama's TEMPLATE.
+    `quantize`: the type `ollama create -q` makes from the file (an f16 GGUF written for Ollama to quantize)."""
     tokenizer = load_tokenizer(model_dir / TOKENIZER_DIR)
     template = run_chat_template(tokenizer)
     settings = sampling_defaults(model_dir)
@@ -229,7 +237,7 @@ def modelfile_text(
     bos = tokenizer.id_to_piece(tokenizer.bos_id) if bos_added and tokenizer.bos_id is not None else None
     lines = [
         f"# Ollama Modelfile written by `hopperlm export --modelfile` from {source}:",
-        f"#   ollama create NAME -f {MODELFILE} && ollama run NAME",
+        f"#   ollama create NAME{f' -q {quantize}' if quantize else ''} -f {MODELFILE} && ollama run NAME",
         f"FROM ./{gguf_name}",
     ]
     stops = [t for t in eos if t]

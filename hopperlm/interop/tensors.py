@@ -13,8 +13,9 @@ Names: hopperlm's modules follow HF's Llama layout, so conversion is a renaming:
   embed.weight                       <-> model.embed_tokens.weight
   layers.N.attn_norm.weight          <-> model.layers.N.input_layernorm.weight
   layers.N.attn.{q,k,v,o}_proj.*     <-> model.layers.N.self_attn.{q,k,v,o}_proj.*
+  layers.N.attn.{q,k}_norm.weight    <-> model.layers.N.self_attn.{q,k}_norm.weight (QK-norm: Qwen3)
   layers.N.mlp_norm.weight           <-> model.layers.N.post_attention_layernorm.weight
-  layers.N.mlp.{gate,up,down}_proj.* <-> model.layers.N.mlp.{gate,up,down}_proj.*
+  layers.N.mlp.{gate,up,down}_proj.* <-> model.layers.N.mlp.{gate,up,down}_proj.* (ReLU²: up, down; Arcee)
   norm.weight / lm_head.weight       <-> model.norm.weight / lm_head.weight (absent when tied)
 No permutation is needed: hopperlm's RoPE is HF's rotate-half.
 """

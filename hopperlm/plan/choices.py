@@ -11,7 +11,7 @@ import torch
 from hopperlm import cpu_allocator
 from hopperlm.config import LoRAConfig, ModelConfig, OptimConfig, TrainConfig
 from hopperlm.errors import ConfigError, first_line
-from hopperlm.hardware import Hardware
+from hopperlm.hardware import CPU_ATTENTION, Hardware
 from hopperlm.model.lora import count_trainable
 from hopperlm.model.qlora import require_bitsandbytes
 from hopperlm.plan.attention_probe import (
@@ -262,7 +262,7 @@ def choose_attention(
         if want == "math":  # honoured on a CPU too (SDPA's CPU flash kernel is the other one)
             why["attention"] = "SDPA math only (set by train.attention)"
             return "math"
-        why["attention"] = "SDPA's CPU kernel (PyTorch picks it)"
+        why["attention"] = f"{CPU_ATTENTION[0]} (PyTorch picks it)"
         return "auto"
     if want != "auto":
         if want not in hw.attention:
