@@ -344,7 +344,8 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
 def _add_import(verbs, common: argparse.ArgumentParser) -> None:
     p = add_verb(verbs, common, "import", cmd_import, "Hugging Face model folder -> hopperlm model folder")
     p.add_argument(
-        "hf_dir", help="folder with config.json + safetensors (Llama 2/3, TinyLlama, Mistral, Qwen2)"
+        "hf_dir",
+        help="folder with config.json + safetensors (Llama 2/3, TinyLlama, Mistral, Qwen2, Qwen3, Arcee)",
     )
     p.add_argument("out", help="output folder")
     p.add_argument(

@@ -47,7 +47,7 @@ class ModelConfig:
     mlp: Literal["swiglu", "relu2"] = "swiglu"
     """The blocks' MLP: swiglu (Llama's gated SiLU: gate, up and down projections) or relu2 (not gated: up, ReLU
     squared, down; Primer, modded-nanogpt, nanochat). relu2 exports as Arcee (transformers' ArceeForCausalLM,
-    llama.cpp's arcee)."""
+    llama.cpp's arcee); not beside model.qkv_bias, which Arcee's biases do not match (export refuses it)."""
     multiple_of: int = 64
     """Rounding for the default ffn_dim (and for vocab_size taken from data)."""
     vocab_size: int | None = None
@@ -89,7 +89,8 @@ class ModelConfig:
     """Biases on the query, key and value projections (Qwen2)."""
     qk_norm: bool = False
     """RMSNorm over each head's queries and keys before RoPE (OLMo 2, Qwen3, modded-nanogpt): attention logits
-    stay bounded at high learning rates. Exports as Qwen3 (transformers' Qwen3ForCausalLM, llama.cpp's qwen3)."""
+    stay bounded at high learning rates. Exports as Qwen3 (transformers' Qwen3ForCausalLM, llama.cpp's qwen3); not
+    beside model.mlp relu2 or model.qkv_bias, which no format carries together (export refuses them)."""
     logit_softcap: float | None = None
     """Cap the LM head's logits smoothly at +-this (cap * tanh(logits / cap); Gemma 2, modded-nanogpt, nanochat
     use 15-30); null = off. No Llama-family format carries it, so `export` to HF or GGUF refuses such a model."""
