@@ -236,6 +236,8 @@ def test_bad_sweeps_are_one_line_each(recipe, tmp_path, capsys):
             [recipe, "--lr", "1e-3,2e-3,4e-3", "--depth", "1"],
             "the recipe uses model.depth_parametrization standard",
         ),
+        # the data is read before any run trains: one line, not a grid of failed runs (issue 61)
+        ([recipe, "--lr", "1e-3,2e-3,4e-3", "--data.path", str(tmp_path / "nowhere")], "does not exist"),
     ):  # in this process (a process each took 2 s), the first one also as the command a user runs
         with pytest.raises(SystemExit) as exit_:
             main(["sweep", *map(str, args), "--out", str(tmp_path / "never")])

@@ -75,6 +75,10 @@ def plan_sweep(args: argparse.Namespace, overrides: list[str]) -> SweepPlan:
     if args.max_hours is not None:
         extra += ["--train.max_hours", str(args.max_hours), "--train.max_steps", "null"]
     cfg = run_config(str(recipe), extra)
+    if not cfg.sft.path:  # the data is read before anything trains: a mistake is one line, not failed runs
+        from hopperlm.data.train_data import resolve_datasets
+
+        resolve_datasets(cfg.data)
     proxy = sweep.proxy_overrides(cfg.model, args.dim, args.depth)
     run_config(str(recipe), extra + proxy)  # the proxy is a valid config before anything trains
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [cfg.train.seed]
