@@ -90,10 +90,10 @@ def apply_liger(model: nn.Module) -> str:
             module.rope = liger_rope(liger_rotary_pos_emb)
         elif isinstance(module, SwiGLU):
             module.act = LigerSiLUMulFunction.apply
-    softcap = getattr(getattr(model, "cfg", None), "logit_softcap", None)  # Liger's loss takes the same cap
-    model.head_loss = liger_head_loss(
-        LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, softcap=softcap)
-    )
+    # model.logit_softcap: Liger's loss takes the same cap (asked for only where it is set)
+    softcap = getattr(getattr(model, "cfg", None), "logit_softcap", None)
+    capped = {"softcap": softcap} if softcap is not None else {}
+    model.head_loss = liger_head_loss(LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, **capped))
     return (
         f"kernels: Liger-Kernel's RMSNorm ({norms} norms), SiLU-mul, RoPE and fused linear cross-entropy "
         "(train.kernels liger)"
