@@ -293,3 +293,29 @@ def test_out_of_memory_halves_micro_batch_and_keeps_global_batch(shakespeare_byt
             ),
             log=QUIET,
         )
+
+
+def test_threads_chosen_for_a_busy_machine_are_kept_by_a_resume(shakespeare_bytes, tmp_path, monkeypatch):
+    """The plan takes the cores a busy machine leaves (plan/choices.py choose_threads); another thread count sums
+    floats in another order, so a resume on a quiet machine keeps the checkpoint's count, and says so."""
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.getloadavg", lambda: (64.0, 0.0, 0.0))  # every core busy: one thread
+    before = torch.get_num_threads()
+    try:
+        run = tmp_path / "run"
+        train(
+            debug_config(shakespeare_bytes, run, "--train.max_steps", "2", "--checkpoint.every", "2"),
+            log=QUIET,
+        )
+        saved = json.loads((latest_checkpoint(run) / "state.json").read_text())
+        assert saved["threads"] == 1
+        monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
+        torch.set_num_threads(2)
+        lines = []
+        train(debug_config(shakespeare_bytes, run, "--train.max_steps", "3"), resume=True, log=lines.append)
+        assert torch.get_num_threads() == 1
+        assert "resume: 1 CPU threads, as the checkpoint trained (train.threads to choose others)" in lines
+    finally:
+        torch.set_num_threads(before)

@@ -86,6 +86,11 @@ class ResumePoint:
     def attention(self) -> str | None:
         return self.saved.get("attention")  # (older checkpoints: none)
 
+    @property
+    def threads(self) -> int | None:
+        """torch's CPU threads the run trained with (older checkpoints: none)."""
+        return self.saved.get("threads")
+
 
 def find_resume(resume: Resume, run_dir: Path, rt: Runtime) -> ResumePoint | None:
     """The checkpoint a run starts from (None: a new run). The one place `--resume` is interpreted. A group

@@ -370,10 +370,11 @@ BUSY_LOAD = 0.5  # a 1-minute load average above this (before we start) means an
 
 
 def choose_threads(tc: TrainConfig, hw: Hardware, why: dict) -> int | None:
-    """torch's CPU threads: train.threads, else torch's default (OMP_NUM_THREADS, or every core), with a
-    warning when the load average says other processes already use the cores. Never chosen from the load
-    itself: the thread count changes the order of float reductions, and a resumed run must compute exactly
-    what the first did."""
+    """torch's CPU threads: train.threads, else OMP_NUM_THREADS, else every core, or, where the load average
+    says other processes already use the cores, the cores they leave (at least one): two torch processes
+    spinning on the same cores slow each other down many times over (a debug step measured 1.4 s with two
+    threads beside another job, 0.025 s with one). The thread count changes the order of float reductions, so
+    a resumed run takes its checkpoint's (train/run.py keep_checkpoint_threads), not a new choice."""
     want = tc.threads
     if want is not None:
         why["threads"] = f"{want} (set by train.threads)"
@@ -385,15 +386,19 @@ def choose_threads(tc: TrainConfig, hw: Hardware, why: dict) -> int | None:
         why["threads"] = f"{int(omp)} (set by OMP_NUM_THREADS)"
         return None
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    why["threads"] = f"{hw.cpu_cores} (torch's default: every core)"
-    if load > BUSY_LOAD:
-        free = max(1, hw.cpu_cores - round(load))
-        why["threads"] += (
-            f"; warning: the load average is {load:.1f} before this run starts: other processes use the cores, "
-            f"and two torch processes on the same cores slow each other down many times over; set "
-            f"train.threads {free} (or stop the other job)"
-        )
-    return None
+    if load <= BUSY_LOAD:
+        why["threads"] = f"{hw.cpu_cores} (torch's default: every core)"
+        return None
+    free = max(1, hw.cpu_cores - round(load))
+    if free >= hw.cpu_cores:
+        why["threads"] = f"{hw.cpu_cores} (every core; the load average is {load:.1f})"
+        return None
+    why["threads"] = (
+        f"{free} of {hw.cpu_cores} cores: the load average is {load:.1f} before this run starts, so other "
+        f"processes use the rest (two torch processes on the same cores slow each other down many times over; "
+        f"train.threads {hw.cpu_cores} to take every core anyway)"
+    )
+    return free
 
 
 def choose_cpu_allocator(hw: Hardware, estimate: float, budget: float) -> tuple[bool, str | None]:

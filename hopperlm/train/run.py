@@ -90,7 +90,7 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     step, the restored state, the run directory, the banner and the observer."""
     run_dir, log = Path(cfg.run.out_dir), rt.log
     start = find_resume(resume, run_dir, rt)  # (the micro-batch and the attention kernel are kept from it)
-    kept = keep_checkpoint_batch(cfg.train, start, rt)
+    kept = keep_checkpoint_threads(keep_checkpoint_batch(cfg.train, start, rt), start, rt)
     cfg = cfg if kept is cfg.train else dataclasses.replace(cfg, train=kept)
     hw = detect_for(cfg.train.device)
 
@@ -133,6 +133,7 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         guard=guard,
         batches=batches,
         clock_budget=ClockBudget.for_run(cfg.train),
+        threads=torch.get_num_threads() if plan.device.type == "cpu" else None,  # (the plan has set them)
     )
     state.run_record = {"config": cfg.to_dict(), "data_manifest_tokenizer": data.manifest["tokenizer"]}
 
@@ -282,6 +283,19 @@ def keep_checkpoint_batch(tc: TrainConfig, start: ResumePoint | None, rt: Runtim
             "batch is kept but the remaining steps read other windows than an uninterrupted run would"
         )
     return dataclasses.replace(tc, micro_batch=per_rank, batch_tokens=micro * accum * tc.seq_len)
+
+
+def keep_checkpoint_threads(tc: TrainConfig, start: ResumePoint | None, rt: Runtime) -> TrainConfig:
+    """The CPU threads the checkpoint trained with, where train.threads does not say: the plan may choose them
+    from the machine's load, and another count sums floats in another order, so a resume would not continue
+    exactly. Returns `tc` itself when there is nothing to keep."""
+    if start is None or start.threads is None or tc.threads is not None or tc.device.startswith("cuda"):
+        return tc
+    if start.threads != torch.get_num_threads():
+        rt.log(
+            f"resume: {start.threads} CPU threads, as the checkpoint trained (train.threads to choose others)"
+        )
+    return dataclasses.replace(tc, threads=start.threads)
 
 
 def prepare_run_dir(run_dir: Path, rt: Runtime, data_dir: Path, config_text: str) -> None:

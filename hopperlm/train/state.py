@@ -41,6 +41,9 @@ class TrainState:
     grad_accum: int
     fp8: str
     attention: str = "auto"
+    threads: int | None = (
+        None  # torch's CPU threads in effect (a resume keeps them: they change the rounding)
+    )
     step: int = 0
     tokens: int = 0
     best_val: float | None = None
@@ -68,6 +71,7 @@ class TrainState:
             "grad_accum": self.grad_accum,
             "fp8": self.fp8,
             "attention": self.attention,
+            "threads": self.threads,
             "world_size": world_size,
             "schedule_budget": {k: getattr(self.schedule_budget, k) for k in BUDGET_KEYS},
             "guard": self.guard.to_dict(),
