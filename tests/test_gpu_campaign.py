@@ -96,6 +96,9 @@ def test_smoke_campaign_runs_every_stage_of_every_call(tmp_path):
     assert any(n.startswith("4 documents a row") for n in attention["hopperlm docs"]["notes"])
     owt = {r["config"]: r for r in stage(out, "bench-owt-step")["rows"]}
     assert owt["hopperlm owt-muon"]["grad_accum"] == 2 and "muon" in owt["hopperlm owt-muon"]["notes"]
+    levers = owt["hopperlm owt-levers"]  # the race's levers at equal parameters: the same FLOPs per token
+    assert levers["error"] is None  # (QK-norm's gains add a few parameters: FLOPs per token within 0.1%)
+    assert levers["flops_per_token"] == pytest.approx(owt["hopperlm owt-muon"]["flops_per_token"], rel=1e-3)
     assert list(stage(out, "bench-e-compile")["key"].split("; "))[1].startswith("hopperlm scope-model")
 
     # F: QLoRA's rows (CPU stand-ins), each case twice in one process, the snapshot is CUDA-only here

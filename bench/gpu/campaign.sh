@@ -12,9 +12,10 @@
 #           so their losses compare (the numerics of every lever against today's step)
 #           bench-e-step         the plan's step (today's); with fused q/k/v and gate/up GEMMs; Liger's kernels;
 #                                Muon (the race's optimizer) at the same shape; micro-batch 32
-#           bench-e-attention    SDPA flash, cudnn, efficient forced, beside the plan's probe-chosen one;
+#           bench-e-attention    SDPA flash and cudnn forced, beside the plan's probe-chosen one;
 #                                packed documents (4 a row) under FlexAttention's block mask
-#           bench-owt-step        owt-350m's real step (Muon, seq 512, 64 x 8 accumulation) beside AdamW there
+#           bench-owt-step        owt-350m's real step (Muon, seq 512, 64 x 8 accumulation) beside AdamW there,
+#                                and the race's levers (ReLU², QK-norm, softcap, NorMuon, ...) at equal parameters
 #           bench-e-compile      the whole model as one graph (add + norm fused across blocks) and
 #                                max-autotune-no-cudagraphs: their warm-up is their compile time
 #   call F  (issue 47: QLoRA fast and lean) bench/gpu/qlora.py, Llama-2-7B shape, 10 timed steps a row
@@ -49,7 +50,7 @@ set -uo pipefail
 # stage:limit in seconds, in order of value; each call's limits sum to at most its device call's share of the
 # lease (A 420 s of timeout_s 450, B 220 s of timeout_s 240: `--plan` shows the sums). B's from the
 # 2026-11-27 H100, where 35 s and 40 s cut the QLoRA tests (37 s) and the flash finder (~45 s) short
-CALL_E="bench-e-step:110 bench-e-attention:100 bench-owt-step:90 bench-e-compile:110"
+CALL_E="bench-e-step:110 bench-e-attention:80 bench-owt-step:120 bench-e-compile:110"
 CALL_F="qlora-fast-lean:150 qlora-fixes:70"
 CALL_A="bench-h100-350m:90 qlora:170 owt-350m:100 gpu-tests:60"
 CALL_B="lora:80 gpu-tests-qlora:50 flash-ac-finder:50 cudagraphs-accum:40"
@@ -119,18 +120,27 @@ stage_bench_e_step() {
     fused:fused_projections=true liger:kernels=liger mb32:micro_batch=$mb
 }
 stage_bench_e_attention() {
-  e_bench "hopperlm,hopperlm flash,hopperlm cudnn,hopperlm efficient,hopperlm docs" \
-    "$(forced flash flash)" "$(forced cudnn cudnn)" "$(forced efficient efficient)" docs:documents=4
+  # (memory-efficient SDPA left out to make room for the race's levers in bench-owt-step: on Hopper the probe
+  # chooses between flash and cuDNN, and efficient was never the faster there)
+  e_bench "hopperlm,hopperlm flash,hopperlm cudnn,hopperlm docs" \
+    "$(forced flash flash)" "$(forced cudnn cudnn)" docs:documents=4
 }
 stage_bench_e_compile() {  # compile time is each row's warm-up: max-autotune's is what a run would pay
   e_bench "hopperlm,hopperlm scope-model,hopperlm autotune" scope-model:compile_scope=model \
     autotune:compile_mode=max-autotune-no-cudagraphs
 }
 stage_bench_owt_step() {  # the race recipe's optimizer step: 262,144 tokens as 64 x 512 x 8 (its finder's choice on
-  # an H100, 2026-11-27), Muon with the spectral rule at LR 1.5e-3, beside AdamW at the same shape
-  local shape="seq_len=512,micro_batch=64,grad_accum=8" steps=(--steps 1 --warmup 2)  # 5 windows of 1.4 s
-  [ "$SMOKE" = 1 ] && shape="seq_len=64,micro_batch=2,grad_accum=2"
-  bench h100-350m --rows "hopperlm owt-muon,hopperlm owt-adamw" "${steps[@]}"     --variant "owt-muon:optim.name=muon,optim.muon_lr_adjust=spectral,optim.lr=1.5e-3,$shape"     --variant "owt-adamw:$shape"
+  # an H100, 2026-11-27), Muon with the spectral rule at LR 1.5e-3, beside AdamW at the same shape, and the race's
+  # levers priced at equal parameters (issue 62): a ReLU² MLP 1.5x SwiGLU's 2816 wide, QK-norm, a logit softcap,
+  # NorMuon, Polar Express and cautious weight decay, all in one row (step time only: their LRs do not matter)
+  local shape="seq_len=512,micro_batch=64,grad_accum=8" steps=(--steps 1 --warmup 2) ffn=4224  # 5 windows of 1.4 s
+  [ "$SMOKE" = 1 ] && shape="seq_len=64,micro_batch=2,grad_accum=2" ffn=1056  # --quick: SwiGLU 704
+  local levers="model.mlp=relu2,model.ffn_dim=$ffn,model.qk_norm=true,model.logit_softcap=15.0,optim.normuon=true"
+  levers+=",optim.muon_ns=polar_express,optim.cautious_weight_decay=true"
+  bench h100-350m --rows "hopperlm owt-muon,hopperlm owt-adamw,hopperlm owt-levers" "${steps[@]}" \
+    --variant "owt-muon:optim.name=muon,optim.muon_lr_adjust=spectral,optim.lr=1.5e-3,$shape" \
+    --variant "owt-adamw:$shape" \
+    --variant "owt-levers:optim.name=muon,optim.muon_lr_adjust=spectral,optim.lr=1.5e-3,$levers,$shape"
 }
 
 stage_cudagraphs_accum() {  # micro-batch 16 x 4 accumulation steps under CUDA graphs (reduce-overhead)
