@@ -106,7 +106,8 @@ def test_a_second_ctrl_c_exits_at_once_saying_what_is_lost(shakespeare_bytes, tm
     end = end or first
     assert first == kept + 1 and kept % 3 == 0 and end >= first
     assert latest_checkpoint(run).name == checkpoint_dir(run, kept).name  # nothing saved after it
-    assert read_metrics(run / "metrics.jsonl")[-1]["step"] == end
+    # the last step trained is in the metrics unless the second Ctrl-C cut its log line's own validation short
+    assert read_metrics(run / "metrics.jsonl")[-1]["step"] in (end - 1, end)
     assert not (run / "result.json").exists() and not (run / "report.md").exists()
 
 
