@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from test_sweep import RECIPE  # the sweep tests' tiny μP recipe (tests/ is on the path: its conftest)
 
 from hopperlm.checkpoint.layout import checkpoint_dir, latest_checkpoint, list_checkpoints
 from hopperlm.config import load_config
@@ -109,31 +110,6 @@ def test_a_second_ctrl_c_exits_at_once_saying_what_is_lost(shakespeare_bytes, tm
     # the last step trained is in the metrics unless the second Ctrl-C cut its log line's own validation short
     assert read_metrics(run / "metrics.jsonl")[-1]["step"] in (end - 1, end)
     assert not (run / "result.json").exists() and not (run / "report.md").exists()
-
-
-RECIPE = """model:
-  preset: null
-  dim: 64
-  n_layers: 2
-  n_heads: 4
-  parametrization: mup
-  base_dim: 32
-  max_seq_len: 64
-data:
-  path: {data}
-optim:
-  lr: 1.0e-3
-  warmup_steps: 2
-train:
-  seq_len: 64
-  micro_batch: 8
-  max_steps: 6
-  eval_every: 0
-  eval_windows: 4
-  log_every: 1
-checkpoint:
-  every: 0
-"""
 
 
 @pytest.mark.slow
