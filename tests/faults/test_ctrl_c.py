@@ -87,10 +87,14 @@ def test_ctrl_c_saves_says_how_to_resume_and_the_resume_is_exact(shakespeare_byt
 @pytest.mark.slow
 def test_a_second_ctrl_c_exits_at_once_saying_what_is_lost(shakespeare_bytes, tmp_path):
     run = tmp_path / "run"
-    # the stop's validation reads every window (about a second): the second Ctrl-C lands before the save
-    proc = popen("train", "configs/debug.yaml", "--data.path", shakespeare_bytes, "--run.out_dir", run,
-                 "--train.max_steps", "400", "--train.log_every", "1", "--checkpoint.every", "3",
-                 "--train.eval_windows", "2000", "--train.eval_every", "0")  # fmt: skip
+    # the stop's validation (the run's first: eval_every 0) takes a minute, so the second Ctrl-C surely lands
+    # before the save, however loaded the machine (a second's validation raced the test's own process in CI)
+    args = ["train", "configs/debug.yaml", "--data.path", shakespeare_bytes, "--run.out_dir", run,
+            "--train.max_steps", "400", "--train.log_every", "1", "--checkpoint.every", "3",
+            "--train.eval_every", "0"]  # fmt: skip
+    runner = [sys.executable, str(Path(__file__).with_name("kill_runner.py")), "stall-eval", "1", "--"]
+    proc = subprocess.Popen([*runner, *map(str, args)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
     wait_for_lines(run, 4, proc)
     proc.send_signal(signal.SIGINT)
     for line in proc.stdout:  # (the run flushes every line)
