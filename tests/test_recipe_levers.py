@@ -29,7 +29,7 @@ def tiny(**model_keys):
 def reference_polar_express(g: torch.Tensor) -> torch.Tensor:
     """nanochat's muon_step_fused orthogonalisation, one matrix (its tall branch: X^T X), in float64."""
     x = g.double()
-    x = x / (x.norm() * 1.01 + 1e-6)
+    x = x / (x.norm() * 1.02 + 1e-6)  # its safety factor, as modded-nanogpt's (1 + 2e-2)
     for a, b, c in POLAR_EXPRESS:
         if g.size(-2) > g.size(-1):
             gram = x.mT @ x
@@ -44,8 +44,9 @@ def reference_polar_express(g: torch.Tensor) -> torch.Tensor:
 def test_polar_express_is_the_papers_iteration_and_closer_to_orthogonal(shape):
     g = torch.randn(3, *shape, generator=torch.Generator().manual_seed(1))
     ours = newton_schulz(g, (0, 0, 0), 5, 1e-7, schedule=POLAR_EXPRESS).float()
-    for i in range(3):  # ours runs in bf16 (as nanochat's): its rounding moves entries by up to ~0.06 here
-        torch.testing.assert_close(ours[i], reference_polar_express(g[i]).float(), rtol=0, atol=0.1)
+    for i in range(3):  # ours runs in bf16 (as nanochat's): its rounding moves entries by up to ~0.05 here
+        # (dividing by 1.01 instead of 1.02 moves them by 0.06-0.09: this tolerance tells the two apart)
+        torch.testing.assert_close(ours[i], reference_polar_express(g[i]).float(), rtol=0, atol=0.06)
     keller = newton_schulz(g, (3.4445, -4.7750, 2.0315), 5, 1e-7).float()
     # the polar factor's singular values are all one: Polar Express ends nearer to them than Keller's quintic
     worst = [torch.linalg.svdvals(x).sub(1).abs().max().item() for x in (ours, keller)]

@@ -25,7 +25,7 @@ NS_STEPS = 5
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
 # Polar Express (Amsel, Persson, Musco and Gower 2025, arXiv 2505.16932, Algorithm 1 with 5 iterations, safety
 # factor 2e-2, cushion 2): one quintic per iteration, each fitted to the spectrum the previous one leaves, as
-# modded-nanogpt and nanochat (nanochat/optim.py) use them; the input is divided by 1.01 x its Frobenius norm
+# modded-nanogpt and nanochat (nanochat/optim.py) use them; the input is divided by 1.02 x its Frobenius norm
 POLAR_EXPRESS = (
     (8.156554524902461, -22.48329292557795, 15.878769915207462),
     (4.042929935166739, -2.808917465908714, 0.5000178451051316),
@@ -33,7 +33,7 @@ POLAR_EXPRESS = (
     (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
     (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
 )
-POLAR_EXPRESS_SAFETY = 1.01
+POLAR_EXPRESS_SAFETY = 1.02
 
 
 def newton_schulz(
