@@ -151,7 +151,7 @@ def steps(
         is_log_step = cadence.due(s.step) or bool(tc.eval_every and s.step % tc.eval_every == 0)
         is_log_step = is_log_step or s.clock_budget.probing()  # a wall-clock run's first steps are timed
         if is_log_step and s.clock_budget.budget_s is not None:  # before the stop: it may move the end
-            keep_clock(run, interval)  # the final evaluation's time reserved, the warm-up fitted
+            keep_clock(run, interval, pending[-1])  # the final evaluation's time reserved, the warm-up fitted
         is_log_step = is_log_step or budget_done(run) is not None  # (the same on every rank)
         signal = run.rt.agree(preemption.requested, is_log_step)  # several ranks: decided on log steps
         stopped_by = budget_done(run) or (f"signal {signal}" if signal else None)
@@ -195,11 +195,12 @@ def budget_done(run: Run) -> str | None:
     return None
 
 
-def keep_clock(run: Run, interval: Interval) -> None:
+def keep_clock(run: Run, interval: Interval, last: StepResult) -> None:
     """At a log step of a train.max_hours run, before the stop is decided: the interval's training time counted
     (the first interval left out: it allocates, and may compile); at the first timed steps the final
     evaluation's time estimated and a warm-up in steps that would not fit laid on the clock
-    (train/clock_budget.py)."""
+    (train/clock_budget.py). `last`: the step just taken, waited for before the time is read."""
+    last.loss.item()  # a GPU runs ahead of the host: the time read must be the steps' run, not their launch
     s, clock, compiled = run.state, run.state.clock_budget, run.plan.compile
     if not interval.cold:
         clock.timed(interval.steps, interval.training_s())
