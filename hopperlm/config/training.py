@@ -152,29 +152,36 @@ class OptimConfig:
             )
         if self.muon_weight_decay is not None and self.muon_weight_decay < 0:
             raise ConfigError(f"optim.muon_weight_decay={self.muon_weight_decay} must be >= 0 (or null)")
-        if self.name != "muon":
-            muon_only = [k for k, v in self.muon_settings().items() if v != MUON_DEFAULTS[k]]
-            if muon_only:
-                raise ConfigError(
-                    f"optim.{muon_only[0]} is a setting of Muon's; set optim.name muon, or drop it "
-                    f"(optim.name is {self.name})"
-                )
+        changed = {k for k in MUON_ONLY if getattr(self, k) != OptimConfig.__dataclass_fields__[k].default}
+        if self.name != "muon" and changed:
+            first = next(k for k in MUON_ONLY if k in changed)
+            raise ConfigError(
+                f"optim.{first} is a setting of Muon's; set optim.name muon, or drop it (optim.name is {self.name})"
+            )
+        # a key read only beside another is refused without it, rather than silently ignored
+        if "muon_momentum_start" in changed and not self.muon_momentum_warmup_steps:
+            raise ConfigError(
+                "optim.muon_momentum_start is read only during a momentum warm-up; set "
+                "optim.muon_momentum_warmup_steps, or drop it"
+            )
+        if "normuon_beta2" in changed and not self.normuon:
+            raise ConfigError(
+                "optim.normuon_beta2 is read only by NorMuon; set optim.normuon true, or drop it"
+            )
 
-    def muon_settings(self) -> dict[str, Any]:
-        """The keys that only Muon reads, by name."""
-        return {k: getattr(self, k) for k in MUON_DEFAULTS}
 
-
-# the keys only Muon reads, with their defaults (an AdamW recipe that sets one is told so)
-MUON_DEFAULTS: dict[str, Any] = {
-    "muon_momentum_warmup_steps": 0,
-    "muon_momentum_final": None,
-    "muon_weight_decay": None,
-    "cautious_weight_decay": False,
-    "weight_decay_schedule": "constant",
-    "normuon": False,
-    "muon_ns": "keller",
-}
+# the keys only Muon reads (an AdamW recipe that sets one is told so)
+MUON_ONLY = (
+    "muon_momentum_warmup_steps",
+    "muon_momentum_start",
+    "muon_momentum_final",
+    "muon_weight_decay",
+    "cautious_weight_decay",
+    "weight_decay_schedule",
+    "normuon",
+    "normuon_beta2",
+    "muon_ns",
+)
 
 
 @dataclass
