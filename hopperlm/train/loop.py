@@ -443,8 +443,7 @@ def finish(
 def resume_line(run: Run, command: str | None) -> str:
     """After a Ctrl-C: the step saved, where, and the command that goes on from it (several ranks: each
     rank's, under the same launcher)."""
-    verb = "finetune" if run.cfg.sft.path else "train"
-    command = command or f"hopperlm {verb} {run.run_dir / 'config.yaml'} --resume"
+    command = command or run.checkpointer.disk.resume_command  # (the run's saved config, with --resume)
     ranks = " on every rank (the same torchrun or hopperlm launch)" if run.rt.world_size > 1 else ""
     where = checkpoint_dir(run.run_dir, run.state.step)
     return f"saved step {run.state.step} to {where}; resume with: {command}{ranks}"
