@@ -273,7 +273,7 @@ def test_the_fused_loss_softcaps_as_the_standard_one():
         ({"muon_momentum_warmup_steps": 10}, {}, "set optim.name muon"),
         ({"normuon_beta2": 0.9}, {}, "optim.normuon_beta2 is a setting of Muon's"),
         ({"name": "muon", "normuon_beta2": 0.9}, {}, "read only by NorMuon; set optim.normuon true"),
-        ({"name": "muon", "muon_momentum_start": 0.8}, {}, "set optim.muon_momentum_warmup_steps, or drop it"),
+        ({"name": "muon", "muon_momentum_start": 0.8}, {}, "set optim.muon_momentum_warmup_steps"),
         ({"head_lr": 0.01}, {"tie_embeddings": True}, "optim.head_lr needs an untied head"),
         ({"warmup_share": 1.5}, {}, "optim.warmup_share=1.5 must be in (0, 1)"),
         ({"embed_lr": -1.0}, {}, "optim.embed_lr=-1.0 must be positive"),
