@@ -41,9 +41,8 @@ class TrainState:
     grad_accum: int
     fp8: str
     attention: str = "auto"
-    threads: int | None = (
-        None  # torch's CPU threads in effect (a resume keeps them: they change the rounding)
-    )
+    # torch's CPU threads in effect (a resume keeps them: they change the rounding)
+    threads: int | None = None
     step: int = 0
     tokens: int = 0
     best_val: float | None = None
