@@ -1,5 +1,6 @@
 """Every number a `generate`, `eval`, `launch` or `slurm` flag takes is checked before anything loads: one line naming the flag,
-the value and the range, exit code 2. A config file that is not text gets one line naming it."""
+the value and the range, exit code 2. A config file that is not text gets one line naming it;
+a mistyped verb or choice gets one line naming the one meant ("did you mean")."""
 
 import subprocess
 import sys
@@ -81,3 +82,36 @@ def test_a_config_that_is_not_text_is_one_line_naming_it(tmp_path, content):
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {path} is not a text YAML file"), result.stderr
+
+
+TYPOS = [
+    (["trian"], "error: 'trian' is not a verb; did you mean 'train'? See hopperlm --help"),
+    (
+        ["tokenizer", "extnd"],
+        "error: 'extnd' is not a verb; did you mean 'extend'? See hopperlm tokenizer --help",
+    ),
+    (
+        ["export", "r", "o", "--format", "ggfu"],
+        "error: --format 'ggfu': did you mean 'gguf'? See hopperlm export --help",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "line"), TYPOS, ids=[" ".join(t[0]) for t in TYPOS])
+def test_a_mistyped_verb_or_choice_names_the_one_meant(argv, line, capsys):
+    """In-process (the parser stops before anything loads): one line with the nearest choice, exit 2."""
+    from hopperlm.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [line]
+
+
+def test_a_verb_nothing_like_any_lists_them_all(capsys):
+    from hopperlm.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["zzzz"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: 'zzzz' is not a verb; choose from demo, train,") and "generate" in line

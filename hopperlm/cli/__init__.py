@@ -12,6 +12,7 @@ import sys
 
 from hopperlm import __version__
 from hopperlm.cli import data, measure, models, runs, third_party_logs
+from hopperlm.cli.common import one_line_error
 from hopperlm.diskspace import unwritten
 from hopperlm.errors import ConfigError, HopperError
 from hopperlm.parallel.watchdog import supervised
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", help="show full tracebacks")
     parser = argparse.ArgumentParser(prog="hopperlm", description=__doc__.split("\n")[0], parents=[common])
     parser.add_argument("--version", action="version", version=f"hopperlm {__version__}")
+    parser.error = one_line_error("")  # `hopperlm trian`: one line with the verb meant, exit 2
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for family in (runs, data, models, measure):
         family.add_parsers(verbs, common)

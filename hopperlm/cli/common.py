@@ -94,7 +94,7 @@ def add_verb(
             f"docs/config-reference.md{listed}."
         ).strip()
     p = verbs.add_parser(name, parents=[common], help=help, description=description or None)
-    p.error = _one_line_error(name)  # argparse's usage + error lines -> one `error: ...` line, exit 2
+    p.error = one_line_error(name)  # argparse's usage + error lines -> one `error: ...` line, exit 2
     if config:
         p.add_argument("config", help=config)
     if resume:
@@ -105,16 +105,38 @@ def add_verb(
     return p
 
 
-def _one_line_error(verb: str) -> Callable[[str], NoReturn]:
+def one_line_error(verb: str) -> Callable[[str], NoReturn]:
     """A parser's error(): one line like every other user error, `error: --top-p 1.5: must be a number in
-    (0, 1]; see hopperlm generate --help`, exit code 2."""
+    (0, 1]; see hopperlm generate --help`, exit code 2; a mistyped choice (a verb, a --format) names the
+    nearest one."""
+    see = f"hopperlm {verb} --help".replace("  ", " ")
 
     def error(message: str) -> NoReturn:
         message = re.sub(r"^argument (\S+?)(?:/\S+)?: (?=.+?: must be )", r"\1 ", message)
-        print(f"error: {message}; see hopperlm {verb} --help", file=sys.stderr, flush=True)
+        message = did_you_mean(message)
+        joint = " See" if message.endswith("?") else "; see"
+        print(f"error: {message}{joint} {see}", file=sys.stderr, flush=True)
         sys.exit(2)
 
     return error
+
+
+INVALID_CHOICE = re.compile(r"invalid choice: '?([^'\s]*)'? \(choose from (.*)\)$")
+
+
+def did_you_mean(message: str) -> str:
+    """argparse's `argument VERB: invalid choice: 'trian' (choose from ...)` as `'trian' is not a verb; did you
+    mean 'train'?` (with every choice where none is close); other messages as they are."""
+    match = INVALID_CHOICE.search(message)
+    if match is None:
+        return message
+    typed, choices = match.group(1), [c.strip(" '") for c in match.group(2).split(",")]
+    close = difflib.get_close_matches(typed, choices, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"choose from {', '.join(choices)}"
+    argument = message.split(":", 1)[0].removeprefix("argument ")
+    if argument.isupper():  # a positional's metavar: VERB, a sub-verb
+        return f"{typed!r} is not a verb; {hint}"
+    return f"{argument} {typed!r}: {hint}"
 
 
 def number(
