@@ -1,5 +1,5 @@
 """`hopperlm VERB --help` is complete: every option and positional of every verb (and of `tokenizer train` /
-`extend`) says what it does, `prepare` names every input format it reads (the formats docs/pretraining.md lists),
+`extend`) says what it does, every option with a default states it, `prepare` names every input format it reads (the formats docs/pretraining.md lists),
 and the flags whose meaning depends on the format say so."""
 
 import argparse
@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from hopperlm.cli import build_parser
+from hopperlm.cli.common import has_stated_default
 from hopperlm.data.sources import FILE_SUFFIXES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +37,36 @@ def test_every_option_and_positional_has_help():
         if not isinstance(action, NOT_ARGUMENTS) and not (action.help or "").strip()
     ]
     assert not missing, "arguments without help text:\n" + "\n".join(missing)
+
+
+def test_every_option_with_a_default_states_it():
+    """In its own words or as `(default: X)`; the issue's examples spelled out: prepare's --tokenizer,
+    --val-fraction and --shard-tokens, generate --num-samples, demo --samples, and export's --max-shard-size with
+    its unit."""
+    unstated = []
+    for path, parser in parsers(build_parser()):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if isinstance(action, NOT_ARGUMENTS) or not has_stated_default(action):
+                continue
+            if "default" not in formatter._expand_help(action).lower():
+                unstated.append(
+                    f"{' '.join(path)} {'/'.join(action.option_strings)} (default {action.default!r})"
+                )
+    assert not unstated, "options whose help does not state their default:\n" + "\n".join(unstated)
+
+    def help_of(words: tuple[str, ...], flag: str) -> str:
+        text = " ".join(verb(*words).format_help().split())
+        return text[text.index(f" {flag} ") :]
+
+    assert "(default: byte" in help_of(("prepare",), "--tokenizer")
+    assert "(default: 0.1)" in help_of(("prepare",), "--val-fraction")
+    assert "(default: 100,000,000)" in help_of(("prepare",), "--shard-tokens")
+    assert "default: 1)" in help_of(("generate",), "--num-samples")
+    assert "(default: 3)" in help_of(("demo",), "--samples")
+    assert re.search(
+        r"in bytes with a unit: 500MB, 5GB.*\(default: 5GB\)", help_of(("export",), "--max-shard-size")
+    )
 
 
 def test_prepare_help_names_every_input_format_the_docs_list():

@@ -71,6 +71,25 @@ def printed_config(args: argparse.Namespace, cfg: Config) -> bool:
     return True
 
 
+class StatesDefaults(argparse.HelpFormatter):
+    """`--help` states each option's default, `(default: 3)` after its text, unless the text already says it in
+    its own words; a flag (off unless given), a repeatable option (none unless given) and one without a default
+    state none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if has_stated_default(action) and "default" not in text.lower():
+            text += " (default: %(default)s)"
+        return text
+
+
+def has_stated_default(action: argparse.Action) -> bool:
+    """An option whose default is a value worth stating (not None, off, an empty list or suppressed)."""
+    default = action.default  # (by identity: 0 is a default to state, False is a flag's "off")
+    unstated = default is None or default is False or default is argparse.SUPPRESS or default == []
+    return bool(action.option_strings) and not unstated
+
+
 def add_verb(
     verbs,
     common: argparse.ArgumentParser,
@@ -93,7 +112,9 @@ def add_verb(
             f"{description} Extra --section.key value pairs override {overrides}; every key is listed in "
             f"docs/config-reference.md{listed}."
         ).strip()
-    p = verbs.add_parser(name, parents=[common], help=help, description=description or None)
+    p = verbs.add_parser(
+        name, parents=[common], help=help, description=description or None, formatter_class=StatesDefaults
+    )
     p.error = one_line_error(name)  # argparse's usage + error lines -> one `error: ...` line, exit 2
     if config:
         p.add_argument("config", help=config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hopperlm.cli.common import add_verb, log
+from hopperlm.cli.common import StatesDefaults, add_verb, log
 from hopperlm.errors import ConfigError
 
 
@@ -95,7 +95,9 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", required=True, help="output directory for shards and manifest.json")
     p.add_argument(
-        "--tokenizer", default="byte", help="byte | bpe | path to tokenizer.json / tokenizer.model"
+        "--tokenizer",
+        default="byte",
+        help="byte | bpe | path to tokenizer.json / tokenizer.model (default: byte, one token per byte)",
     )
     p.add_argument("--vocab-size", type=int, help="vocabulary size when training a BPE tokenizer")
     p.add_argument("--val-fraction", type=float, default=0.1, help="share of tokens held out for validation")
@@ -111,7 +113,12 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         help="the JSONL field, or the TSV/CSV/Parquet column (by its header name), holding the document text "
         "(default text)",
     )
-    p.add_argument("--shard-tokens", type=int, default=100_000_000, help="most tokens per shard file")
+    p.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=100_000_000,
+        help="most tokens per shard file (default: 100,000,000)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing prepared directory")
     p.add_argument(
         "--workers",
@@ -143,7 +150,12 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         verbs, common, "tokenizer", cmd_tokenizer, "train a tokenizer, or extend one for a new language"
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    t = actions.add_parser("train", parents=[common], help="learn a BPE or Unigram tokenizer on a corpus")
+    t = actions.add_parser(
+        "train",
+        parents=[common],
+        help="learn a BPE or Unigram tokenizer on a corpus",
+        formatter_class=StatesDefaults,
+    )
     t.add_argument("corpus", nargs="+", help="text/JSONL/TSV/Parquet files or folders (as for prepare)")
     t.add_argument("--kind", choices=["bpe", "unigram"], default="bpe", help="byte-level BPE or Unigram")
     t.add_argument(
@@ -157,6 +169,7 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         "extend",
         parents=[common],
         help="add pieces learned on a new language to BASE; old ids and protected text stay unchanged",
+        formatter_class=StatesDefaults,
     )
     e.add_argument(
         "base",

@@ -375,7 +375,10 @@ def _add_merge_and_export(verbs, common: argparse.ArgumentParser) -> None:
         p.add_argument("--format", choices=formats, default=formats[0], help=f"default {formats[0]}")
         p.add_argument("--dtype", default="auto", help="auto (as stored) | fp32 | bf16 | fp16")
         p.add_argument(
-            "--max-shard-size", default="5GB", help="split weights into files of at most this size"
+            "--max-shard-size",
+            default="5GB",
+            help="split weights into files of at most this size, in bytes with a unit: 500MB, 5GB, 1GiB "
+            "(default: 5GB)",
         )
         p.add_argument(
             "--overwrite",
@@ -473,7 +476,7 @@ def _add_generate(verbs, common: argparse.ArgumentParser) -> None:
         verbs, common, "generate", cmd_generate, "sample text from a run or model", description=GENERATE_HELP
     )
     p.add_argument("run", help="run dir (latest checkpoint), checkpoint dir, exported or Hugging Face folder")
-    p.add_argument("--prompt", default="\n", help="text to continue")
+    p.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user turn of the chat template")
     model_default = "default: the model's generation_config.json, else"
     p.add_argument(
@@ -497,6 +500,8 @@ def _add_generate(verbs, common: argparse.ArgumentParser) -> None:
         type=float_above(0),
         help=f"scores of ids already in the text: positive / p, negative * p; 1 = off (> 0; {model_default} 1)",
     )
-    p.add_argument("--num-samples", type=int_at_least(1), default=1, help="texts to sample (>= 1)")
+    p.add_argument(
+        "--num-samples", type=int_at_least(1), default=1, help="texts to sample (>= 1; default: 1)"
+    )
     p.add_argument("--seed", type=int_at_least(0), default=0, help="sample i draws with seed + i (>= 0)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
