@@ -181,3 +181,42 @@ def test_an_unknown_task_stops_training_before_its_first_step(shakespeare_bytes,
     with pytest.raises(ConfigError, match=r"tasks tir_nwes: no such lm-eval task or in "):
         train(load_config(REPO / "configs" / "debug.yaml", args), log=QUIET)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # not one step trained
+
+
+def test_a_task_whose_data_file_is_missing_is_one_line_and_exit_2(shakespeare_bytes, tmp_path):
+    """configs/tasks read ../shared/data; from a folder without it, `eval --tasks` says which file is missing in
+    one line and exits 2 (datasets' FileNotFoundError was a 58-line traceback and exit 1)."""
+    import subprocess
+    import sys
+
+    from hopperlm.config import load_config
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "tir_news.yaml").write_text((REPO / "configs" / "tasks" / "tir_news.yaml").read_text())
+    run = tmp_path / "run"
+    args = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(run), "--train.max_steps", "2"]
+    train(load_config(REPO / "configs" / "debug.yaml", [*args, "--log.report", "false"]), log=QUIET)
+    cwd = tmp_path / "elsewhere"  # ../shared/data does not resolve from here
+    cwd.mkdir()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hopperlm",
+            "eval",
+            str(run),
+            "--tasks",
+            "tir_news",
+            "--include-path",
+            str(tasks),
+        ],
+        cwd=cwd,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: tasks tir_news: a task's data file is missing"), line
+    assert "shared/data/masakhanews/tir/dev.tsv" in line and "task's YAML" in line

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from hopperlm.data.tokenizer import Tokenizer
-from hopperlm.errors import ConfigError, first_line
+from hopperlm.errors import ConfigError, DataError, first_line
 from hopperlm.model.generate import generate
 
 INSTALL = "pip install 'hopperlm[eval]' (lm-evaluation-harness)"
@@ -266,6 +266,12 @@ def run_tasks(
             f"tasks {','.join(tasks)}: a task's dataset is not in the local cache and cannot be downloaded "
             f"({first_line(e)}); run once where the Hub is reachable (the cache: HF_DATASETS_CACHE), or use "
             "local tasks (--include-path DIR of task YAMLs)"
+        ) from None
+    except FileNotFoundError as e:  # a local task's data file (datasets: "Unable to find '...'")
+        raise DataError(
+            f"tasks {','.join(tasks)}: a task's data file is missing ({first_line(e)}); a task YAML's "
+            "data_files are read from the folder `hopperlm eval` runs in: run it where they are, or fix the path "
+            "in the task's YAML"
         ) from None
 
 
