@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hopperlm.config import ModelConfig, OptimConfig  # noqa: E402
-from hopperlm.model.transformer import build_model  # noqa: E402
-from hopperlm.train.optim import build_optimizer, set_lr  # noqa: E402
+from hopperlm.config import ModelConfig, OptimConfig
+from hopperlm.model.transformer import build_model
+from hopperlm.train.optim import build_optimizer, set_lr
 
 WIDTHS = (64, 128, 256, 512, 1024)
 HEAD_DIM, BASE_DIM, VOCAB, SEQ, BATCH = 32, 64, 512, 64, 8

@@ -17,39 +17,35 @@ and the final validation loss (which must be the same in both rows: the allocato
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from hopperlm.provenance import save_result
+from harness import DATA, REPO, hopperlm, metrics, save_result
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("HOPPERLM_DATA_DIR", REPO.parent / "shared" / "data"))
 TEXT = DATA / "tinyshakespeare" / "input.txt"
 TOKENIZER = DATA / "tokenizers" / "tinyllama-1.1b-chat-v1.0" / "tokenizer.json"
 ROWS = {"glibc default": {"MALLOC_TRIM_THRESHOLD_": "131072"}, "hopperlm": {}}
 PLAN_LINE = {"glibc default": "allocator: as MALLOC_TRIM_THRESHOLD_", "hopperlm": "allocator: glibc keeps"}
 
 
-def hopperlm(args: list[str], env: dict[str, str]) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "hopperlm", *args], capture_output=True, text=True, env=env, cwd=REPO
-    )
-    if done.returncode != 0:
-        sys.exit(f"hopperlm {' '.join(args)} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
-    return done.stdout
-
-
 def prepare(work: Path, env: dict[str, str], smoke: bool) -> dict[str, Path]:
     data = {"32K vocabulary": work / "shakespeare-tinyllama"}
-    hopperlm(["prepare", str(TEXT), "--tokenizer", str(TOKENIZER), "--out", str(data["32K vocabulary"])], env)
+    hopperlm(
+        "prepare",
+        str(TEXT),
+        "--tokenizer",
+        str(TOKENIZER),
+        "--out",
+        str(data["32K vocabulary"]),
+        cwd=REPO,
+        env=env,
+    )
     if not smoke:
         data["byte vocabulary"] = work / "shakespeare-byte"
-        hopperlm(["prepare", str(TEXT), "--out", str(data["byte vocabulary"])], env)
+        hopperlm("prepare", str(TEXT), "--out", str(data["byte vocabulary"]), cwd=REPO, env=env)
     return data
 
 
@@ -64,10 +60,10 @@ def one_run(data: Path, row: str, steps: int, out: Path, env: dict[str, str]) ->
         str(steps),
     ]
     args += ["--train.log_every", "2", "--train.eval_windows", "16", "--log.report", "false"]
-    stdout = hopperlm(args, {**env, **ROWS[row]})
+    stdout = hopperlm(*args, cwd=REPO, env={**env, **ROWS[row]})
     if PLAN_LINE[row] not in stdout:  # the row is what it says, or the comparison means nothing
         sys.exit(f"{row}: the plan did not print '{PLAN_LINE[row]}...':\n{stdout[:3000]}")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metrics(out)
     logged = [r for r in records if "tokens_per_s" in r]
     first, last = logged[0], logged[-1]
     return {

@@ -7,16 +7,12 @@ loss reached and the wall time against the CPU targets (< 1.88 nats/char within 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from hopperlm.provenance import provenance
+from harness import REPO, hopperlm, metrics, save_result, val_losses
 
-REPO = Path(__file__).resolve().parents[1]
 TARGET_LOSS, TARGET_SECONDS = 1.88, 120.0
 
 
@@ -24,18 +20,11 @@ def one_run(extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "demo"
         start = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "hopperlm", "demo", "--out", str(run_dir), "--samples", "1", *extra],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        )
+        stdout = hopperlm("demo", "--out", str(run_dir), "--samples", "1", *extra, cwd=REPO)
         wall = time.perf_counter() - start
-        if proc.returncode != 0:
-            sys.exit(f"demo failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        vals = [r["val_loss"] for r in records if "val_loss" in r]
-        sample = proc.stdout.split("--- samples ---", 1)[-1].strip().splitlines()[:6]
+        records = metrics(run_dir)
+        vals = [r["val_loss"] for r in val_losses(run_dir)]
+        sample = stdout.split("--- samples ---", 1)[-1].strip().splitlines()[:6]
         return {
             "wall_s": round(wall, 1),
             "train_s": round(records[-1]["elapsed_s"], 1),
@@ -57,10 +46,7 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     results = [one_run(extra) for _ in range(args.runs)]
-    report = {
-        **provenance(),
-        "runs": results,
-    }
+    report = {"runs": results}
     for r in results:
         print("\n".join(r["sample"]))
     print(
@@ -74,8 +60,7 @@ def main() -> None:
         )
     print(f"target: val loss < {TARGET_LOSS} nats/char within {TARGET_SECONDS:.0f} s wall, start-up included")
     if args.save:
-        Path(args.save).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.save).write_text(json.dumps(report, indent=2) + "\n")
+        save_result(report, args.save)
 
 
 if __name__ == "__main__":

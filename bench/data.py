@@ -19,22 +19,19 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from shared_data import DATA_DIR  # noqa: E402
+from harness import DATA as DATA_DIR
 
-from hopperlm.config import DataConfig  # noqa: E402
-from hopperlm.data.batches import BatchLayout, train_batches  # noqa: E402
-from hopperlm.data.loader import TokenShards  # noqa: E402
-from hopperlm.data.prepare import PrepareOptions, prepare  # noqa: E402
-from hopperlm.data.train_data import resolve_datasets  # noqa: E402
-from hopperlm.hardware import cpu_cores  # noqa: E402
-from hopperlm.provenance import provenance  # noqa: E402
+from hopperlm.config import DataConfig
+from hopperlm.data.batches import BatchLayout, train_batches
+from hopperlm.data.loader import TokenShards
+from hopperlm.data.prepare import PrepareOptions, prepare
+from hopperlm.data.train_data import resolve_datasets
+from hopperlm.hardware import cpu_cores
+from hopperlm.provenance import provenance
 
 H100_350M_TOKENS_PER_S = 250_000
 TARGET_TOKENIZE_RATIO, TARGET_LOADER_RATIO = 2.0, 50.0

@@ -19,18 +19,25 @@ more work than one two-thread run (the matrices are too small to split well).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from harness import (
+    DATA,
+    bench_command,
+    done,
+    hopperlm,
+    mark_done,
+    prepare_data,
+    save_result,
+    start_run,
+    val_losses,
+)
+from harness import run_config as yaml_of
 
-DATA = Path(os.environ.get("HOPPERLM_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
 TEXTS = {
     "shakespeare": [DATA / "tinyshakespeare" / "input.txt"],
     "gutenberg": [
@@ -295,11 +302,11 @@ def run_config(
 ) -> dict:
     data, model_cfg, optim, budget = spec
     steps = budget.get("max_steps") or budget["max_tokens"] // (SEQ_LEN * micro_batch)
-    return {
-        "model": model_cfg,
-        "data": {"path": str(data_dir / data)},
-        "optim": {"warmup_steps": max(5, steps // 30), **optim},
-        "train": {
+    return yaml_of(
+        model=model_cfg,
+        data=data_dir / data,
+        optim={"warmup_steps": max(5, steps // 30), **optim},
+        train={
             "seq_len": SEQ_LEN,
             "micro_batch": micro_batch,
             **budget,
@@ -308,39 +315,24 @@ def run_config(
             "log_every": 5 if smoke else 10,
             "threads": 1,
         },
-        "checkpoint": {"every": 0, "keep_last": 1},
-        "run": {"out_dir": str(run_dir / name)},
-    }
+        checkpoint={"every": 0, "keep_last": 1},
+        out_dir=run_dir / name,
+    )
 
 
-def hopperlm(*args: str, cwd: Path) -> None:
-    """The CLI in a child process, from outside the repository (PYTHONPATH picks which hopperlm trains)."""
-    subprocess.run([sys.executable, "-m", "hopperlm", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def prepare_data(cache: Path, names: set[str]) -> Path:
+def prepare_texts(cache: Path, names: set[str]) -> Path:
+    """Each named corpus as bytes, in cache/data/NAME (once per cache)."""
     data_dir = cache / "data"
     for name in sorted(names):
-        if not (data_dir / name / "manifest.json").is_file():
-            files = [str(p) for p in TEXTS[name]]
-            hopperlm("prepare", *files, "--out", str(data_dir / name), "--tokenizer", "byte", cwd=cache)
+        prepare_data(data_dir / name, TEXTS[name], tokenizer="byte")
     return data_dir
-
-
-def finished(run_dir: Path) -> bool:
-    result = run_dir / "result.json"
-    return result.is_file() and json.loads(result.read_text()).get("stopped_by", "").startswith("max_")
 
 
 def train_runs(set_name: str, cache: Path, *, jobs: int) -> None:
     runs, folder, micro_batch, evals = SETS[set_name]
-    data_dir = prepare_data(cache, {spec[0] for spec in runs.values()})
+    data_dir = prepare_texts(cache, {spec[0] for spec in runs.values()})
     todo = []
     for name, spec in runs.items():
-        if finished(cache / folder / name):
-            continue
-        spec_file = cache / "specs" / f"{name}.yaml"
-        spec_file.parent.mkdir(parents=True, exist_ok=True)
         cfg = run_config(
             name,
             spec,
@@ -350,13 +342,20 @@ def train_runs(set_name: str, cache: Path, *, jobs: int) -> None:
             evals=evals,
             smoke=set_name == "smoke",
         )
+        if done(cache / folder / name, cfg):
+            continue
+        spec_file = cache / "specs" / f"{name}.yaml"
+        spec_file.parent.mkdir(parents=True, exist_ok=True)
         spec_file.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        todo.append((name, spec_file))
+        todo.append((name, spec_file, cfg))
 
-    def train_one(item: tuple[str, Path]) -> None:
-        name, spec_file = item
+    def train_one(item: tuple[str, Path, dict]) -> None:
+        # the CLI from outside the repository (cwd: the cache): the installed hopperlm trains
+        name, spec_file, cfg = item
         start = time.perf_counter()
+        start_run(cache / folder / name)
         hopperlm("train", str(spec_file), cwd=cache)
+        mark_done(cache / folder / name, cfg)
         print(f"trained {name} in {time.perf_counter() - start:.0f} s", flush=True)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -364,10 +363,7 @@ def train_runs(set_name: str, cache: Path, *, jobs: int) -> None:
 
 
 def final_val(run_dir: Path) -> float:
-    from hopperlm.observe.metrics import read_metrics
-
-    vals = [r["val_loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
-    return vals[-1]
+    return val_losses(run_dir)[-1]["val_loss"]
 
 
 def forecast_all(set_name: str, cache: Path, *, using: float, siblings: bool) -> list[dict]:
@@ -471,14 +467,12 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"\n== every set; B prior: {label}")
             print_summary(results[label]["summary"])
     result = {
-        "command": " ".join(["python3", "bench/forecast_accuracy.py", *(argv or sys.argv[1:])]),
+        "command": bench_command("forecast_accuracy.py", argv),
         "using": args.using,
         "train_wall_s": round(trained_s, 1),
         "methods": results,
     }
     if args.save:
-        from hopperlm.provenance import save_result
-
         save_result(result, args.save)
     return result
 

@@ -25,16 +25,22 @@ trained again, so a killed benchmark continues where it stopped.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this checkout's hopperlm, whatever is installed
-DATA = Path(__import__("os").environ.get("HOPPERLM_DATA_DIR", REPO.parent / "shared" / "data"))
+from harness import (
+    DATA,
+    bench_command,
+    done,
+    mark_done,
+    prepare_data,
+    save_result,
+    start_run,
+    train_here,
+)
+from harness import run_config as yaml_of
 
 # ---- pre-registered (2026-11-27, before the first run): change it only with a new results file -------------
 PLAN = {
@@ -133,13 +139,8 @@ SMOKE = {**PLAN, "corpora": {"shakespeare": "tinyshakespeare/input.txt"}, "sched
 
 def prepare(work: Path, name: str, source: str | list[str]) -> Path:
     """The corpus (a file, or a list of files) as bytes (once per --work)."""
-    from hopperlm.data.prepare import prepare as prepare_shards
-
-    out = work / "data" / name
     sources = [DATA / source] if isinstance(source, str) else [DATA / s for s in source]
-    if not (out / "manifest.json").is_file():
-        prepare_shards(sources, out, progress=False, log=lambda line: None)
-    return out
+    return prepare_data(work / "data" / name, sources)
 
 
 def run_config(plan: dict, data: Path, schedule: str, width: int, seed: int, out_dir: Path) -> dict:
@@ -153,15 +154,15 @@ def run_config(plan: dict, data: Path, schedule: str, width: int, seed: int, out
 
     def build(steps: int) -> dict:
         every = max(1, steps // plan["evaluations"])
-        return {
-            "model": model,
-            "data": {"path": str(data)},
-            "optim": {
+        return yaml_of(
+            model=model,
+            data=data,
+            optim={
                 **plan["optimizer"],
                 **plan["schedules"][schedule],
                 "warmup_steps": max(1, round(plan["warmup_fraction"] * steps)),
             },  # fmt: skip
-            "train": {
+            train={
                 "seq_len": plan["seq_len"],
                 "micro_batch": plan["micro_batch"],
                 "max_steps": steps,
@@ -172,10 +173,9 @@ def run_config(plan: dict, data: Path, schedule: str, width: int, seed: int, out
                 "device": "cpu",
                 "compile": False,
             },  # fmt: skip
-            "checkpoint": {"every": 0},
-            "log": {"report": False, "tensorboard": False},
-            "run": {"out_dir": str(out_dir)},
-        }
+            quiet=True,
+            out_dir=out_dir,
+        )
 
     cfg = config_from_dict(build(1))
     params = model_params(cfg.model, cfg.data)
@@ -184,17 +184,11 @@ def run_config(plan: dict, data: Path, schedule: str, width: int, seed: int, out
 
 def train_one(spec: dict) -> str:
     """One run in a worker process (one thread); its folder. Skipped when it finished before."""
-    import torch
-
-    torch.set_num_threads(1)
-    from hopperlm.config import config_from_dict
-    from hopperlm.train.loop import train
-
     out = Path(spec["run"]["out_dir"])
-    if (out / "result.json").is_file():
-        return str(out)
-    shutil.rmtree(out, ignore_errors=True)  # a run of an interrupted benchmark starts again
-    train(config_from_dict(spec), log=lambda line: None)
+    if not done(out, spec):
+        start_run(out)
+        train_here(spec)
+        mark_done(out, spec)
     return str(out)
 
 
@@ -313,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
         for r in forecasts(plan, corpus, schedule, proxies, bigs, args.variant)
     ]
     result = {
-        "command": " ".join(["python3", "bench/forecast_collapse.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": bench_command("forecast_collapse.py", argv),
         "smoke": args.smoke,
         "plan": plan,
         **({"variant": VARIANT} if args.variant else {}),
@@ -327,8 +321,6 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name:>14}: median |error| {s['median_abs_error']:.2%}, max {s['max_abs_error']:.2%}, "
               f"coverage {s['coverage']:.0%} ({s['n']} forecasts)")  # fmt: skip
     if args.save:
-        from hopperlm.provenance import save_result
-
         save_result(result, args.save)
     return result
 

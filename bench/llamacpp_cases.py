@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -31,7 +32,11 @@ def hopperlm(*args) -> str:
 def hub_folder(work: Path, data: Path, family: str = "tinyllama") -> Path:
     """A tiny random model of `family` (tests/hf_tiny.py: a Llama by default; arcee: ReLU², qwen3: QK-norm; 2
     blocks, d=64) saved like a Hub folder with all of TinyLlama's tokenizer files."""
-    from hf_tiny import tiny_hf_model
+    # tests/hf_tiny.py by its path: the tests' helper, not a module of an installed package
+    spec = importlib.util.spec_from_file_location("hf_tiny", REPO / "tests" / "hf_tiny.py")
+    hf_tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hf_tiny)
+    tiny_hf_model = hf_tiny.tiny_hf_model
 
     out = work / ("hub" if family == "tinyllama" else f"hub-{family}")
     tiny_hf_model(family, vocab_size=32000, max_position_embeddings=512).save_pretrained(out)

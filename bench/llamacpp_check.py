@@ -49,8 +49,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 LLAMA_CPP_PYTHON = "0.3.36"  # its vendor/llama.cpp is the llama.cpp checked against
 BINARIES = ("llama-tokenize", "llama-simple", "llama-perplexity", "llama-quantize")

@@ -20,16 +20,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hopperlm.bench import Row, batch_source, hopperlm_case, measure  # noqa: E402
-from hopperlm.config import ModelConfig, load_config  # noqa: E402
-from hopperlm.hardware import detect  # noqa: E402
-from hopperlm.model.transformer import count_params, flops_per_token  # noqa: E402
-from hopperlm.train.sweep import proxy_overrides  # noqa: E402
+from hopperlm.bench import Row, batch_source, hopperlm_case, measure
+from hopperlm.config import ModelConfig, load_config
+from hopperlm.hardware import detect
+from hopperlm.model.transformer import count_params, flops_per_token
+from hopperlm.train.sweep import proxy_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness import REPO, at_grid_edge, bench_command, save_result
 from race_recipes import (
     BATCH_TOKENS,
     LR_SEARCH,
@@ -201,7 +202,7 @@ class Race:
                     done[x] = self.train(name, role, make(x), multiplier=x)
                     self.log(f"{name} x={x:g}: " + ", ".join(fmt(r["final_val_loss"]) for r in done[x]))
             best = min(grid, key=lambda x: mean_loss(done[x]))
-            edge = len(grid) > 1 and best in (grid[0], grid[-1])
+            edge = at_grid_edge(grid, best)
             if not edge or self.smoke:
                 break
             grid = sorted([*grid, best * 2 if best == grid[-1] else best / 2])
@@ -426,7 +427,7 @@ def plan_commit(plan: str) -> str | None:
     PLAN_V2 to this file."""
     where = ["--diff-filter=A", "--", "bench/race_recipes.py"] if plan == "v1" else ["-S", "PLAN_V2 = {", "--",
                                                                                     "bench/race_3tpp.py"]  # fmt: skip
-    out = subprocess.run(["git", "log", "--format=%h", *where], cwd=Path(__file__).resolve().parents[1],
+    out = subprocess.run(["git", "log", "--format=%h", *where], cwd=REPO,
                          capture_output=True, text=True)  # fmt: skip
     commits = out.stdout.split()
     return commits[-1] if out.returncode == 0 and commits else None
@@ -483,15 +484,13 @@ def main(argv: list[str] | None = None) -> tuple[dict, dict]:
     runner = Runner(cache, args.jobs, cached_only=args.cached_only)
     race = Race(runner, prepare_data(cache, 3 if args.smoke else 30), smoke=args.smoke, plan=args.plan)
     result, ladder_result = run_race(race, PARTS[-1] if args.part == "all" else args.part)
-    common = {"command": " ".join(["python3", "bench/race_3tpp.py", *(argv if argv is not None else sys.argv[1:])]),
+    common = {"command": bench_command("race_3tpp.py", argv),
               "plan": PLANS[args.plan], "plan_commit": plan_commit(args.plan), "plan_version": args.plan,
               "tokens_per_param": TOKENS_PER_PARAM,
               "nanochat_commit": NANOCHAT_COMMIT, "nanochat_left_out": NANOCHAT_LEFT_OUT,
               "bench_wall_s": round(time.perf_counter() - start, 1)}  # fmt: skip
     result, ladder_result = {**common, **result}, {**common, **ladder_result} if ladder_result else {}
     report(result, ladder_result)
-    from hopperlm.provenance import save_result
-
     if args.save:
         save_result(result, args.save)
     if args.ladder_save and ladder_result:

@@ -3,18 +3,15 @@ digest (a finished run of the same config is read back, never retrained), with i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from harness import config_digest, done, train_process, val_losses
 
 
 class Missing(Exception):
@@ -29,8 +26,7 @@ class Runner:
         self.cache, self.jobs, self.cached_only = cache, jobs, cached_only
 
     def folder(self, cfg: dict) -> Path:
-        digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
-        return self.cache / "runs" / digest
+        return self.cache / "runs" / config_digest(cfg)
 
     def run_all(self, cfgs: list[dict]) -> list[dict]:
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
@@ -38,45 +34,39 @@ class Runner:
 
     def run(self, cfg: dict) -> dict:
         out = self.folder(cfg)
-        if not (out / "result.json").is_file() or not (out / "cpu.json").is_file():
+        if not done(out, cfg):
             if self.cached_only:
                 raise Missing(str(out))
-            shutil.rmtree(out, ignore_errors=True)  # a run cut off mid-way starts again
-            out.mkdir(parents=True)
-            spec = out / "run.yaml"
-            spec.write_text(yaml.safe_dump({**cfg, "run": {"out_dir": str(out / "run")}}, sort_keys=False))
-            log = (out / "train.log").open("w")
-            proc = subprocess.Popen([sys.executable, "-m", "hopperlm", "train", str(spec)], stdout=log,
-                                    stderr=subprocess.STDOUT, cwd=out)  # fmt: skip
-            _, status, usage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            log.close()
-            result = {"exit": proc.returncode, "cpu_s": round(usage.ru_utime + usage.ru_stime, 1)}
-            (out / "cpu.json").write_text(json.dumps(result))
-            if proc.returncode and not (out / "run" / "result.json").is_file():
-                (out / "result.json").write_text(json.dumps({"failed": proc.returncode}))
-            else:
-                shutil.copy(out / "run" / "result.json", out / "result.json")
-        return self.read(cfg, out)
+            train_into(out, cfg)
+        return self.read(out)
 
-    def read(self, cfg: dict, out: Path) -> dict:
+    def read(self, out: Path) -> dict:
         result = json.loads((out / "result.json").read_text())
         cpu = json.loads((out / "cpu.json").read_text())
-        metrics = out / "run" / "metrics.jsonl"
-        records = (
-            [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-            if metrics.is_file()
-            else []
-        )
         loss = result.get("val_loss")
         return {
             "steps": result.get("step", 0),
             "tokens": result.get("tokens", 0),
             "seconds": cpu["cpu_s"],
             "final_val_loss": round(loss, 4) if loss is not None and math.isfinite(loss) else None,
-            "curve": [[r["step"], round(r["val_loss"], 4)] for r in records if "val_loss" in r],
+            "curve": [[r["step"], round(r["val_loss"], 4)] for r in val_losses(out / "run")],
             "run": str(out.relative_to(self.cache)),
         }
+
+
+def train_into(out: Path, cfg: dict) -> None:
+    """Train `cfg` in the run folder `out` (its run in out/run); out/result.json last, so a folder that has it
+    is done: the run's own result, or {"failed": exit code} where the run died before writing one."""
+    shutil.rmtree(out, ignore_errors=True)  # a run cut off mid-way starts again
+    out.mkdir(parents=True)
+    spec = out / "run.yaml"
+    spec.write_text(yaml.safe_dump({**cfg, "run": {"out_dir": str(out / "run")}}, sort_keys=False))
+    code, cpu_s = train_process(spec, cwd=out, log=out / "train.log")
+    (out / "cpu.json").write_text(json.dumps({"exit": code, "cpu_s": cpu_s}))
+    if code and not (out / "run" / "result.json").is_file():
+        (out / "result.json").write_text(json.dumps({"failed": code}))
+    else:
+        shutil.copy(out / "run" / "result.json", out / "result.json")
 
 
 def mean_loss(rows: list[dict]) -> float:

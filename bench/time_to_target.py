@@ -34,20 +34,32 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from harness import (
+    DATA,
+    at_grid_edge,
+    bench_command,
+    done,
+    hopperlm,
+    mark_done,
+    save_result,
+    start_run,
+    val_losses,
+)
+from harness import (
+    prepare_data as prepare_shards,
+)
+from harness import (
+    run_config as yaml_of,
+)
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("HOPPERLM_DATA_DIR") or REPO.parent / "shared" / "data")
 BOOKS = 30  # the first 30 Gutenberg books by file name: 17.7 MB, ~5.2M tokens
 VOCAB = 4096
 SEQ_LEN = 256
@@ -119,22 +131,14 @@ def kept_recipe() -> dict:
 RECIPES["hopperlm"] = kept_recipe()
 
 
-def cli(*args: str, cwd: Path) -> None:
-    """The hopperlm CLI in a child process, as a user runs it."""
-    proc = subprocess.run([sys.executable, "-m", "hopperlm", *args], cwd=cwd, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"hopperlm {args[0]} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-
-
 def prepare_data(cache: Path, books: int) -> Path:
-    out = cache / f"gutenberg-{books}-bpe{VOCAB}"
-    if not (out / "manifest.json").is_file():
-        files = sorted(str(p) for p in (DATA / "gutenberg").glob("*.txt"))[:books]
-        if len(files) < books:
-            sys.exit(f"need {books} Gutenberg books in {DATA / 'gutenberg'}, found {len(files)}")
-        cli("prepare", *files, "--out", str(out), "--tokenizer", "bpe", "--vocab-size", str(VOCAB),
-            "--split", "docs" if books >= 10 else "tail", "--val-fraction", "0.1", cwd=cache)  # fmt: skip
-    return out
+    """The first `books` Gutenberg books with a VOCAB-piece BPE learned on them, whole books held out where
+    there are enough of them (once per cache)."""
+    files = sorted((DATA / "gutenberg").glob("*.txt"))[:books]
+    if len(files) < books:
+        sys.exit(f"need {books} Gutenberg books in {DATA / 'gutenberg'}, found {len(files)}")
+    return prepare_shards(cache / f"gutenberg-{books}-bpe{VOCAB}", files, tokenizer="bpe", vocab_size=VOCAB,
+                          split="docs" if books >= 10 else "tail", val_fraction=0.1)  # fmt: skip
 
 
 def batch_tokens(recipe: dict) -> int:
@@ -145,11 +149,11 @@ def batch_tokens(recipe: dict) -> int:
 def run_config(recipe: dict, data: Path, out: Path, *, seconds: float, steps: int, seed: int, threads: int,
                eval_windows: int) -> dict:  # fmt: skip
     """The YAML a user would write for `recipe` on this budget."""
-    return {
-        "model": {**MODEL, **recipe["model"]},
-        "data": {"path": str(data)},
-        "optim": {**recipe["optim"], "warmup_steps": max(1, round(recipe["warmup"] * steps))},
-        "train": {
+    return yaml_of(
+        model={**MODEL, **recipe["model"]},
+        data=data,
+        optim={**recipe["optim"], "warmup_steps": max(1, round(recipe["warmup"] * steps))},
+        train={
             "seq_len": SEQ_LEN,
             **recipe["train"],
             "batch_tokens": batch_tokens(recipe),
@@ -160,24 +164,23 @@ def run_config(recipe: dict, data: Path, out: Path, *, seconds: float, steps: in
             "threads": threads,
             "seed": seed,
         },
-        "checkpoint": {"every": 0, "keep_last": 1},
-        "run": {"out_dir": str(out)},
-    }
+        checkpoint={"every": 0, "keep_last": 1},
+        out_dir=out,
+    )
 
 
 def train(cfg: dict, cache: Path, reuse: bool = False) -> dict:
     """Train one run from its YAML (with `reuse`, a finished run of the same YAML is read instead); its row:
     final loss, wall time and the validation curve."""
     out = Path(cfg["run"]["out_dir"])
-    spec = out.with_suffix(".yaml")
-    text = yaml.safe_dump(cfg, sort_keys=False)
-    if not (reuse and spec.is_file() and spec.read_text() == text and (out / "result.json").is_file()):
-        shutil.rmtree(out, ignore_errors=True)  # the bench's own cache: train afresh
+    if not (reuse and done(out, cfg)):
+        start_run(out)
+        spec = out.with_suffix(".yaml")
         spec.parent.mkdir(parents=True, exist_ok=True)
-        spec.write_text(text)
-        cli("train", str(spec), cwd=cache)
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    curve = [[round(r["elapsed_s"], 1), round(r["val_loss"], 4)] for r in records if "val_loss" in r]
+        spec.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        hopperlm("train", str(spec), cwd=cache)
+        mark_done(out, cfg)
+    curve = [[round(r["elapsed_s"], 1), round(r["val_loss"], 4)] for r in val_losses(out)]
     result = json.loads((out / "result.json").read_text())
     return {
         "wall_s": round(result["elapsed_s"], 1),
@@ -231,42 +234,46 @@ def sweep_recipe(name: str, recipe: dict, *, lrs, seeds, steps: int, seconds_per
                  out: Path, eval_windows: int, jobs: int) -> list[dict]:  # fmt: skip
     """Train `recipe` for `steps` at every LR and seed with hopperlm's sweep machinery (train/sweep.py: one
     `hopperlm train` per run, `jobs` side by side on one thread each); a row per run with its curve. Finished
-    runs of the same YAML in the cache are read back instead of retrained (a longer grid trains its new LRs)."""
+    runs of the same recipe and grid point in the cache are read back instead of retrained (a longer grid trains
+    its new LRs)."""
     from hopperlm.train import sweep
 
     cfg = run_config(recipe, data, out / "runs", seconds=3600, steps=steps, seed=0, threads=1,
                      eval_windows=eval_windows)  # fmt: skip
     cfg["train"].update(max_hours=None, max_steps=steps)
-    spec, text = out / "recipe.yaml", yaml.safe_dump(cfg, sort_keys=False)
-    if not (spec.is_file() and spec.read_text() == text):
-        shutil.rmtree(
-            out, ignore_errors=True
-        )  # the bench's own cache: another budget or recipe, train afresh
-        out.mkdir(parents=True)
-        spec.write_text(text)
     runs = [
         sweep.SweepRun(lr, seed, str(out / f"lr-{sweep.lr_text(lr)}-seed-{seed}"))
         for lr in lrs
         for seed in seeds
     ]
-    missing = sorted({r.lr for r in runs if not (Path(r.run_dir) / "result.json").is_file()})
-    for r in runs:
-        if r.lr in missing:
-            shutil.rmtree(r.run_dir, ignore_errors=True)  # a run cut off mid-way starts again
+
+    def point(run: sweep.SweepRun) -> dict:  # what a sweep run is: the recipe at its grid point
+        return {**cfg, "sweep_point": {"lr": run.lr, "seed": run.seed}}
+
+    missing = sorted({r.lr for r in runs if not done(Path(r.run_dir), point(r))})
     if missing:
+        for r in runs:
+            if r.lr in missing:
+                start_run(Path(r.run_dir))
+        spec = out / "recipe.yaml"
+        out.mkdir(parents=True, exist_ok=True)
+        spec.write_text(yaml.safe_dump(cfg, sort_keys=False))
         sweep.run_sweep(spec, [], lrs=missing, seeds=list(seeds), out_dir=out, jobs=jobs,
                         log=lambda line: print(f"{name}: {line}", flush=True))  # fmt: skip
+        for r in runs:
+            if r.lr in missing and (Path(r.run_dir) / "result.json").is_file():
+                mark_done(Path(r.run_dir), point(r))
     rows = []
     for r in runs:
         run_dir = Path(r.run_dir)
         result = json.loads((run_dir / "result.json").read_text())
-        records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        records = val_losses(run_dir)
         rows.append({
             "recipe": name, "role": recipe["role"], "lr": r.lr, "seed": r.seed, "steps": result["step"],
             "seconds": round(result["step"] * seconds_per_step, 1), "wall_s": round(result["elapsed_s"], 1),
             "final_val_loss": round(result["val_loss"], 4) if result.get("val_loss") is not None else None,
             "curve": [[x["step"], round(x["step"] * seconds_per_step, 1), round(x["val_loss"], 4)]
-                      for x in records if "val_loss" in x],
+                      for x in records],
             **params_of(recipe),
         })  # fmt: skip
     return rows
@@ -294,7 +301,7 @@ def best_of(rows: list[dict], recipe: str) -> tuple[float, float]:
 def at_edge(rows: list[dict], recipe: str) -> bool:
     """Whether the recipe's best LR is the smallest or largest of its sweep: the true best may lie beyond."""
     grid = {r["lr"] for r in rows if r["recipe"] == recipe and r.get("budget_share", 1.0) == 1.0}
-    return len(grid) > 1 and best_of(rows, recipe)[0] in (min(grid), max(grid))
+    return at_grid_edge(grid, best_of(rows, recipe)[0])
 
 
 def time_to_target(rows: list[dict], recipe: str = "hopperlm") -> dict:
@@ -479,7 +486,7 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
     start = time.perf_counter()
     data = prepare_data(cache, books)
-    result: dict = {"command": " ".join(["python3", "bench/time_to_target.py", *(argv or sys.argv[1:])])}
+    result: dict = {"command": bench_command("time_to_target.py", argv)}
     if args.reprice:
         raced = json.loads(Path(args.reprice).read_text())
         first = {"tokens_per_s_probed": raced["tokens_per_s_probed"], "command": raced["command"]}
@@ -505,8 +512,6 @@ def main(argv: list[str] | None = None) -> dict:
         report(result)
     result["bench_wall_s"] = round(time.perf_counter() - start, 1)
     if args.save:
-        from hopperlm.provenance import save_result
-
         save_result(result, args.save)
     return result
 

@@ -27,18 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import statistics
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness import DATA, at_grid_edge, run_config, save_result, train_here
+from harness import prepare_data as prepare_shards
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("HOPPERLM_DATA_DIR") or REPO.parent / "shared" / "data")
 BOOKS = (
     "pg01342_Pride_and_Prejudice.txt",
     "pg00036_The_War_of_the_Worlds.txt",
@@ -72,7 +69,6 @@ RUN_KEYS = {"width": ("parametrization", "optimizer", "width", "lr", "seed", "st
 
 def prepare_data(work: Path, smoke: bool) -> Path:
     """A 1,024-piece BPE learned on the books, and the books prepared with it (once per --work)."""
-    from hopperlm.data.prepare import PrepareOptions, prepare
     from hopperlm.data.tokenizer_train import corpus_texts, train_tokenizer
 
     out = work / ("data-smoke" if smoke else "data")
@@ -84,18 +80,13 @@ def prepare_data(work: Path, smoke: bool) -> Path:
         raise SystemExit(f"transfer.py: missing {', '.join(missing)} (../shared/data/gutenberg)")
     tokenizer = train_tokenizer(corpus_texts(books), "bpe", 1024)
     tokenizer.save(work / "tok")
-    prepare(books, out, PrepareOptions(tokenizer=str(work / "tok")), progress=False)
-    return out
+    return prepare_shards(out, books, tokenizer=str(work / "tok"))
 
 
 def run_one(spec: dict) -> dict:
     """One training run (in a worker process, one thread): its final validation loss."""
-    import torch
-
-    torch.set_num_threads(1)
     from hopperlm.config import config_from_dict
     from hopperlm.model.transformer import count_params
-    from hopperlm.train.loop import train
 
     width, mup = spec["width"], spec["parametrization"] == "mup"
     depth = spec.get("depth_parametrization", "standard")
@@ -103,42 +94,39 @@ def run_one(spec: dict) -> dict:
              "max_seq_len": SEQ, "parametrization": spec["parametrization"],
              **({"base_dim": spec.get("base_dim", BASE_DIM)} if mup else {}), "depth_parametrization": depth,
              **({"base_depth": BASE_DEPTH} if depth == "completep" else {})}  # fmt: skip
-    cfg = config_from_dict(
-        {
-            "model": model,
-            "data": {"path": spec["data"]},
-            "optim": {
-                "name": spec["optimizer"],
-                "lr": spec["lr"],
-                "warmup_steps": max(1, spec["steps"] // 10),
-                "schedule": "cosine",
-                "min_lr_ratio": 0.0,
-                "weight_decay": 0.0,
-                "muon_lr_adjust": spec["muon_adjust"],
-                **group_lrs(spec),
-            },  # fmt: skip
-            "train": {
-                "seq_len": SEQ,
-                "micro_batch": MICRO,
-                "max_steps": spec["steps"],
-                "seed": spec["seed"],
-                "eval_every": 0,
-                "eval_windows": 32,
-                "log_every": spec["steps"],
-                "device": "cpu",
-                "compile": False,
-            },  # fmt: skip
-            "checkpoint": {"every": 0},
-            "log": {"report": False, "tensorboard": False},
-            "run": {"out_dir": spec["out_dir"]},
-        }
+    cfg = run_config(
+        model=model,
+        data=spec["data"],
+        optim={
+            "name": spec["optimizer"],
+            "lr": spec["lr"],
+            "warmup_steps": max(1, spec["steps"] // 10),
+            "schedule": "cosine",
+            "min_lr_ratio": 0.0,
+            "weight_decay": 0.0,
+            "muon_lr_adjust": spec["muon_adjust"],
+            **group_lrs(spec),
+        },  # fmt: skip
+        train={
+            "seq_len": SEQ,
+            "micro_batch": MICRO,
+            "max_steps": spec["steps"],
+            "seed": spec["seed"],
+            "eval_every": 0,
+            "eval_windows": 32,
+            "log_every": spec["steps"],
+            "device": "cpu",
+            "compile": False,
+        },  # fmt: skip
+        quiet=True,
+        out_dir=spec["out_dir"],
     )
     shutil.rmtree(spec["out_dir"], ignore_errors=True)  # a run of an earlier, interrupted benchmark
     t0 = time.monotonic()
     keys = RUN_KEYS["n_layers" if "n_layers" in spec else "width"]
-    row = {**{k: spec[k] for k in keys}, "params": count_params(cfg.model)["total"]}
+    row = {**{k: spec[k] for k in keys}, "params": count_params(config_from_dict(cfg).model)["total"]}
     try:
-        result = train(cfg, log=lambda line: None)
+        result = train_here(cfg)
     except Exception as e:  # one failed run is a row without a loss, not the end of the benchmark
         return {**row, "final_val_loss": None, "error": f"{type(e).__name__}: {e}"[:300]}
     loss = result.val_loss if result.val_loss is not None and math.isfinite(result.val_loss) else None
@@ -164,7 +152,7 @@ def analyse(rows: list[dict], widths, axis: str = "width") -> dict:
         out["/".join(key)] = {
             "best_lr": {str(w): best[w] for w in widths},
             # a best LR on the grid's edge may not be the optimum: the grid needs extending there (--lrs)
-            "at_grid_edge": [w for w in widths if best[w] in (min(grid), max(grid))],
+            "at_grid_edge": [w for w in widths if at_grid_edge(grid, best[w])],
             "drift_grid_points": round(math.log2(best[wide] / best[narrow])),
             "wide_loss_own_best": own,
             "wide_loss_transferred": moved,
@@ -361,8 +349,6 @@ def main() -> None:
         record["compared_with"] = {"file": args.compare, "steps": earlier["grid"]["steps"]}
         record["table"] = lines
     if args.save:
-        from hopperlm.provenance import save_result
-
         save_result(record, args.save)
         partial.unlink(missing_ok=True)
     print("\n" + "\n".join(lines))

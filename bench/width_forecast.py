@@ -19,16 +19,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-from transfer import prepare_data  # noqa: E402  (the same books and tokenizer as the transfer benchmark)
+from harness import bench_command, hopperlm, run_config, save_result, train_process
+from transfer import prepare_data  # the same books and tokenizer as the transfer benchmark
 
 FULL = {"target": 512, "widths": "64,96,128,192,256", "tokens_per_param": 0.08, "lrs": "8e-3,1.6e-2,3.2e-2",
         "seeds": "1,2", "sweep_steps": 60}  # fmt: skip
@@ -37,8 +35,8 @@ SMOKE = {"target": 128, "widths": "32,64,96", "tokens_per_param": 0.02, "lrs": "
 
 
 def recipe(data: Path, width: int, steps: int) -> dict:
-    return {
-        "model": {
+    return run_config(
+        model={
             "dim": width,
             "n_layers": 2,
             "n_heads": width // 32,
@@ -46,8 +44,8 @@ def recipe(data: Path, width: int, steps: int) -> dict:
             "parametrization": "mup",
             "base_dim": 64,
         },  # fmt: skip
-        "data": {"path": str(data)},
-        "optim": {
+        data=data,
+        optim={
             "name": "muon",
             "muon_lr_adjust": "spectral",
             "lr": 1.6e-2,
@@ -57,7 +55,7 @@ def recipe(data: Path, width: int, steps: int) -> dict:
             "warmup_steps": 10,
             "weight_decay": 0.0,
         },  # fmt: skip
-        "train": {
+        train={
             "seq_len": 64,
             "micro_batch": 4,
             "batch_tokens": 256,
@@ -68,16 +66,18 @@ def recipe(data: Path, width: int, steps: int) -> dict:
             "device": "cpu",
             "compile": False,
         },  # fmt: skip
-        "checkpoint": {"every": 0},
-        "log": {"report": False, "tensorboard": False},
-    }
+        quiet=True,
+    )
 
 
-def hopperlm(*args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "hopperlm", *args], capture_output=True, text=True)
-    print(done.stdout[-4000:], flush=True)
-    if done.returncode:
-        sys.exit(f"hopperlm {args[0]} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+def big_run(tuned: Path, out: Path, seed: str) -> float:
+    """The big run of the tuned recipe on one seed (one thread: the two seeds train side by side)."""
+    log = out.with_suffix(".log")
+    code, _ = train_process(tuned, "--train.seed", seed, "--run.out_dir", str(out), cwd=Path.cwd(), log=log,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    if code:
+        sys.exit(f"the big run failed:\n{log.read_text()[-3000:]}")
+    return json.loads((out / "result.json").read_text())["val_loss"]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -103,33 +103,15 @@ def main(argv: list[str] | None = None) -> dict:
     steps = round(spec["tokens_per_param"] * params / 256)  # the big run's budget: tokens per parameter
     path.write_text(yaml.safe_dump(recipe(data, spec["target"], steps), sort_keys=False))
     sweep = work / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
-    hopperlm("sweep", str(path), "--lr", spec["lrs"], "--dim", spec["widths"].split(",")[0],
-             "--widths", spec["widths"], "--seeds", spec["seeds"], "--jobs", "2",
-             "--max-steps", str(spec["sweep_steps"]), "--out", str(sweep))  # fmt: skip
+    said = hopperlm("sweep", str(path), "--lr", spec["lrs"], "--dim", spec["widths"].split(",")[0],
+                    "--widths", spec["widths"], "--seeds", spec["seeds"], "--jobs", "2",
+                    "--max-steps", str(spec["sweep_steps"]), "--out", str(sweep))  # fmt: skip
+    print(said[-4000:], flush=True)
     tuned = sweep / "recipe.tuned.yaml"
     forecast = json.loads((sweep / "forecast.json").read_text())
-    big = []
-    procs = []
-    for seed in spec["seeds"].split(","):
-        out = sweep / f"big-seed-{seed}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "hopperlm",
-            "train",
-            str(tuned),
-            "--train.seed",
-            seed,
-            "--run.out_dir",
-            str(out),
-        ]
-        procs.append((out, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                            env={**os.environ, "OMP_NUM_THREADS": "1"})))  # fmt: skip
-    for out, proc in procs:
-        _, err = proc.communicate()
-        if proc.returncode:
-            sys.exit(f"the big run failed:\n{err[-3000:]}")
-        big.append(json.loads((out / "result.json").read_text())["val_loss"])
+    seeds = spec["seeds"].split(",")
+    with ThreadPoolExecutor(max_workers=len(seeds)) as pool:
+        big = list(pool.map(lambda seed: big_run(tuned, sweep / f"big-seed-{seed}", seed), seeds))
     actual = statistics.fmean(big)
     error = forecast["final_val_loss"] / actual - 1
     from hopperlm.observe.width_forecast import LAWS, mean_by_width
@@ -137,9 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     n, losses = mean_by_width(forecast["points"])  # what each law would have forecast from every proxy
     each = {name: round(float(fit(n, losses)(params)), 4) for name, fit in LAWS.items()}
     result = {
-        "command": " ".join(
-            ["python3", "bench/width_forecast.py", *(argv if argv is not None else sys.argv[1:])]
-        ),
+        "command": bench_command("width_forecast.py", argv),
         "smoke": args.smoke,
         "spec": spec,
         "target_params": params,
@@ -157,8 +137,6 @@ def main(argv: list[str] | None = None) -> dict:
           f"{forecast['law']} law) vs the big run {actual:.4f} (seeds {', '.join(f'{v:.4f}' for v in big)}): "
           f"error {error:+.2%}, goal 1%: {'met' if abs(error) <= 0.01 else 'missed'}")  # fmt: skip
     if args.save:
-        from hopperlm.provenance import save_result
-
         save_result(result, args.save)
     return result
 

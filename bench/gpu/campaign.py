@@ -388,7 +388,6 @@ def cmd_machine(a: argparse.Namespace) -> None:
         query = "--query-gpu=name,memory.total,driver_version,clocks.max.sm"
         done = subprocess.run(["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True)
         smi = done.stdout.strip() or None
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from hopperlm.provenance import commit_of_this_tree
 
     stamp = commit_of_this_tree()  # gpu-carry/stamp.json where it matches this tree (git here may be stale)

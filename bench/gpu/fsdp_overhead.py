@@ -17,25 +17,22 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from hopperlm.bench import Case, Row, batch_source, bench_model_config, measure  # noqa: E402
-from hopperlm.config import config_from_dict  # noqa: E402
-from hopperlm.data.loader import Batch  # noqa: E402
-from hopperlm.files import write_atomic  # noqa: E402
-from hopperlm.hardware import detect, detect_for  # noqa: E402
-from hopperlm.model.transformer import build_model, flops_per_token  # noqa: E402
-from hopperlm.parallel.runtime import Runtime, read_env  # noqa: E402
+from hopperlm.bench import Case, Row, batch_source, bench_model_config, measure
+from hopperlm.config import config_from_dict
+from hopperlm.data.loader import Batch
+from hopperlm.files import write_atomic
+from hopperlm.hardware import detect, detect_for
+from hopperlm.model.transformer import build_model, flops_per_token
+from hopperlm.parallel.runtime import Runtime, read_env
 from hopperlm.plan import (
-    World,  # noqa: E402
-    make_plan,  # noqa: E402
+    World,
+    make_plan,
 )
-from hopperlm.provenance import provenance  # noqa: E402
-from hopperlm.train.step import build_step, train_step  # noqa: E402
+from hopperlm.provenance import provenance
+from hopperlm.train.step import build_step, train_step
 
 STRATEGIES = ("none", "ddp", "fsdp")
 

@@ -75,10 +75,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from hopperlm.files import write_atomic  # noqa: E402
-from hopperlm.model.loss import IGNORE_INDEX  # noqa: E402
+from hopperlm.files import write_atomic
+from hopperlm.model.loss import IGNORE_INDEX
 
 # the llama2-7b preset (meta-llama/Llama-2-7b-hf's shape); --tiny: 2 narrow blocks of it (widths multiples of
 # 64: bitsandbytes' CPU layout) and a small vocabulary
