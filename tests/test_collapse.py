@@ -7,7 +7,6 @@ import json
 import math
 import random
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -156,11 +155,8 @@ def test_the_shape_is_zero_at_the_end_and_one_on_average_over_the_window():
 
 
 def _benchmark():
-    sys.path.insert(0, str(REPO / "bench"))  # importable by name: its pool's workers unpickle its functions
-    try:
-        import forecast_collapse
-    finally:
-        sys.path.remove(str(REPO / "bench"))
+    import forecast_collapse  # bench/ is on pytest's pythonpath: its pool's workers unpickle its functions by name
+
     return forecast_collapse
 
 

@@ -239,7 +239,6 @@ def test_llama_cpp_continues_a_completep_export_as_hopperlm(completep_folder, tm
     import json
     import shutil
 
-    sys.path.insert(0, str(REPO / "bench"))
     from llamacpp_cases import hopperlm_greedy, llama_greedy
     from llamacpp_check import built_bin_dir
 
@@ -262,7 +261,6 @@ def test_llama_cpp_continues_a_completep_export_as_hopperlm(completep_folder, tm
 
 @pytest.mark.slow
 def test_depth_coordinate_check_is_flat_under_completep_and_grows_under_standard():
-    sys.path.insert(0, str(REPO / "bench"))
     from coord_check import DEPTH_WIDTH, coordinates
 
     depths = (2, 8, 16)

@@ -308,7 +308,6 @@ def test_bad_gguf_exports_are_one_line_each(imported, hub_llama, tmp_path, data_
 def test_llama_cpp_tokenizes_and_continues_as_hopperlm(imported, tmp_path):
     """llama.cpp itself, where bench/llamacpp_check.py has built it: the prompt's ids equal SentencePiece's and
     hopperlm's, and llama-simple's greedy continuation equals `hopperlm generate --temperature 0`'s."""
-    sys.path.insert(0, str(REPO / "bench"))
     from llamacpp_cases import hopperlm_greedy, hopperlm_ids, llama_greedy, llama_tokenize, sentencepiece_ids
 
     bin_dir = built_llama_cpp()
@@ -330,7 +329,6 @@ def test_llama_cpp_converter_writes_what_export_writes(family, data_dir, tmp_pat
     convert_hf_to_gguf.py, on the Hugging Face folder `export` writes of a Llama, a ReLU² (Arcee) and a QK-norm
     (Qwen3) model, writes every tensor `export --format gguf` writes, byte for byte (name, type, shape, values),
     and the same value for every key both write."""
-    sys.path.insert(0, str(REPO / "bench"))
     from llamacpp_check import unpacked_source
 
     source = unpacked_source()
@@ -374,7 +372,6 @@ def test_llama_cpp_runs_relu2_and_qk_norm_models_as_hopperlm(family, data_dir, t
     `export --format gguf` writes them and as llama.cpp's own convert_hf_to_gguf.py converts their `export`ed
     Hugging Face folder: llama.cpp loads both files, tokenizes as SentencePiece does, and continues the prompt
     greedily as `hopperlm generate --temperature 0` does (the check of bench/llamacpp_check.py's cases)."""
-    sys.path.insert(0, str(REPO / "bench"))
     bin_dir = built_llama_cpp()
     if bin_dir is None:
         pytest.skip("llama.cpp is not built on this machine: python3 bench/llamacpp_check.py --build-only")
@@ -408,7 +405,6 @@ def test_llama_cpp_runs_relu2_and_qk_norm_models_as_hopperlm(family, data_dir, t
 # ---- k-quants through llama-quantize, and the Ollama Modelfile ------------------------------------------------
 def built_llama_cpp() -> Path | None:
     """bench/llamacpp_check.py's build folder (bin/) where it has built every binary; never builds."""
-    sys.path.insert(0, str(REPO / "bench"))
     from llamacpp_check import built_bin_dir
 
     return built_bin_dir()
@@ -604,7 +600,6 @@ def test_q4_k_m_export_runs_in_llama_cpp(imported, tmp_path):
     """Where bench/llamacpp_check.py has built llama.cpp: `--outtype q4_k_m --llama-cpp DIR` writes a k-quant
     GGUF (the tiny model's rows of 64 and 96 values take llama.cpp's fallback types, and the command says so)
     that llama.cpp tokenizes as SentencePiece does and runs."""
-    sys.path.insert(0, str(REPO / "bench"))
     bin_dir = built_llama_cpp()
     if bin_dir is None:
         pytest.skip("llama.cpp is not built on this machine: python3 bench/llamacpp_check.py --build-only")

@@ -188,7 +188,6 @@ def test_a_failing_stage_is_recorded_and_the_campaign_goes_on(tmp_path):
 
 
 def test_the_qlora_collector_accepts_exactly_the_cases_asked_for(tmp_path):
-    sys.path.insert(0, str(REPO / "bench" / "gpu"))
     from campaign import collect_qlora
     from qlora import summarize
 

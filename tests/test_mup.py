@@ -93,7 +93,6 @@ def test_mup_at_its_base_width_is_standard(adjust):
 def test_coordinate_check_is_flat_under_mup_and_grows_under_standard(group_lrs):
     """Also with the embedding and the head at their own LRs (optim.embed_lr, head_lr: nanochat's ratios to the
     blocks' are ~10x and ~0.5x): each group keeps its own μP rule, so the curves stay flat."""
-    sys.path.insert(0, str(REPO / "bench"))
     from coord_check import QUANTITIES, coordinates
 
     # Muon's Newton-Schulz iterations at width 1024 take ~40 s on a CPU: its widest is 512 (8x the base width; the

@@ -3,18 +3,15 @@ memory snapshot's summary (fed a made-up snapshot in torch's format), and a --sm
 row and the experiments beside it (tests/test_gpu_campaign.py runs the campaign's own stages)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+import qlora  # bench/gpu is on pytest's pythonpath (pyproject.toml)
 import torch
 
 from hopperlm.observe.memory_snapshot import BEFORE, summarize_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench" / "gpu"))
-
-import qlora  # noqa: E402
 
 
 def test_hopperlm_and_transformers_learn_the_same_next_tokens():

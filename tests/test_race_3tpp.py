@@ -4,21 +4,13 @@ recipe as published, the ladder's rule, the time to target on FLOPs, and the who
 import json
 import math
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
+import race_3tpp as race  # bench/ is on pytest's pythonpath (pyproject.toml)
+import race_recipes as recipes
 import yaml
 
 from hopperlm.config import load_config
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-try:
-    import race_3tpp as race
-    import race_recipes as recipes
-finally:
-    sys.path.remove(str(REPO / "bench"))
 
 
 def test_every_recipe_trains_at_least_3_tokens_per_parameter_at_equal_parameters():

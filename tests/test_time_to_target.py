@@ -2,20 +2,13 @@
 from the curves as documented, and the script runs end to end (smoke mode: seconds per run, real books)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+import time_to_target as ttt  # bench/ is on pytest's pythonpath (pyproject.toml)
 import yaml
 
 from hopperlm.config import load_config
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-try:
-    import time_to_target as ttt
-finally:
-    sys.path.remove(str(REPO / "bench"))
 
 
 def config_for(name: str, tmp_path: Path, steps: int = 1000) -> dict:
