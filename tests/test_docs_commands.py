@@ -4,9 +4,11 @@ The convention the docs follow:
 - shell commands live only in ```bash fenced blocks (```sh, ```shell and ```console are refused);
 - a block whose first line is `# needs: gpu`, `# needs: network`, `# needs: model` (a downloaded Hugging Face
   model) or `# needs: llama.cpp` (its binaries, or Ollama) is not run: the test lists it with its reason and counts it;
-- the README's "two commands" blocks (`bash scripts/setup.sh && python3 -m hopperlm demo`, `bash scripts/test.sh`)
-  are not run either: the first installs packages (network) and trains for about 100 s, the second is this test
-  suite, which must not call itself; CI runs both as they are written;
+- the README's "two commands" blocks (a virtual environment, `bash scripts/setup.sh && python3 -m hopperlm demo`;
+  `bash scripts/test.sh`) are not run either: the first installs packages (network) and trains for about 100 s,
+  the second is this test suite, which must not call itself; CI runs both as they are written;
+- the README's first-run block also runs from a bare clone (no ../shared, no $HOPPERLM_DATA_DIR, no network:
+  the demo's offline text), as a user's first clone has it (test_first_run_works_in_a_bare_clone);
 - a single line ending in `# needs: X` (e.g. `ollama create ...  # needs: ollama`) is not run; the rest of its
   block is;
 - every other block runs with `bash -e -o pipefail`, the blocks of one file in file order, in one fresh
@@ -22,6 +24,7 @@ Commands that train are written in the docs with small step counts, so each runs
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -44,7 +47,9 @@ NEEDS = {"gpu", "network", "model", "llama.cpp", "ollama"}
 LINE_NEEDS = re.compile(r"\s#\s*needs:\s*(\S+)\s*$")  # at the end of one line: that line is not run
 # blocks run by CI as they are written, never from here (see the module docstring)
 TWO_COMMANDS = {
-    "bash scripts/setup.sh && python3 -m hopperlm demo": "installs packages (network) and trains for ~100 s",
+    "python3 -m venv .venv && . .venv/bin/activate\nbash scripts/setup.sh && python3 -m hopperlm demo": (
+        "makes a virtual environment, installs packages (network) and trains for ~100 s"
+    ),
     "bash scripts/test.sh": "is this test suite, which must not call itself",
 }
 SETUP_SH = REPO / "scripts" / "setup.sh"
@@ -308,3 +313,71 @@ def test_doc_commands_run(path: Path, tmp_path: Path, setup_python: Path):
             f"line) that cannot run here with '# needs: {'|'.join(sorted(NEEDS))}'\n--- block\n{block.text}\n"
             f"--- stdout (tail)\n{done.stdout[-3000:]}\n--- stderr (tail)\n{done.stderr[-3000:]}"
         )
+
+
+README_MAX_LINES = 200  # a README read top to bottom; the detail lives in docs/
+# our own process (GPU leases and their calls, issue numbers) stays out of what users read: bench/gpu/README.md,
+# written for maintainers, keeps it
+PROCESS_WORDS = re.compile(r"\blease\b|\bcalls? [A-F]\b|\bissue #?\d+|GPU window|campaign\.sh call", re.I)
+
+
+def test_the_readme_fits_200_lines_and_speaks_the_users_words():
+    lines = (REPO / "README.md").read_text().split("\n")
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; at most {README_MAX_LINES}"
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {match.group(0)!r}"
+        for path in DOC_FILES
+        for number, line in enumerate(path.read_text().split("\n"), 1)
+        for match in [PROCESS_WORDS.search(line)]
+        if match
+    ]
+    assert not found, "the project's own process words in user docs (keep them in bench/gpu/README.md):\n" + (
+        "\n".join(found)
+    )
+
+
+def first_run_block() -> Block:
+    """The README's first block that runs (after the two commands): the first run of a fresh clone."""
+    block = next(b for b in bash_blocks(REPO / "README.md") if not b.not_run)
+    assert "hopperlm demo" in block.text, (
+        f"{block.where}: the README's first run no longer starts with the demo"
+    )
+    return block
+
+
+def bare_clone(tmp: Path) -> Path:
+    """TMP/clone holding what a clone holds for its first run (the package with its recipes, configs/ as the link
+    the repository has, pyproject.toml), and no ../shared beside it."""
+    clone = tmp / "clone"
+    clone.mkdir()
+    shutil.copytree(REPO / "hopperlm", clone / "hopperlm", ignore=shutil.ignore_patterns("__pycache__"))
+    (clone / "configs").symlink_to(os.readlink(REPO / "configs"), target_is_directory=True)
+    shutil.copy(REPO / "pyproject.toml", clone / "pyproject.toml")
+    assert not (tmp / "shared").exists()
+    return clone
+
+
+@pytest.mark.slow
+def test_first_run_works_in_a_bare_clone(tmp_path: Path, setup_python: Path):
+    """The README's first-run block, as written, from a clone with nothing beside it: no ../shared/data, no
+    $HOPPERLM_DATA_DIR, an empty cache, and no network (a proxy that refuses: the demo's download fails at once),
+    so the demo trains on its offline text and the block's other commands on what the demo prepared."""
+    clone = bare_clone(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "hopperlm").write_text(f'#!/bin/sh\nexec "{setup_python}" -m hopperlm "$@"\n')
+    (bin_dir / "hopperlm").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "HOPPERLM_DATA_DIR"}
+    refused = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(clone), MPLBACKEND="Agg",
+               HOPPERLM_CACHE_DIR=str(tmp_path / "cache"), https_proxy=refused, HTTPS_PROXY=refused,
+               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))  # fmt: skip
+    block = first_run_block()
+    done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.script], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)  # fmt: skip
+    assert done.returncode == 0, (
+        f"{block.where}: the first run failed in a bare clone (exit {done.returncode})\n--- stdout (tail)\n"
+        f"{done.stdout[-3000:]}\n--- stderr (tail)\n{done.stderr[-3000:]}"
+    )
+    assert "training on Python's own language-reference text" in done.stdout  # the offline fallback, said
+    assert "done: max_steps after 20 steps" in done.stdout and "ROMEO:" in done.stdout
