@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -208,6 +210,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     source = Path(args.run) if is_hf_dir(Path(args.run)) else resolve_model_dir(args.run)
     settings = generation_settings(args, source)
     model, tokenizer = load_for_inference(source, device=args.device)
+    take_threads_beside_load(next(model.parameters()).device)
     prompt, encoder = args.prompt, None
     if args.chat:  # the prompt as a user turn of the model's chat template, as fine-tuning rendered it
         from hopperlm.data.chat import chat_encoder
@@ -236,6 +239,22 @@ def cmd_generate(args: argparse.Namespace) -> None:
         if args.num_samples > 1:
             log(f"--- sample {i + 1} ---")
         log(text)
+
+
+def take_threads_beside_load(device) -> None:
+    """On a CPU, torch's threads as `train` chooses them (plan/choices.py threads_beside_load: on a loaded
+    machine 60 tokens took 5.9 s with every core, 2.7 s with one), said in one line on stderr: stdout is the
+    text."""
+    if device.type != "cpu":
+        return
+    import torch
+
+    from hopperlm.plan.choices import threads_beside_load
+
+    choice = threads_beside_load(os.cpu_count() or 1, what="generate")
+    if choice.forced:
+        torch.set_num_threads(choice.count)
+    print(f"threads: {choice.why}", file=sys.stderr, flush=True)
 
 
 def model_samples(

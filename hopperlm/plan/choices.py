@@ -5,6 +5,7 @@ optimizer, attention, compile, LoRA/QLoRA's base, CPU threads and the CPU's allo
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -369,36 +370,54 @@ def choose_lora(lc: LoRAConfig, model_cfg: ModelConfig, hw: Hardware, precision:
 BUSY_LOAD = 0.5  # a 1-minute load average above this (before we start) means another process uses the cores
 
 
+class ThreadChoice(NamedTuple):
+    count: int  # torch's CPU threads in each process
+    forced: bool  # the caller sets it: torch's own default (every core, or OMP_NUM_THREADS) would differ
+    why: str  # one line, e.g. "1 of 2 cores: the load average is 1.2 before this run starts, ..."
+
+
+def threads_beside_load(cores: int, *, jobs: int = 1, what: str = "this run") -> ThreadChoice:
+    """The threads of each of `jobs` torch processes about to start side by side: OMP_NUM_THREADS where set
+    (the user's choice), else every core, or, where the load average says other processes already use the
+    cores, the cores they leave (at least one), shared among the jobs: two torch processes spinning on the same
+    cores slow each other down many times over (a debug step measured 1.4 s with two threads beside another
+    job, 0.025 s with one). `train`, `sweep` and `generate` all choose by this rule."""
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) > 0:  # torch already follows it: the user's choice, said as such
+        return ThreadChoice(int(omp), jobs > 1, f"{int(omp)} (set by OMP_NUM_THREADS)")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    busy = 0 if load <= BUSY_LOAD else min(cores - 1, round(load))  # cores other processes use (one kept)
+    each = max(1, (cores - busy) // jobs)
+    side_by_side = jobs > 1  # several processes: each is told its share, torch's default would take all cores
+    count = f"{each} each for {jobs} runs side by side" if side_by_side else f"{each}"
+    if load <= BUSY_LOAD:
+        return ThreadChoice(each, side_by_side, f"{count} (torch's default: every core)" if not side_by_side
+                            else f"{count} (of {cores} cores, none busy)")  # fmt: skip
+    if busy == 0:
+        return ThreadChoice(each, side_by_side, f"{count} (every core; the load average is {load:.1f})")
+    return ThreadChoice(
+        each,
+        True,
+        f"{count} of {cores} cores: the load average is {load:.1f} before {what} starts, so other processes use "
+        f"{busy} (two torch processes on the same cores slow each other down many times over)",
+    )
+
+
 def choose_threads(tc: TrainConfig, hw: Hardware, why: dict) -> int | None:
-    """torch's CPU threads: train.threads, else OMP_NUM_THREADS, else every core, or, where the load average
-    says other processes already use the cores, the cores they leave (at least one): two torch processes
-    spinning on the same cores slow each other down many times over (a debug step measured 1.4 s with two
-    threads beside another job, 0.025 s with one). The thread count changes the order of float reductions, so
-    a resumed run takes its checkpoint's (train/run.py keep_checkpoint_threads), not a new choice."""
+    """torch's CPU threads: train.threads, else the rule `sweep` and `generate` share (threads_beside_load).
+    The thread count changes the order of float reductions, so a resumed run takes its checkpoint's
+    (train/run.py keep_checkpoint_threads), not a new choice."""
     want = tc.threads
     if want is not None:
         why["threads"] = f"{want} (set by train.threads)"
         return want
     if hw.device_type == "cuda":
         return None
-    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if omp.isdigit() and int(omp) > 0:  # torch already follows it: the user's choice, said as such
-        why["threads"] = f"{int(omp)} (set by OMP_NUM_THREADS)"
-        return None
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if load <= BUSY_LOAD:
-        why["threads"] = f"{hw.cpu_cores} (torch's default: every core)"
-        return None
-    free = max(1, hw.cpu_cores - round(load))
-    if free >= hw.cpu_cores:
-        why["threads"] = f"{hw.cpu_cores} (every core; the load average is {load:.1f})"
-        return None
-    why["threads"] = (
-        f"{free} of {hw.cpu_cores} cores: the load average is {load:.1f} before this run starts, so other "
-        f"processes use the rest (two torch processes on the same cores slow each other down many times over; "
-        f"train.threads {hw.cpu_cores} to take every core anyway)"
-    )
-    return free
+    choice = threads_beside_load(hw.cpu_cores)
+    why["threads"] = choice.why
+    if choice.forced:
+        why["threads"] += f"; train.threads {hw.cpu_cores} to take every core anyway"
+    return choice.count if choice.forced else None
 
 
 def choose_cpu_allocator(hw: Hardware, estimate: float, budget: float) -> tuple[bool, str | None]:

@@ -6,7 +6,7 @@ width; model.base_dim, depth, data, batch, schedule and budget as the recipe say
 Under model.parametrization mup the best optim.lr of the proxy is the best of the recipe's width (model/mup.py),
 under model.depth_parametrization completep also of the recipe's depth (model/completep.py): that is why a
 recipe that is not mup is refused, and --depth on one that is not completep. Each (LR, seed) trains as its own `hopperlm train` process, one after another or
-`--jobs` side by side (each with cores / jobs threads), into OUT/lr-LR-seed-S; the best LR has the lowest final
+`--jobs` side by side (threads as `train` chooses them, shared among the jobs), into OUT/lr-LR-seed-S; the best LR has the lowest final
 validation loss averaged over seeds. The table, an overlay plot of the runs (OUT/plots) and OUT/sweep.json say
 what was measured. The recipe is written to OUT/RECIPE.tuned.yaml (ruamel.yaml's round trip: its comments and key
 order kept) with the best LR and every override the runs had but the proxy's width, budget and out_dir, which stay
@@ -46,7 +46,9 @@ from ruamel.yaml.util import load_yaml_guess_indent
 from hopperlm.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
 from hopperlm.errors import ConfigError
 from hopperlm.files import write_atomic
+from hopperlm.plan.choices import threads_beside_load
 from hopperlm.train.sweep_interrupt import SweepInterrupt
+from hopperlm.train.sweep_progress import wait_reporting
 
 MIN_LRS = 3  # fewer cannot show that the best lies inside the grid
 
@@ -178,7 +180,9 @@ def run_sweep(
     runs = [
         SweepRun(lr, seed, str(out_dir / f"lr-{lr_text(lr)}-seed-{seed}")) for lr in lrs for seed in seeds
     ]
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    choice = threads_beside_load(os.cpu_count() or 1, jobs=jobs, what="the sweep")  # as `train` chooses
+    threads = choice.count
+    log(f"sweep: threads per run: {choice.why}")
 
     def train(run: SweepRun) -> SweepRun:
         if resume and finished_before(run):
@@ -195,7 +199,7 @@ def run_sweep(
         if proc is None:
             run.error = NOT_STARTED
             return run
-        stdout, stderr = proc.communicate()
+        stdout, stderr = wait_reporting(proc, Path(run.run_dir), f"lr {lr_text(run.lr)} seed {run.seed}", log)
         interrupt.ended(proc)
         run.seconds = round(time.monotonic() - t0, 1)
         Path(run.run_dir).mkdir(parents=True, exist_ok=True)
