@@ -306,12 +306,15 @@ def plan(gpu="H100 80GB", lora=None, **train):
 
 
 def test_plan_reasons_for_fused_projections_and_kernels(monkeypatch):
-    auto = plan()  # unmeasured on a GPU: off, saying which campaign row decides
+    auto = plan()  # unmeasured on a GPU: off, saying so in the user's words
     assert not auto.fused_projections and auto.reasons["fused_projections"] == FUSED_PROJECTIONS_AUTO
     on = plan(fused_projections=True)
     assert on.fused_projections
     assert on.reasons["fused_projections"] == FUSED_PROJECTIONS_ON + " (set by train.fused_projections)"
-    assert on.kernels == "compiler" and "GPU bench row awaiting measurement" in on.reasons["kernels"]
+    assert (
+        on.kernels == "compiler"
+        and "Liger-Kernel off: not measured faster on a GPU yet" in on.reasons["kernels"]
+    )
     lora = plan(lora={"rank": 8}, fused_projections=True)
     assert not lora.fused_projections
     assert lora.reasons["fused_projections"] == (

@@ -145,7 +145,7 @@ def choose_kernels(tc: TrainConfig, hw: Hardware, *, compiled: bool, why: dict) 
         why["kernels"] = ours + (
             "; set by train.kernels"
             if tc.kernels == "compiler"
-            else "; auto: Liger-Kernel is a GPU bench row awaiting measurement"
+            else "; Liger-Kernel off: not measured faster on a GPU yet (train.kernels liger tries it)"
         )
         return "compiler"
     if hw.device_type != "cuda":
@@ -170,8 +170,8 @@ FUSED_PROJECTIONS_ON = (
     "unchanged)"
 )
 FUSED_PROJECTIONS_AUTO = (
-    "off: auto until a GPU measures it (bench/gpu/campaign.sh call E, row 'hopperlm fused'); "
-    "train.fused_projections true turns it on"
+    "off: not measured faster on a GPU yet; train.fused_projections true turns it on (`hopperlm bench` compares "
+    "the two)"
 )
 
 
