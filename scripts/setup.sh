@@ -2,8 +2,10 @@
 # Install hopperlm (editable) and what it needs into the current Python, with the extras the docs' commands use
 # on any machine: gguf (`export --format gguf`), eval (`eval --tasks`) and hf (transformers: an export loaded with
 # AutoModelForCausalLM.from_pretrained). `--dev` adds the test tools (the dev extra holds those three too).
-# torch is installed first and on purpose: without a GPU we take the CPU build (torch==2.13.0), so pip never
-# pulls the multi-GB CUDA build onto a machine that cannot use it. An installed torch >= 2.11 is kept.
+# torch is installed first and on purpose: without a GPU on Linux we take the CPU build (torch==2.13.0+cpu) from
+# PyTorch's CPU wheel index, so pip never pulls the multi-GB CUDA build (the package index's default for Linux)
+# onto a machine that cannot use it; where that index cannot be reached (offline, behind a mirror) the package
+# index's default is taken, and the script says which. An installed torch >= 2.11 is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -25,12 +27,23 @@ compile_installed() {
     || true
 }
 
+# PyTorch's own index of CPU-only wheels; a short probe, so an offline machine falls back in seconds
+TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+cpu_index_reachable() {
+  "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=5).close()' \
+    "$TORCH_CPU_INDEX" >/dev/null 2>&1
+}
+
 if ! "$PY" -c "import torch, sys; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 11))" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "setup: NVIDIA GPU found; installing torch with CUDA from the package index"
     pip_install "torch>=2.11"
+  elif [ "$(uname -s)" = Linux ] && cpu_index_reachable; then
+    echo "setup: no NVIDIA GPU found; installing torch 2.13.0's CPU build from PyTorch's CPU wheel index ($TORCH_CPU_INDEX)"
+    pip_install "torch==2.13.0+cpu" --extra-index-url "$TORCH_CPU_INDEX"
   else
-    echo "setup: no NVIDIA GPU found; installing the CPU build of torch 2.13.0"
+    echo "setup: no NVIDIA GPU found; PyTorch's CPU wheel index is not reachable (or not needed off Linux): installing" \
+      "torch 2.13.0 from the package index, whichever build it serves (on Linux from the public index: the CUDA build, several GB)"
     pip_install "torch==2.13.0"
   fi
   installed=1
@@ -47,4 +60,5 @@ else
 fi
 if [ "${installed:-0}" = 1 ]; then compile_installed; fi
 command -v pyenv >/dev/null 2>&1 && pyenv rehash 2>/dev/null || true  # make the `hopperlm` command visible
-"$PY" -c "import hopperlm, torch; print(f'setup: hopperlm {hopperlm.__version__} with torch {torch.__version__}')"
+"$PY" -c "import hopperlm, torch; print(f'setup: hopperlm {hopperlm.__version__} with torch {torch.__version__}'
+          f' ({\"CUDA \" + torch.version.cuda if torch.version.cuda else \"CPU-only\"} build)')"
