@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hopperlm.config import ModelConfig, OptimConfig
+from hopperlm.config import ModelConfig, OptimConfig, ParamGroupConfig
 from hopperlm.model.transformer import build_model
 from hopperlm.train.optim import build_optimizer, set_lr
 
@@ -52,7 +52,7 @@ def coordinates(
 ) -> dict:
     """RMS of the last block's output, its attention logits and the output logits after `steps` steps, and of the
     change of the last block's output over them (on the same batch). `group_lrs`: the embedding and the head
-    at these multiples of `lr` (optim.embed_lr, optim.head_lr)."""
+    at these multiples of `lr` (rows of optim.groups)."""
     completep = depth_parametrization == "completep"
     cfg = ModelConfig(
         dim=width,
@@ -66,8 +66,11 @@ def coordinates(
         base_depth=BASE_DEPTH if completep else None,
     )
     model = build_model(cfg, seed=0)
-    groups = {} if group_lrs is None else {"embed_lr": group_lrs[0] * lr, "head_lr": group_lrs[1] * lr}
-    opt = build_optimizer(model, OptimConfig(lr=lr, weight_decay=0.0, **groups), fused=False, name=optimizer)
+    groups = [] if group_lrs is None else [ParamGroupConfig("embed.weight", lr=group_lrs[0]),
+                                           ParamGroupConfig("lm_head.weight", lr=group_lrs[1])]  # fmt: skip
+    opt = build_optimizer(
+        model, OptimConfig(lr=lr, weight_decay=0.0, groups=groups), fused=False, name=optimizer
+    )
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
     seen = {}
     last = model.layers[-1]

@@ -33,6 +33,7 @@ from harness import (
     mark_done,
     prepare_data,
     save_result,
+    schedule_section,
     start_run,
     val_losses,
 )
@@ -126,7 +127,7 @@ def model(dim: int, n_layers: int) -> dict:
     }
 
 
-# name: (data, model, optim, budget). Every run evaluates ~25 times, so the first 30% holds 7 evaluations.
+# name: (data, model, {lr: optim.lr, schedule: schedule.name, and other schedule keys}, budget). Every run evaluates ~25 times, so the first 30% holds 7 evaluations.
 RUNS = {
     "shk-cos-w128": ("shakespeare", model(128, 4), {"lr": 3e-3, "schedule": "cosine"}, {"max_steps": 800}),
     "shk-wsd-w128": ("shakespeare", model(128, 4), {"lr": 3e-3, "schedule": "wsd"}, {"max_steps": 800}),
@@ -300,12 +301,14 @@ SETS = {
 def run_config(
     name: str, spec: tuple, data_dir: Path, run_dir: Path, *, micro_batch: int, evals: int, smoke: bool
 ) -> dict:
-    data, model_cfg, optim, budget = spec
+    data, model_cfg, lr_and_shape, budget = spec
     steps = budget.get("max_steps") or budget["max_tokens"] // (SEQ_LEN * micro_batch)
+    shape = schedule_section({k: v for k, v in lr_and_shape.items() if k != "lr"})
     return yaml_of(
         model=model_cfg,
         data=data_dir / data,
-        optim={"warmup_steps": max(5, steps // 30), **optim},
+        optim={"lr": lr_and_shape["lr"]},
+        schedule={"warmup_steps": max(5, steps // 30), **shape},
         train={
             "seq_len": SEQ_LEN,
             "micro_batch": micro_batch,

@@ -37,6 +37,7 @@ from harness import (
     mark_done,
     prepare_data,
     save_result,
+    schedule_section,
     start_run,
     train_here,
 )
@@ -157,9 +158,9 @@ def run_config(plan: dict, data: Path, schedule: str, width: int, seed: int, out
         return yaml_of(
             model=model,
             data=data,
-            optim={
-                **plan["optimizer"],
-                **plan["schedules"][schedule],
+            optim=dict(plan["optimizer"]),
+            schedule={
+                **schedule_section(plan["schedules"][schedule]),
                 "warmup_steps": max(1, round(plan["warmup_fraction"] * steps)),
             },  # fmt: skip
             train={

@@ -89,17 +89,25 @@ def train_here(cfg: dict):
 
 
 # ---- run config ------------------------------------------------------------------------------------------
-def run_config(*, model: dict, data: Path | str, optim: dict, train: dict, checkpoint: dict | None = None,
-               quiet: bool = False, out_dir: Path | str | None = None) -> dict:  # fmt: skip
-    """The YAML a user would write: the sections in their usual order. `quiet`: no report and no TensorBoard
-    (runs a benchmark only reads back); no `checkpoint`: none saved."""
-    cfg = {"model": model, "data": {"path": str(data)}, "optim": optim, "train": train,
-           "checkpoint": checkpoint if checkpoint is not None else {"every": 0}}  # fmt: skip
+def run_config(*, model: dict, data: Path | str, optim: dict, train: dict, muon: dict | None = None,
+               schedule: dict | None = None, checkpoint: dict | None = None, quiet: bool = False,
+               out_dir: Path | str | None = None) -> dict:  # fmt: skip
+    """The YAML a user would write: the sections in their usual order (muon and schedule where given).
+    `quiet`: no report and no TensorBoard (runs a benchmark only reads back); no `checkpoint`: none saved."""
+    cfg = {"model": model, "data": {"path": str(data)}, "optim": optim}
+    cfg.update({name: section for name, section in (("muon", muon), ("schedule", schedule)) if section})
+    cfg.update(train=train, checkpoint=checkpoint if checkpoint is not None else {"every": 0})
     if quiet:
         cfg["log"] = {"report": False, "tensorboard": False}
     if out_dir is not None:
         cfg["run"] = {"out_dir": str(out_dir)}
     return cfg
+
+
+def schedule_section(shape: dict) -> dict:
+    """A plan's schedule entry, written as the optim keys of its day ({schedule: wsd, decay_fraction: 0.2}; the
+    plans are pre-registered, so they stay as written), as the schedule section: its `schedule` is `name`."""
+    return {("name" if key == "schedule" else key): value for key, value in shape.items()}
 
 
 # ---- data ------------------------------------------------------------------------------------------------

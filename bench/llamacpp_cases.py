@@ -49,7 +49,7 @@ def train_args(init_from: Path, data_dir: Path, run: Path, steps: int, *extra) -
     return ["train", REPO / "configs" / "debug.yaml", "--model.preset", "null", "--model.init_from", init_from,
             "--data.path", data_dir, "--train.seq_len", "64", "--train.micro_batch", "8",
             "--train.max_steps", steps, "--train.eval_every", "0", "--train.eval_windows", "4",
-            "--train.log_every", steps, "--optim.warmup_steps", "5", "--optim.lr", "3e-3",
+            "--train.log_every", steps, "--schedule.warmup_steps", "5", "--optim.lr", "3e-3",
             "--log.report", "false", "--log.tensorboard", "false", "--run.out_dir", run, *extra]  # fmt: skip
 
 

@@ -66,12 +66,14 @@ def main() -> None:
     cfg = load_config(recipe, overrides)
     seq, hw = cfg.train.seq_len, detect()
     name = cfg.optim.name if args.optimizer == "recipe" else "adamw"
-    optim = {"name": name, "muon_lr_adjust": cfg.optim.muon_lr_adjust, "lr": cfg.optim.lr}
+    sections = {"optim": {"name": name, "lr": cfg.optim.lr}}
+    if name == "muon":  # the recipe's Muon settings (its muon section is read only by Muon)
+        sections["muon"] = dataclasses.asdict(cfg.muon)
     rows = []
     for label, model in model_configs(recipe, overrides, vocab=args.vocab, dim=args.dim, depth=args.depth):
         model = dataclasses.replace(model, max_seq_len=max(model.max_seq_len, seq))
         fpt = flops_per_token(model, seq)
-        case = hopperlm_case(label, model, hw, 1, seq, lambda line: None, optim, compile=False)
+        case = hopperlm_case(label, model, hw, 1, seq, lambda line: None, sections, compile=False)
         row = Row(recipe.stem, label, 1, seq, fpt)
         measure(case, row, hw, batch_source(args.vocab, hw.device), 1, args.windows, args.steps, 0)
         if row.error:
@@ -92,7 +94,7 @@ def main() -> None:
         from hopperlm.provenance import save_result
 
         record = {"recipe": str(recipe), "seq_len": seq, "micro_batch": 1, "vocab": args.vocab,
-                  "device": str(hw.device), "optimizer": optim, "rows": rows, "table": lines}  # fmt: skip
+                  "device": str(hw.device), "optimizer": sections, "rows": rows, "table": lines}  # fmt: skip
         save_result(record, args.save)
 
 

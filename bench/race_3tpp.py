@@ -158,6 +158,8 @@ def run_config(recipe: dict, *, model: dict, data: Path, steps: int, seed: int, 
         "model": {**model, **recipe["model"]},
         "data": {"path": str(data)},
         "optim": dict(recipe["optim"]),
+        "muon": dict(recipe["muon"]),
+        "schedule": dict(recipe["schedule"]),
         "train": {"seq_len": SEQ_LEN, "micro_batch": BATCH_TOKENS // SEQ_LEN, "batch_tokens": BATCH_TOKENS,
                   "max_steps": steps, "eval_every": max(1, steps // 10), "eval_windows": eval_windows,
                   "log_every": max(1, steps // 20), "threads": 1, "seed": seed, **recipe["train"]},
@@ -188,7 +190,7 @@ class Race:
             rows.append({"recipe": name, "role": role, "lr": recipe["optim"]["lr"], "lr_multiplier": multiplier,
                          "seed": seed, "budget_share": share, **got, "flops": got["steps"] * per_step,
                          "params": params_of({**model, **recipe["model"]}), "width": model["dim"], "curve": curve,
-                         "config": {k: recipe[k] for k in ("model", "optim", "train")}})  # fmt: skip
+                         "config": {k: recipe[k] for k in ("model", "optim", "muon", "schedule", "train")}})  # fmt: skip
         return rows
 
     def sweep(self, name: str, role: str, make, grid: list[float]) -> tuple[float, list[dict], bool]:
@@ -313,7 +315,7 @@ def twin(recipe: dict) -> dict:
     out = merged(recipe, {"model": {"tie_embeddings": True}})
     for key in ("parametrization", "base_dim"):
         out["model"].pop(key, None)
-    out["optim"].pop("head_lr", None)
+    out["optim"]["groups"] = [g for g in out["optim"].get("groups", []) if g["pattern"] != "lm_head.weight"]
     return out
 
 

@@ -3,8 +3,11 @@ published (karpathy/nanochat at NANOCHAT_COMMIT, with its scaling rules applied 
 tokens), and the ladder of levers that builds hopperlm's recipe from nanoGPT's. Pre-registered: this file and
 race_3tpp.py's PLAN were committed before the race's first run; the results files cite that commit.
 
-A recipe is {"model": {...}, "optim": {...}, "train": {...}}; run_config (race_3tpp.py) adds the shape, the data,
-the budget and the seed. A ladder rung is (name, change): a dict merged into the best recipe so far, or a function
+A recipe is {"model": {...}, "optim": {...}, "muon": {...}, "schedule": {...}, "train": {...}}; run_config
+(race_3tpp.py) adds the shape, the data, the budget and the seed. (Until hopperlm's optimizer config moved into
+three sections, these were flat optim keys, as the race's results files and its PLAN's commit still show them:
+embed_lr and head_lr, absolute, are now rows of optim.groups at their ratio to optim.lr, computed as the same
+division, so every run is the same run.) A ladder rung is (name, change): a dict merged into the best recipe so far, or a function
 of that recipe returning the dict (None: the rung does not apply to it, with the reason in SKIPS)."""
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ BATCH_TOKENS = 16 * SEQ_LEN  # every recipe's tokens per optimizer step (nanoGPT
 # warm-up 700 of llm.c's 19,073 steps, tied embeddings; its LR is the race's sweep's
 NANOGPT = {
     "model": {"tie_embeddings": True},
-    "optim": {"name": "adamw", "lr": 6e-4, "schedule": "cosine", "beta2": 0.95, "weight_decay": 0.1,
-              "min_lr_ratio": 0.1, "warmup_share": 700 / 19_073},
+    "optim": {"name": "adamw", "lr": 6e-4, "betas": [0.9, 0.95], "weight_decay": 0.1},
+    "muon": {},
+    "schedule": {"name": "cosine", "min_lr_ratio": 0.1, "warmup_share": 700 / 19_073},
     "train": {},
 }  # fmt: skip
 
@@ -62,24 +66,28 @@ def nanochat(*, dim: int, steps: int, mult: float = 1.0) -> dict:
     width_scale = (dim / 768) ** -0.5  # the AdamW groups ∝ 1/sqrt(d_model)
     tokens = steps * BATCH_TOKENS
     warmup = 40 / REF_STEPS
+    lr = 0.02 * batch_scale * mult
     return {
         "model": {"mlp": "relu2", "ffn_dim": relu2_width(dim), "qk_norm": True, "tie_embeddings": False,
                   "logit_softcap": 15.0, "zero_init_output": True, "rope_theta": 100_000.0},
         "optim": {
-            "name": "muon", "muon_lr_adjust": "original",  # its Muon LR is torch's original rule's
-            "lr": 0.02 * batch_scale * mult,
-            "embed_lr": 0.3 * width_scale * batch_scale * mult,
-            "head_lr": 0.008 * width_scale * batch_scale * mult,
-            "beta1": 0.8, "beta2": 0.96, "eps": 1e-10, "weight_decay": 0.01, "grad_clip": 0.0,
-            # T_epoch = B / (η λ D) held at the reference's: λ = 0.28 sqrt(B / B_ref) D_ref / D
-            "muon_weight_decay": 0.28 * batch_scale * REF_TOKENS / tokens,
-            "cautious_weight_decay": True, "weight_decay_schedule": "cosine",
-            "normuon": True, "normuon_beta2": 0.9, "muon_ns": "polar_express",
-            "muon_momentum": 0.97, "muon_momentum_start": 0.85, "muon_momentum_final": 0.90,
-            "muon_momentum_warmup_steps": round(400 / REF_STEPS * steps),
-            # linear warm-up over 40 reference steps, constant, then linear over the last 65% to 5%
-            "schedule": "wsd", "warmup_share": warmup, "decay_fraction": 0.65 / (1 - warmup), "min_lr_ratio": 0.05,
+            "name": "muon", "lr": lr,
+            # its embedding and unembedding LRs, as multiples of the matrices' (each its absolute LR / lr)
+            "groups": [group_row("embed.weight", 0.3 * width_scale * batch_scale * mult, lr),
+                       group_row("lm_head.weight", 0.008 * width_scale * batch_scale * mult, lr)],
+            "betas": [0.8, 0.96], "eps": 1e-10, "weight_decay": 0.01, "grad_clip": 0.0,
         },
+        "muon": {
+            "lr_adjust": "original",  # its Muon LR is torch's original rule's
+            # T_epoch = B / (η λ D) held at the reference's: λ = 0.28 sqrt(B / B_ref) D_ref / D
+            "weight_decay": 0.28 * batch_scale * REF_TOKENS / tokens,
+            "cautious_weight_decay": True, "weight_decay_schedule": "cosine",
+            "normuon": True, "normuon_beta2": 0.9, "ns": "polar_express",
+            "momentum": 0.97, "momentum_start": 0.85, "momentum_final": 0.90,
+            "momentum_warmup_steps": round(400 / REF_STEPS * steps),
+        },
+        # linear warm-up over 40 reference steps, constant, then linear over the last 65% to 5%
+        "schedule": {"name": "wsd", "warmup_share": warmup, "decay_fraction": 0.65 / (1 - warmup), "min_lr_ratio": 0.05},
         "train": {},
     }  # fmt: skip
 
@@ -94,12 +102,21 @@ def relu2_width(dim: int) -> int:
     return swiglu_width(dim) * 3 // 2
 
 
+def group_row(pattern: str, absolute_lr: float, lr: float) -> dict:
+    """A row of optim.groups for a group trained at `absolute_lr` where optim.lr is `lr`."""
+    return {"pattern": pattern, "lr": absolute_lr / lr}
+
+
+def with_group(recipe: dict, pattern: str, multiple: float) -> dict:
+    """The change that trains `pattern` at `multiple` x optim.lr, the recipe's other rows kept."""
+    rows = [g for g in recipe["optim"].get("groups", []) if g["pattern"] != pattern]
+    return {"optim": {"groups": [*rows, {"pattern": pattern, "lr": multiple}]}}
+
+
 def scaled_lrs(recipe: dict, factor: float) -> dict:
-    """Every peak LR the recipe sets (optim.lr, embed_lr, head_lr) times `factor`: one multiplier."""
-    optim = recipe["optim"]
-    return {
-        "optim": {k: optim[k] * factor for k in ("lr", "embed_lr", "head_lr") if optim.get(k) is not None}
-    }
+    """Every peak LR the recipe sets times `factor`, one multiplier: optim.lr, which optim.groups' rows are
+    multiples of."""
+    return {"optim": {"lr": recipe["optim"]["lr"] * factor}}
 
 
 def muon_only(change: dict) -> Callable[[dict], dict | None]:
@@ -107,13 +124,14 @@ def muon_only(change: dict) -> Callable[[dict], dict | None]:
 
 
 def wsd_only(change: dict) -> Callable[[dict], dict | None]:
-    return lambda r: change if r["optim"].get("schedule") == "wsd" else None
+    return lambda r: change if r["schedule"].get("name") == "wsd" else None
 
 
 def momentum_warmup(steps: int) -> Callable[[dict], dict | None]:
-    """0.85 -> optim.muon_momentum over 16% of the steps (nanochat's 400 of its reference's 2,520)."""
-    return muon_only({"optim": {"muon_momentum_warmup_steps": round(400 / REF_STEPS * steps),
-                                "muon_momentum_start": 0.85}})  # fmt: skip
+    """0.85 -> muon.momentum over 16% of the steps (nanochat's 400 of its reference's 2,520)."""
+    return muon_only(
+        {"muon": {"momentum_warmup_steps": round(400 / REF_STEPS * steps), "momentum_start": 0.85}}
+    )
 
 
 LR_SEARCH = "LRs x2 / x0.5"  # a rung kind: see race_3tpp.py's PLAN["lr_search"]
@@ -122,24 +140,25 @@ LR_SEARCH = "LRs x2 / x0.5"  # a rung kind: see race_3tpp.py's PLAN["lr_search"]
 def ladder(*, dim: int, steps: int) -> list[tuple[str, dict | Callable[[dict], dict | None]]]:
     """The rungs, in their pre-registered order (PLAN in race_3tpp.py says why this order)."""
     return [
-        ("+wsd (decay over 40%)", {"optim": {"schedule": "wsd", "decay_fraction": 0.4}}),
-        ("+decay to 0", {"optim": {"min_lr_ratio": 0.0}}),
+        ("+wsd (decay over 40%)", {"schedule": {"name": "wsd", "decay_fraction": 0.4}}),
+        ("+decay to 0", {"schedule": {"min_lr_ratio": 0.0}}),
         ("+untied head", {"model": {"tie_embeddings": False}}),
-        ("+muon", {"optim": {"name": "muon", "muon_lr_adjust": "spectral"}}),
+        ("+muon", {"optim": {"name": "muon"}, "muon": {"lr_adjust": "spectral"}}),
         (LR_SEARCH, {}),
-        ("+embed_lr 8x", lambda r: {"optim": {"embed_lr": 8 * r["optim"]["lr"]}}),
-        ("+embed_lr 32x", lambda r: {"optim": {"embed_lr": 32 * r["optim"]["lr"]}}),
-        ("+head_lr 0.5x", untied_only(lambda r: {"optim": {"head_lr": 0.5 * r["optim"]["lr"]}})),
+        # (the rung names keep the keys they were registered with: embed_lr / head_lr, now optim.groups rows)
+        ("+embed_lr 8x", lambda r: with_group(r, "embed.weight", 8)),
+        ("+embed_lr 32x", lambda r: with_group(r, "embed.weight", 32)),
+        ("+head_lr 0.5x", untied_only(lambda r: with_group(r, "lm_head.weight", 0.5))),
         ("+momentum warm-up", momentum_warmup(steps)),
-        ("+cautious weight decay", muon_only({"optim": {"cautious_weight_decay": True}})),
-        ("+normuon", muon_only({"optim": {"normuon": True}})),
-        ("+polar express", muon_only({"optim": {"muon_ns": "polar_express"}})),
+        ("+cautious weight decay", muon_only({"muon": {"cautious_weight_decay": True}})),
+        ("+normuon", muon_only({"muon": {"normuon": True}})),
+        ("+polar express", muon_only({"muon": {"ns": "polar_express"}})),
         ("+relu2", {"model": {"mlp": "relu2", "ffn_dim": relu2_width(dim)}}),
         ("+qk-norm", {"model": {"qk_norm": True}}),
         ("+zero-init output", {"model": {"zero_init_output": True}}),
-        ("+decay over 65%", wsd_only({"optim": {"decay_fraction": 0.65}})),
-        ("+floor 5%", {"optim": {"min_lr_ratio": 0.05}}),
-        ("+beta1 0.8", {"optim": {"beta1": 0.8}}),
+        ("+decay over 65%", wsd_only({"schedule": {"decay_fraction": 0.65}})),
+        ("+floor 5%", {"schedule": {"min_lr_ratio": 0.05}}),
+        ("+beta1 0.8", lambda r: {"optim": {"betas": [0.8, r["optim"]["betas"][1]]}}),
         ("+softcap 15", {"model": {"logit_softcap": 15.0}}),
         (LR_SEARCH, {}),
     ]

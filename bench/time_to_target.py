@@ -66,19 +66,21 @@ SEQ_LEN = 256
 SHORT = 0.6  # hopperlm's second, shorter run, as a share of the race budget
 MODEL = {"dim": 128, "n_layers": 4, "n_heads": 2, "max_seq_len": SEQ_LEN}
 
-# name: role, model keys, optim keys, train keys, warm-up as a share of the steps
+# name: role, model keys, optim and schedule keys, train keys, warm-up as a share of the steps
 RECIPES: dict[str, dict] = {
     "users-start": {
         "role": "baseline",
         "model": {},
-        "optim": {"lr": 6e-4, "schedule": "cosine", "beta2": 0.999, "weight_decay": 0.01},
+        "optim": {"lr": 6e-4, "betas": [0.9, 0.999], "weight_decay": 0.01},
+        "schedule": {"name": "cosine"},
         "train": {"micro_batch": 8, "batch_tokens": 8 * 16 * SEQ_LEN},
         "warmup": 1000 / 15_700,
     },
     "nanogpt": {
         "role": "baseline",
         "model": {"tie_embeddings": True},
-        "optim": {"lr": 6e-4, "schedule": "cosine", "beta2": 0.95, "weight_decay": 0.1, "min_lr_ratio": 0.1},
+        "optim": {"lr": 6e-4, "betas": [0.9, 0.95], "weight_decay": 0.1},
+        "schedule": {"name": "cosine", "min_lr_ratio": 0.1},
         "train": {"micro_batch": 16},
         "warmup": 700 / 19_073,
     },
@@ -89,14 +91,14 @@ RECIPES: dict[str, dict] = {
 # has the table), and RECIPES["hopperlm"] is nanogpt with them applied in order.
 LADDER: list[tuple[str, dict]] = [
     ("+lr 2e-3", {"optim": {"lr": 2e-3}}),
-    ("+wsd", {"optim": {"schedule": "wsd", "decay_fraction": 0.4}}),
+    ("+wsd", {"schedule": {"name": "wsd", "decay_fraction": 0.4}}),
     ("+untied", {"model": {"tie_embeddings": False}}),
     ("+muon", {"optim": {"name": "muon"}}),
     ("+lr 4e-3", {"optim": {"lr": 4e-3}}),
     ("+zero-init", {"model": {"zero_init_output": True}}),
     ("+qk-norm", {"model": {"qk_norm": True}}),
     ("+lr 8e-3", {"optim": {"lr": 8e-3}}),
-    ("+decay to 0", {"optim": {"min_lr_ratio": 0.0}}),
+    ("+decay to 0", {"schedule": {"min_lr_ratio": 0.0}}),
     ("+micro-batch 8", {"train": {"micro_batch": 8}}),
 ]
 KEPT = ("+lr 2e-3", "+wsd", "+untied", "+muon", "+lr 4e-3", "+decay to 0")
@@ -152,7 +154,8 @@ def run_config(recipe: dict, data: Path, out: Path, *, seconds: float, steps: in
     return yaml_of(
         model={**MODEL, **recipe["model"]},
         data=data,
-        optim={**recipe["optim"], "warmup_steps": max(1, round(recipe["warmup"] * steps))},
+        optim=recipe["optim"],
+        schedule={**recipe["schedule"], "warmup_steps": max(1, round(recipe["warmup"] * steps))},
         train={
             "seq_len": SEQ_LEN,
             **recipe["train"],
@@ -195,7 +198,13 @@ def probe_speed(recipes: dict, data: Path, cache: Path, threads: int) -> dict[in
     """The ladder's probe: tokens/s of each micro-batch size the recipes use (6 steps, as `probe` reads them)."""
     speeds = {}
     for micro in sorted({r["train"]["micro_batch"] for r in recipes.values()}):
-        recipe = {"model": {}, "optim": {"lr": 1e-3}, "train": {"micro_batch": micro}, "warmup": 0.0}
+        recipe = {
+            "model": {},
+            "optim": {"lr": 1e-3},
+            "schedule": {},
+            "train": {"micro_batch": micro},
+            "warmup": 0.0,
+        }
         speeds[micro] = probe(recipe, data, cache / "probe" / f"mb{micro}", threads=threads, steps=6)
         print(f"probe: micro-batch {micro}: {speeds[micro]:,.0f} tokens/s", flush=True)
     return speeds

@@ -1,6 +1,6 @@
 """Does the best learning rate transfer across width? The same model at widths 64, 128, 256 and 512 (the same
 depth, data and steps), an LR grid a factor of 2 apart, 2 seeds, under model.parametrization standard and mup,
-with AdamW and with Muon (optim.muon_lr_adjust as --muon-adjust says), each run a real `hopperlm` training run.
+with AdamW and with Muon (muon.lr_adjust as --muon-adjust says), each run a real `hopperlm` training run.
 With --depth, across depth instead: 2, 4, 8 and 16 blocks at width 64 (μP at its base width), 200 steps,
 model.depth_parametrization standard against completep (base_depth 2), each optimizer on its own LR grid.
 
@@ -97,16 +97,9 @@ def run_one(spec: dict) -> dict:
     cfg = run_config(
         model=model,
         data=spec["data"],
-        optim={
-            "name": spec["optimizer"],
-            "lr": spec["lr"],
-            "warmup_steps": max(1, spec["steps"] // 10),
-            "schedule": "cosine",
-            "min_lr_ratio": 0.0,
-            "weight_decay": 0.0,
-            "muon_lr_adjust": spec["muon_adjust"],
-            **group_lrs(spec),
-        },  # fmt: skip
+        optim={"name": spec["optimizer"], "lr": spec["lr"], "weight_decay": 0.0, **group_lrs(spec)},
+        muon={"lr_adjust": spec["muon_adjust"]} if spec["optimizer"] == "muon" else None,
+        schedule={"warmup_steps": max(1, spec["steps"] // 10), "name": "cosine", "min_lr_ratio": 0.0},
         train={
             "seq_len": SEQ,
             "micro_batch": MICRO,
@@ -179,9 +172,14 @@ def table(summary: dict, widths, axis: str = "width") -> list[str]:
 
 
 def group_lrs(spec: dict) -> dict:
-    """optim.embed_lr and optim.head_lr as the spec's multiples of its LR (--group-lrs), else nothing."""
-    ratios = spec.get("group_lrs")
-    return {} if not ratios else {"embed_lr": ratios[0] * spec["lr"], "head_lr": ratios[1] * spec["lr"]}
+    """The embedding and the head at the spec's multiples of its LR (--group-lrs) as rows of optim.groups, else
+    nothing. (Each multiple is written as its absolute LR over the LR, as the runs before optim.groups set it,
+    so the rows files stay comparable bit for bit.)"""
+    ratios, lr = spec.get("group_lrs"), spec["lr"]
+    if not ratios:
+        return {}
+    return {"groups": [{"pattern": "embed.weight", "lr": ratios[0] * lr / lr},
+                       {"pattern": "lm_head.weight", "lr": ratios[1] * lr / lr}]}  # fmt: skip
 
 
 def run_specs(args, data: Path, work: Path) -> tuple[list[dict], dict]:
@@ -288,7 +286,7 @@ def main() -> None:
     p.add_argument("--optimizers", default="adamw,muon")
     p.add_argument(
         "--group-lrs", type=lambda t: tuple(float(x) for x in t.split(",")), metavar="EMBED,HEAD",
-        help="train the embedding and the head at these multiples of each run's LR (optim.embed_lr, head_lr)",
+        help="train the embedding and the head at these multiples of each run's LR (rows of optim.groups)",
     )  # fmt: skip
     p.add_argument(
         "--parametrizations",

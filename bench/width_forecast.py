@@ -45,16 +45,9 @@ def recipe(data: Path, width: int, steps: int) -> dict:
             "base_dim": 64,
         },  # fmt: skip
         data=data,
-        optim={
-            "name": "muon",
-            "muon_lr_adjust": "spectral",
-            "lr": 1.6e-2,
-            "schedule": "wsd",
-            "decay_fraction": 0.4,
-            "min_lr_ratio": 0.0,
-            "warmup_steps": 10,
-            "weight_decay": 0.0,
-        },  # fmt: skip
+        optim={"name": "muon", "lr": 1.6e-2, "weight_decay": 0.0},
+        muon={"lr_adjust": "spectral"},
+        schedule={"name": "wsd", "decay_fraction": 0.4, "min_lr_ratio": 0.0, "warmup_steps": 10},
         train={
             "seq_len": 64,
             "micro_batch": 4,

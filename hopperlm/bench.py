@@ -19,6 +19,7 @@ dense 16-bit peak, peak memory, and ratios against the baselines measured in the
 
 --variant NAME:KEY=VALUE,... adds a hopperlm row: KEY a train.* field (attention=cudnn, compile_mode=...,
 micro_batch=32, seq_len=512, grad_accum=8: micro-batches per optimizer step), optim.FIELD (optim.name=muon),
+muon.FIELD and schedule.FIELD (muon.ns=polar_express),
 model.FIELD (model.mlp=relu2,model.ffn_dim=4224: the row's model differs from the preset's; state its parameters),
 or documents=N (each row packed from N equal documents: attention masked per document, FlexAttention on CUDA).
 """
@@ -98,7 +99,9 @@ class Case:
 
 # ---- the rows --------------------------------------------------------------------------------------------
 # the optimizer of the race recipe (configs/owt-350m-h100.yaml) for the Muon rows
-MUON = {"name": "muon", "muon_lr_adjust": "spectral", "lr": 1.5e-3, "warmup_steps": 0}
+MUON = {"optim": {"name": "muon", "lr": 1.5e-3}, "muon": {"lr_adjust": "spectral"}}
+# the config sections a --variant key may name as SECTION.FIELD (train.* fields go bare)
+VARIANT_SECTIONS = ("optim", "muon", "schedule")
 
 
 def hopperlm_case(
@@ -108,7 +111,7 @@ def hopperlm_case(
     micro: int,
     seq: int,
     log,
-    optim: dict | None = None,
+    sections: dict[str, dict] | None = None,
     *,
     grad_accum: int = 1,
     documents: int = 0,
@@ -116,7 +119,8 @@ def hopperlm_case(
 ) -> Case:
     """A row built exactly as `hopperlm train` builds it: config -> plan -> speed-ups, parallel wrapper and
     optimizer (train/step.py `build_step`), then `train_step` itself: clipping and the finite check included.
-    `optim`: the optim section (default AdamW at 3e-4), `train`: train.* overrides; `grad_accum` micro-batches
+    `sections`: the optim, muon and schedule sections (default AdamW at 3e-4, no warm-up), `train`: train.*
+    overrides; `grad_accum` micro-batches
     per optimizer step; `documents` > 0: every sequence packed from that many equal documents (doc_ids)."""
     if documents and seq % documents:
         raise ConfigError(f"--variant documents={documents} must divide the sequence length {seq}")
@@ -134,7 +138,9 @@ def hopperlm_case(
                     "max_steps": 1000,
                     **train,
                 },
-                "optim": {"lr": 3e-4, "warmup_steps": 0, **(optim or {})},
+                **(sections or {}),
+                "optim": {"lr": 3e-4, **(sections or {}).get("optim", {})},
+                "schedule": {"warmup_steps": 0, **(sections or {}).get("schedule", {})},
             }
         )
         # on a real GPU the attention kernel is measured as `train` measures it (cuDNN against flash)
@@ -142,7 +148,9 @@ def hopperlm_case(
         plan = make_plan(cfg, model_cfg, hw, attention_probe=probe)
         plan.apply_runtime_settings(log)
         model = build_model(model_cfg, hw.device, seed=0)
-        parts, fp8 = build_step(model, plan, cfg.optim, log=lambda line: log(f"  {label}: {line}"))
+        parts, fp8 = build_step(
+            model, plan, cfg.optim, muon=cfg.muon, log=lambda line: log(f"  {label}: {line}")
+        )
         doc_ids = None
         if documents:  # (micro, seq): document i covers positions [i*seq/N, (i+1)*seq/N) of every row
             doc_ids = torch.arange(seq, device=hw.device).div(seq // documents, rounding_mode="floor")
@@ -209,7 +217,8 @@ def hf_case(label: str, model_cfg: ModelConfig, hw: Hardware, micro: int, compil
 
 def parse_variant(text: str) -> tuple[str, dict]:
     """'NAME:key=value,key=value' -> (NAME, overrides), e.g. 'scope-model:compile_scope=model'; keys are
-    train.* fields, optim.FIELD, grad_accum or documents (hopperlm_case's arguments)."""
+    train.* fields, optim.FIELD, muon.FIELD, schedule.FIELD, grad_accum or documents (hopperlm_case's
+    arguments)."""
     import yaml
 
     name, _, pairs = text.partition(":")
@@ -243,17 +252,24 @@ def cases_for(
     cases = [
         hopperlm_case("eager", model_cfg, hw, micro, seq, log, compile=False, fp8="off", fused_loss=False),
         hopperlm_case("hopperlm", model_cfg, hw, micro, seq, log, fp8="off"),
-        hopperlm_case("hopperlm muon", model_cfg, hw, micro, seq, log, optim=MUON, fp8="off"),
+        hopperlm_case("hopperlm muon", model_cfg, hw, micro, seq, log, MUON, fp8="off"),
     ]
     for text in variants:  # extra hopperlm rows with train.* / optim.* overrides (micro_batch included)
         name, overrides = parse_variant(text)
         settings = {"fp8": "off", **overrides}
-        optim = {k.removeprefix("optim."): settings.pop(k) for k in list(settings) if k.startswith("optim.")}
+        sections = {
+            section: {
+                k.removeprefix(f"{section}."): settings.pop(k)
+                for k in list(settings)
+                if k.startswith(f"{section}.")
+            }
+            for section in VARIANT_SECTIONS
+        }
         shape = {k.removeprefix("model."): settings.pop(k) for k in list(settings) if k.startswith("model.")}
         row_micro, row_seq = settings.pop("micro_batch", micro), settings.pop("seq_len", seq)
         row_model = dataclasses.replace(model_cfg, **shape) if shape else model_cfg
         cases.append(
-            hopperlm_case(f"hopperlm {name}", row_model, hw, row_micro, row_seq, log, optim=optim, **settings)
+            hopperlm_case(f"hopperlm {name}", row_model, hw, row_micro, row_seq, log, sections, **settings)
         )
     if cuda and hw.fp8:
         backend = "tensorwise" if torchao_available() else "native"

@@ -30,7 +30,7 @@ from hopperlm.train.step import build_step, train_step
 
 CFG = ModelConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, vocab_size=256, max_seq_len=64)
 LORA = LoRAConfig(rank=4, alpha=8, targets="all-linear", quantize="nf4")
-OPTIM = OptimConfig(lr=1e-2, warmup_steps=0, weight_decay=0.0)
+OPTIM = OptimConfig(lr=1e-2, weight_decay=0.0)
 STEPS, ROWS, T = 3, 4, 32  # ROWS sequences per step, all ranks together
 
 

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from hopperlm.config import OptimConfig, TrainConfig, load_config
+from hopperlm.config import ScheduleConfig, TrainConfig, load_config
 from hopperlm.observe import metrics
 from hopperlm.observe.metrics import Interval, read_metrics
 from hopperlm.train import evaluate, loop
 from hopperlm.train.clock_budget import WARMUP_MAX_SHARE, ClockBudget
-from hopperlm.train.run import kept_clock_warmup
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = lambda line: None  # noqa: E731
@@ -39,7 +38,7 @@ def test_a_clock_budget_ends_at_its_deadline_decayed_and_warmed_up(shakespeare_b
     budget_s = 8.0
     # one thread: a torch process spinning against the suite's other workers would be slowed many times over
     cfg = config(shakespeare_bytes, tmp_path / "run", "--train.max_steps", "null", "--train.max_hours",
-                 str(budget_s / 3600), "--optim.warmup_steps", "50", "--train.eval_every", "0",
+                 str(budget_s / 3600), "--schedule.warmup_steps", "50", "--train.eval_every", "0",
                  "--train.eval_windows", "64", "--train.log_every", "1", "--checkpoint.every", "0",
                  "--train.threads", "1")  # fmt: skip
     lines = []
@@ -52,10 +51,10 @@ def test_a_clock_budget_ends_at_its_deadline_decayed_and_warmed_up(shakespeare_b
         line.startswith("budget: 8.0 s = ") and "for the final evaluation (estimated" in line
         for line in lines
     )
-    assert any(line.startswith("warm-up: optim.warmup_steps 50 would be") for line in lines)
+    assert any(line.startswith("warm-up: schedule.warmup_steps 50 would be") for line in lines)
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     lrs = [r["lr"] for r in records]
-    peak, floor = cfg.optim.lr, cfg.optim.lr * cfg.optim.min_lr_ratio
+    peak, floor = cfg.optim.lr, cfg.optim.lr * cfg.schedule.min_lr_ratio
     assert max(lrs) >= 0.9 * peak  # the warm-up finished (in steps it would have reached 30 of its 50: 0.6)
     assert lrs[-1] <= floor + 0.05 * (peak - floor)  # and the cosine reached its floor by the end of training
     assert "val_loss" in records[-1]
@@ -111,21 +110,21 @@ def test_the_clock_budget_reserves_the_evaluation_and_rounds_to_the_nearest_step
 
 
 def test_a_warmup_that_would_not_fit_is_laid_on_the_clock_and_kept_on_resume():
-    oc = OptimConfig(warmup_steps=50)
+    sc = ScheduleConfig(warmup_steps=50)
     clock = ClockBudget.for_run(TrainConfig(max_hours=95 / 3600))
-    laid = clock.lay_warmup(oc, step=5, elapsed_s=10.0, step_s=2.0, known_steps=None, log=QUIET)
-    assert laid is not None and laid.warmup_share == WARMUP_MAX_SHARE and laid.warmup_steps == 50
-    assert (
-        clock.lay_warmup(oc, step=6, elapsed_s=12.0, step_s=2.0, known_steps=None, log=QUIET) is None
-    )  # once
+    clock.lay_warmup(sc, step=5, elapsed_s=10.0, step_s=2.0, known_steps=None, log=QUIET)
+    laid = clock.laid(sc)
+    assert laid.warmup_share == WARMUP_MAX_SHARE and laid.warmup_steps == 50 and sc.warmup_share is None
+    clock.lay_warmup(sc, step=6, elapsed_s=12.0, step_s=0.01, known_steps=None, log=QUIET)  # decided once
+    assert clock.laid(sc) is laid
     fits = ClockBudget.for_run(TrainConfig(max_hours=95 / 3600))
-    assert fits.lay_warmup(oc, step=5, elapsed_s=1.0, step_s=0.1, known_steps=None, log=QUIET) is None
+    fits.lay_warmup(sc, step=5, elapsed_s=1.0, step_s=0.1, known_steps=None, log=QUIET)
+    assert fits.laid(sc) is sc
     assert fits.decided and fits.warmup_share is None  # 50 of ~945 steps: kept in steps
 
     resumed = ClockBudget.for_run(TrainConfig(max_hours=95 / 3600))
     resumed.load_state_dict(clock.state_dict())  # a checkpoint's state.json, read back
-    cfg = config("data", "run", "--train.max_hours", str(95 / 3600), "--optim.warmup_steps", "50")
-    said = []
-    assert kept_clock_warmup(cfg, resumed, said.append).optim.warmup_share == WARMUP_MAX_SHARE
-    assert said[0].startswith("resume: warm-up kept as optim.warmup_share 0.1")
-    assert resumed.lay_warmup(oc, step=9, elapsed_s=1.0, step_s=9.0, known_steps=None, log=QUIET) is None
+    cfg = config("data", "run", "--train.max_hours", str(95 / 3600), "--schedule.warmup_steps", "50")
+    assert resumed.laid(cfg.schedule).warmup_share == WARMUP_MAX_SHARE
+    resumed.lay_warmup(cfg.schedule, step=9, elapsed_s=1.0, step_s=9.0, known_steps=None, log=QUIET)
+    assert resumed.laid(cfg.schedule).warmup_share == WARMUP_MAX_SHARE  # (decided before the resume)

@@ -249,11 +249,11 @@ def test_the_benchmark_runs_in_smoke_mode_and_forecast_takes_its_proxies(tmp_pat
 
 
 def test_training_records_the_collapse_beside_the_law_with_matching_proxies():
-    from hopperlm.config import OptimConfig, TrainConfig
+    from hopperlm.config import ScheduleConfig, TrainConfig
     from hopperlm.observe.forecast_log import Forecaster
 
     tc = TrainConfig(max_steps=T, max_hours=None, seq_len=64, micro_batch=16)
-    oc = OptimConfig(schedule="cosine", warmup_steps=20, min_lr_ratio=0.0)
+    sc = ScheduleConfig(name="cosine", warmup_steps=20, min_lr_ratio=0.0)
     truth = curve(256, 3.1, 0.9)
     run = {"label": "this run", "width": 256, "params": truth.params, "seed": 0, "warmup_steps": 20,
            "parametrization": truth.parametrization, "data": truth.data}  # fmt: skip
@@ -261,7 +261,7 @@ def test_training_records_the_collapse_beside_the_law_with_matching_proxies():
     tokens_per_step = round(truth.tokens_per_param * truth.params / T)
     record = {"step": 120, "tokens": 120 * tokens_per_step, "elapsed_s": 60.0}
     seen = [(s, v) for s, v in truth.val if s <= 120]
-    forecaster = Forecaster(tc, oc, lines.append, proxies=proxies(), run=run)
+    forecaster = Forecaster(tc, sc, 3e-4, lines.append, proxies=proxies(), run=run)
     law = forecaster.at(record, seen, [])
     # the law stays the forecast (the better one on the CPU benchmark); the collapse is recorded and said beside it
     assert law.method == "prior" and record["forecast"] == law.final_val_loss
@@ -271,7 +271,7 @@ def test_training_records_the_collapse_beside_the_law_with_matching_proxies():
     # proxies of another parametrization: one line, then the law alone
     other = [Curve(**{**p.to_dict(), "parametrization": "standard/standard"}) for p in proxies()]
     lines.clear()
-    forecaster = Forecaster(tc, oc, lines.append, proxies=other, run=run)
+    forecaster = Forecaster(tc, sc, 3e-4, lines.append, proxies=other, run=run)
     record = {"step": 120, "tokens": 120 * tokens_per_step, "elapsed_s": 60.0}
     forecaster.at(record, seen, [])
     assert len(lines) == 1 and "no forecast by collapse" in lines[0] and "forecast_collapse" not in record

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hopperlm.config import ModelConfig, OptimConfig
+from hopperlm.config import ModelConfig, MuonConfig, OptimConfig
 from hopperlm.errors import ConfigError
 from hopperlm.model.completep import describe, residual_multiplier
 from hopperlm.model.transformer import build_model
@@ -28,7 +28,9 @@ def model_cfg(n_layers: int, depth: str = "completep", base_depth: int | None = 
 def train_steps(cfg: ModelConfig, optimizer: str, steps: int = 3) -> tuple[list[float], torch.Tensor]:
     tokens = torch.randint(0, 512, (4, 33), generator=torch.Generator().manual_seed(0))
     model = build_model(cfg, seed=0)
-    opt = build_optimizer(model, OptimConfig(lr=3e-3, muon_lr_adjust="spectral"), fused=False, name=optimizer)
+    opt = build_optimizer(
+        model, OptimConfig(lr=3e-3), fused=False, name=optimizer, muon=MuonConfig(lr_adjust="spectral")
+    )
     losses = []
     for _ in range(steps):
         set_lr(opt, 3e-3)
@@ -209,7 +211,7 @@ def test_peft_adapters_on_a_completep_base_give_hopperlm_logits(completep_folder
 
     run = tmp_path / "run"
     lora = ["--lora.rank", "4", "--lora.targets", "all-linear", "--sft.max_examples", "16",
-            "--train.max_steps", "3", "--optim.lr", "5e-2", "--optim.warmup_steps", "0"]  # fmt: skip
+            "--train.max_steps", "3", "--optim.lr", "5e-2", "--schedule.warmup_steps", "0"]  # fmt: skip
     train(finetune_config(completep_folder, data_dir, run, *lora), log=lambda line: None)
     merged, tokenizer = load_for_inference(run)
     base = transformers.AutoModelForCausalLM.from_pretrained(

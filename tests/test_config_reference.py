@@ -34,7 +34,9 @@ def test_reference_covers_every_key_with_its_default():
         for field in dataclasses.fields(cls):
             assert (section, field.name) in fields
             assert f"`{section}.{field.name}`" in render()
-    assert fields[("optim", "warmup_steps")].default == "100"
+    assert fields[("schedule", "warmup_steps")].default == "100"
+    assert fields[("optim", "betas")].default == "[0.9, 0.95]" and fields[("optim", "groups")].default == "[]"
+    assert fields[("optim.groups[]", "pattern")].doc  # the table's rows have their own keys
     assert fields[("train", "max_steps")].default == "null"
     assert fields[("data", "sampling")].type == "random / sequential"
     assert fields[("train", "micro_batch")].type == "int or null"
@@ -53,7 +55,10 @@ def test_print_config_resolves_overrides_and_defaults(tmp_path, capsys):
     out = tmp_path / "run"
     printed = print_config(capsys, "train", "debug", "--train.max_steps", "7", "--run.out_dir", str(out))
     assert printed["train"]["max_steps"] == 7
-    assert printed["optim"]["warmup_steps"] == load_config(REPO / "configs" / "debug.yaml").optim.warmup_steps
+    assert (
+        printed["schedule"]["warmup_steps"]
+        == load_config(REPO / "configs" / "debug.yaml").schedule.warmup_steps
+    )
     assert set(printed) == set(SECTIONS)  # every section, defaults included
     assert printed["guard"]["policy"] == "skip"
     assert not out.exists()  # nothing trained, no run directory

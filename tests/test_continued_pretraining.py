@@ -50,7 +50,7 @@ def cpt_config(tinyllama_hf, data, run_dir, *extra):
             "--train.seq_len", "64",
             "--train.micro_batch", "4",
             "--train.eval_windows", "4",
-            "--optim.warmup_steps", "0",
+            "--schedule.warmup_steps", "0",
             "--optim.lr", "1e-2",
             "--run.out_dir", str(run_dir),
             *extra,

@@ -481,7 +481,7 @@ def trained(shakespeare_bytes, tmp_path_factory) -> Path:
         [
             *("--data.path", str(shakespeare_bytes), "--run.out_dir", str(run)),
             *("--train.max_steps", "12", "--train.eval_every", "2", "--train.eval_windows", "4"),
-            *("--train.log_every", "2", "--checkpoint.every", "0", "--optim.warmup_steps", "2"),
+            *("--train.log_every", "2", "--checkpoint.every", "0", "--schedule.warmup_steps", "2"),
             *("--log.report", "false", "--log.tensorboard", "false"),
         ],
     )

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 QUIET = lambda line: None  # noqa: E731
 STEPS = ["--train.max_steps", "4", "--train.log_every", "1", "--train.eval_every", "2"]
 STEPS += ["--checkpoint.every", "2"]
-LORA = ["--sft.max_examples", "200", "--optim.lr", "1e-2", "--optim.warmup_steps", "2", "--lora.rank", "8"]
+LORA = ["--sft.max_examples", "200", "--optim.lr", "1e-2", "--schedule.warmup_steps", "2", "--lora.rank", "8"]
 LORA += ["--lora.targets", "all-linear", "--train.eval_windows", "8", "--checkpoint.keep_last", "5", *STEPS]
 # 8 rows per step: one micro-batch of 8 in one process; 4 per rank on 2; 2 x 2 accumulated per rank
 ACCUM = ["--train.micro_batch", "2", "--train.batch_tokens", str(8 * 128)]

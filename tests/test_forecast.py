@@ -98,43 +98,44 @@ def config(*overrides: str):
 
 
 def test_planned_lrs_follow_the_loop_for_a_step_budget():
-    cfg = config("--train.max_steps", "300", "--optim.schedule", "wsd", "--optim.warmup_steps", "10")
-    lrs = planned_lrs(cfg.train, cfg.optim, steps_done=50, tokens_per_step=1024, elapsed_s=3.0)
+    cfg = config("--train.max_steps", "300", "--schedule.name", "wsd", "--schedule.warmup_steps", "10")
+    lrs = planned(cfg, steps_done=50, tokens_per_step=1024, elapsed_s=3.0)
     assert len(lrs) == 300
     for i in range(300):
         progress = budget_progress(i, i * 1024, 0.0, cfg.train, 10)
-        assert lrs[i] == pytest.approx(lr_at(i, progress, cfg.optim))
+        assert lrs[i] == pytest.approx(lr_at(i, progress, cfg.schedule, cfg.optim.lr))
 
 
 def test_planned_lrs_follow_the_loop_for_an_hours_budget_at_the_measured_step_time():
     cfg = config("--train.max_steps", "null", "--train.max_hours", "0.01")  # 36 s
-    lrs = planned_lrs(
-        cfg.train, cfg.optim, steps_done=100, tokens_per_step=1024, elapsed_s=12.0
-    )  # 0.12 s/step
+    lrs = planned(cfg, steps_done=100, tokens_per_step=1024, elapsed_s=12.0)  # 0.12 s/step
     assert len(lrs) == math.ceil(36 / 0.12)
     for i in range(len(lrs)):
-        progress = budget_progress(i, i * 1024, i * 0.12, cfg.train, cfg.optim.warmup_steps)
-        assert lrs[i] == pytest.approx(lr_at(i, progress, cfg.optim))
+        progress = budget_progress(i, i * 1024, i * 0.12, cfg.train, cfg.schedule.warmup_steps)
+        assert lrs[i] == pytest.approx(lr_at(i, progress, cfg.schedule, cfg.optim.lr))
     # a token budget reached first ends the plan there
     both = config("--train.max_steps", "1000", "--train.max_tokens", "20480")
-    assert len(planned_lrs(both.train, both.optim, steps_done=10, tokens_per_step=1024, elapsed_s=1.0)) == 20
+    assert len(planned(both, steps_done=10, tokens_per_step=1024, elapsed_s=1.0)) == 20
+
+
+def planned(cfg, **kwargs):
+    """planned_lrs of a whole config: its budget, its schedule, its peak LR."""
+    return planned_lrs(cfg.train, cfg.schedule, cfg.optim.lr, **kwargs)
 
 
 def test_planned_lrs_of_a_kept_schedule_stay_at_the_floor_to_the_runs_end():
-    """A resume that kept the original schedule (optim.resume_horizon keep): the run goes on to its new budget,
+    """A resume that kept the original schedule (schedule.resume_horizon keep): the run goes on to its new budget,
     the LR decays by the original one and then stays at its floor, as the loop sets it."""
-    cfg = config("--train.max_steps", "60", "--optim.warmup_steps", "5")
-    original = config("--train.max_steps", "30", "--optim.warmup_steps", "5")
-    kept = planned_lrs(
-        cfg.train, cfg.optim, steps_done=40, tokens_per_step=1024, elapsed_s=1.0, schedule=original.train
-    )
-    alone = planned_lrs(original.train, original.optim, steps_done=20, tokens_per_step=1024, elapsed_s=1.0)
+    cfg = config("--train.max_steps", "60", "--schedule.warmup_steps", "5")
+    original = config("--train.max_steps", "30", "--schedule.warmup_steps", "5")
+    kept = planned(cfg, steps_done=40, tokens_per_step=1024, elapsed_s=1.0, schedule=original.train)
+    alone = planned(original, steps_done=20, tokens_per_step=1024, elapsed_s=1.0)
     assert len(kept) == 60 and np.array_equal(kept[:30], alone)
-    floor = cfg.optim.lr * cfg.optim.min_lr_ratio
+    floor = cfg.optim.lr * cfg.schedule.min_lr_ratio
     assert kept[30:] == pytest.approx(np.full(30, floor)) and kept[29] > floor
     for i in range(60):
         progress = budget_progress(i, i * 1024, 0.0, original.train, 5)
-        assert kept[i] == pytest.approx(lr_at(i, progress, cfg.optim))
+        assert kept[i] == pytest.approx(lr_at(i, progress, cfg.schedule, cfg.optim.lr))
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +146,7 @@ def tiny_run(shakespeare_bytes, tmp_path_factory) -> Path:
         [
             *("--data.path", str(shakespeare_bytes), "--run.out_dir", str(run_dir)),
             *("--train.max_steps", "60", "--train.eval_every", "5", "--train.eval_windows", "16"),
-            *("--checkpoint.every", "0", "--optim.warmup_steps", "3", "--train.target_loss", "2.0"),
+            *("--checkpoint.every", "0", "--schedule.warmup_steps", "3", "--train.target_loss", "2.0"),
         ],
     )
     train(cfg, log=lambda line: None)
@@ -156,18 +157,18 @@ def test_a_run_resumed_with_its_schedule_kept_is_forecast_to_its_new_end(tiny_ru
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_run, run_dir)
     cfg = read_run_config(run_dir)
-    assert kept_schedule(run_dir, cfg.train, cfg.optim) is None  # not resumed: the run's own budget
+    assert kept_schedule(run_dir, cfg.train, cfg.schedule) is None  # not resumed: the run's own budget
     resumed = load_config(
         DEBUG,
         [
             *("--data.path", cfg.data.path, "--run.out_dir", str(run_dir)),
             *("--train.max_steps", "90", "--train.eval_every", "5", "--train.eval_windows", "16"),
-            *("--checkpoint.every", "0", "--optim.warmup_steps", "3", "--optim.resume_horizon", "keep"),
+            *("--checkpoint.every", "0", "--schedule.warmup_steps", "3", "--schedule.resume_horizon", "keep"),
         ],
     )
     train(resumed, resume=True, log=lambda line: None)
     cfg = read_run_config(run_dir)
-    assert cfg.train.max_steps == 90 and kept_schedule(run_dir, cfg.train, cfg.optim).max_steps == 60
+    assert cfg.train.max_steps == 90 and kept_schedule(run_dir, cfg.train, cfg.schedule).max_steps == 60
     assert forecast_run(run_dir).final_step == 90
     # the forecasts printed during the resumed part ran to the run's end too
     steps = [r["forecast_step"] for r in read_records(run_dir) if r["step"] > 60 and "forecast_step" in r]

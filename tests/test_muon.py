@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from hopperlm.config import ModelConfig, OptimConfig
+from hopperlm.config import ModelConfig, MuonConfig, OptimConfig
 from hopperlm.model.transformer import build_model
 from hopperlm.train.muon import Muon
 from hopperlm.train.optim import OptimizerPair, build_optimizer, set_lr
@@ -33,8 +33,10 @@ def tiny_model():
 def muon_groups(model, adjust: str) -> list[dict]:
     """The Muon groups build_optimizer makes, each split again by layer (the second layer at 1.5x the LR
     scale and another weight decay), so same-shape matrices sit in groups with different LRs."""
-    cfg = OptimConfig(lr=LR, muon_lr_adjust=adjust, name="muon")
-    built = build_optimizer(model, cfg, fused=False, name="muon").optimizers[0]
+    cfg = OptimConfig(lr=LR, name="muon")
+    built = build_optimizer(
+        model, cfg, fused=False, name="muon", muon=MuonConfig(lr_adjust=adjust)
+    ).optimizers[0]
     second = {id(p) for n, p in model.named_parameters() if n.startswith("layers.1.")}
     groups = []
     for g in built.param_groups:

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from hopperlm.config import ModelConfig, OptimConfig
+from hopperlm.config import ModelConfig, MuonConfig, OptimConfig
 from hopperlm.errors import ConfigError
 from hopperlm.model.mup import base_config, matrix_multipliers
 from hopperlm.model.transformer import Transformer, build_model, parameter_shapes
@@ -75,7 +75,9 @@ def test_mup_at_its_base_width_is_standard(adjust):
         )  # fmt: skip
         model = build_model(cfg, seed=0)
         rule = adjust if parametrization == "mup" else "match_rms_adamw"
-        opt = build_optimizer(model, OptimConfig(lr=3e-3, muon_lr_adjust=rule), fused=False, name="muon")
+        opt = build_optimizer(
+            model, OptimConfig(lr=3e-3), fused=False, name="muon", muon=MuonConfig(lr_adjust=rule)
+        )
         run = []
         for _ in range(3):
             set_lr(opt, 3e-3)
@@ -91,7 +93,7 @@ def test_mup_at_its_base_width_is_standard(adjust):
 @pytest.mark.slow
 @pytest.mark.parametrize("group_lrs", [None, (10.0, 0.5)], ids=["one-lr", "embed-10x-head-0.5x"])
 def test_coordinate_check_is_flat_under_mup_and_grows_under_standard(group_lrs):
-    """Also with the embedding and the head at their own LRs (optim.embed_lr, head_lr: nanochat's ratios to the
+    """Also with the embedding and the head at their own LRs (rows of optim.groups: nanochat's ratios to the
     blocks' are ~10x and ~0.5x): each group keeps its own μP rule, so the curves stay flat."""
     from coord_check import QUANTITIES, coordinates
 
@@ -180,9 +182,8 @@ def test_the_transfer_benchmark_runs_in_smoke_mode(tmp_path):
     # the runs trained the embedding and the head at their own LRs (the width transfer covers the new groups)
     run = next((tmp_path / "w" / "runs").glob("mup-adamw-*-g10x0.5-*"))
     optim = yaml.safe_load((run / "config.yaml").read_text())["optim"]
-    assert optim["embed_lr"] == pytest.approx(10 * optim["lr"]) and optim["head_lr"] == pytest.approx(
-        0.5 * optim["lr"]
-    )
+    rows = {g["pattern"]: g["lr"] for g in optim["groups"]}  # multiples of optim.lr
+    assert rows == {"embed.weight": pytest.approx(10), "lm_head.weight": pytest.approx(0.5)}
     assert len(record["rows"]) == 2 * 2 * 2 * 3  # parametrizations x optimizers x widths x LRs
     keys = {"parametrization", "optimizer", "width", "params", "lr", "seed", "final_val_loss"}
     assert all(keys <= set(r) and r["final_val_loss"] is not None for r in record["rows"])

@@ -32,16 +32,21 @@ def test_nanochat_is_its_published_recipe_under_its_own_rules():
     r = recipes.nanochat(dim=64, steps=steps, mult=2.0)
     batch = math.sqrt(4096 / 2**19)
     width = (64 / 768) ** -0.5
-    o = r["optim"]
-    assert o["lr"] == pytest.approx(0.02 * batch * 2) and o["muon_lr_adjust"] == "original"
-    assert o["embed_lr"] == pytest.approx(0.3 * width * batch * 2)
-    assert o["head_lr"] == pytest.approx(0.008 * width * batch * 2)
+    o, m, s = r["optim"], r["muon"], r["schedule"]
+    assert o["lr"] == pytest.approx(0.02 * batch * 2) and m["lr_adjust"] == "original"
+    embed, head = o["groups"]  # multiples of optim.lr
+    assert embed["pattern"] == "embed.weight" and embed["lr"] * o["lr"] == pytest.approx(
+        0.3 * width * batch * 2
+    )
+    assert head["pattern"] == "lm_head.weight" and head["lr"] * o["lr"] == pytest.approx(
+        0.008 * width * batch * 2
+    )
     assert recipes.REF_STEPS == 2520  # d12: 110.1M scaling parameters x 12 tokens / 2^19
-    assert o["muon_weight_decay"] == pytest.approx(0.28 * batch * recipes.REF_TOKENS / (steps * 4096))
-    assert o["muon_momentum_warmup_steps"] == round(400 / 2520 * steps)
-    assert (o["muon_momentum_start"], o["muon_momentum"], o["muon_momentum_final"]) == (0.85, 0.97, 0.90)
+    assert m["weight_decay"] == pytest.approx(0.28 * batch * recipes.REF_TOKENS / (steps * 4096))
+    assert m["momentum_warmup_steps"] == round(400 / 2520 * steps)
+    assert (m["momentum_start"], m["momentum"], m["momentum_final"]) == (0.85, 0.97, 0.90)
     # warm-down over 65% of the whole run to 5%, after 40 of the reference's steps of warm-up
-    assert o["warmup_share"] + (1 - o["warmup_share"]) * (1 - o["decay_fraction"]) == pytest.approx(0.35)
+    assert s["warmup_share"] + (1 - s["warmup_share"]) * (1 - s["decay_fraction"]) == pytest.approx(0.35)
     assert r["model"]["logit_softcap"] == 15.0 and r["model"]["mlp"] == "relu2" and r["model"]["qk_norm"]
 
 

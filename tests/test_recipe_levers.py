@@ -10,7 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hopperlm.config import Config, ModelConfig, OptimConfig, TrainConfig
+from hopperlm.config import (
+    ModelConfig,
+    MuonConfig,
+    OptimConfig,
+    ParamGroupConfig,
+    ScheduleConfig,
+    TrainConfig,
+    config_from_dict,
+)
 from hopperlm.errors import ConfigError
 from hopperlm.model.loss import linear_cross_entropy, softcapped, standard_cross_entropy
 from hopperlm.model.transformer import build_model, count_params
@@ -120,7 +128,7 @@ def test_cautious_decay_leaves_the_weights_whose_step_points_away_from_zero():
 def test_a_skipped_step_leaves_normuon_and_cautious_state_untouched():
     model = tiny()
     opt = build_optimizer(
-        model, OptimConfig(name="muon", normuon=True, cautious_weight_decay=True), False, "muon"
+        model, OptimConfig(name="muon"), False, "muon", MuonConfig(normuon=True, cautious_weight_decay=True)
     )
     model(TOKENS[:, :-1], TOKENS[:, 1:]).backward()
     opt.step()
@@ -137,35 +145,35 @@ def test_a_skipped_step_leaves_normuon_and_cautious_state_untouched():
 
 
 def test_momentum_warms_up_then_follows_the_decay_as_nanochat():
-    oc = OptimConfig(name="muon", schedule="wsd", decay_fraction=0.5, muon_momentum=0.97, muon_momentum_start=0.85,
-                     muon_momentum_warmup_steps=400, muon_momentum_final=0.90)  # fmt: skip
-    assert muon_momentum_at(0, 0.0, oc) == pytest.approx(0.85)
-    assert muon_momentum_at(200, 0.1, oc) == pytest.approx(0.91)
-    assert muon_momentum_at(400, 0.2, oc) == pytest.approx(0.97)
-    assert muon_momentum_at(1000, 0.5, oc) == pytest.approx(0.97)  # the decay starts at half the budget
-    assert muon_momentum_at(1500, 0.75, oc) == pytest.approx(0.935)
-    assert muon_momentum_at(2000, 1.0, oc) == pytest.approx(0.90)
-    assert muon_schedule_at(5, 0.0, OptimConfig(name="muon")) is None  # nothing moves: the optimizer as built
+    sc = ScheduleConfig(name="wsd", decay_fraction=0.5)
+    mc = MuonConfig(momentum=0.97, momentum_start=0.85, momentum_warmup_steps=400, momentum_final=0.90)
+    assert muon_momentum_at(0, 0.0, mc, sc) == pytest.approx(0.85)
+    assert muon_momentum_at(200, 0.1, mc, sc) == pytest.approx(0.91)
+    assert muon_momentum_at(400, 0.2, mc, sc) == pytest.approx(0.97)
+    assert muon_momentum_at(1000, 0.5, mc, sc) == pytest.approx(0.97)  # the decay starts at half the budget
+    assert muon_momentum_at(1500, 0.75, mc, sc) == pytest.approx(0.935)
+    assert muon_momentum_at(2000, 1.0, mc, sc) == pytest.approx(0.90)
+    assert muon_schedule_at(5, 0.0, MuonConfig(), sc) is None  # nothing moves: the optimizer as built
     model = tiny()
-    opt = build_optimizer(model, oc, False, "muon")
+    opt = build_optimizer(model, OptimConfig(name="muon"), False, "muon", mc)
     assert {g["momentum"] for g in opt.optimizers[0].param_groups} == {0.85}  # step 0's, before any schedule
-    set_muon_schedule(opt, muon_schedule_at(200, 0.1, oc))
+    set_muon_schedule(opt, muon_schedule_at(200, 0.1, mc, sc))
     assert [g["momentum"] for g in opt.optimizers[0].param_groups] == pytest.approx([0.91])
 
 
 def test_cosine_weight_decay_falls_to_zero_and_multiplies_muons_decay():
-    oc = OptimConfig(name="muon", weight_decay_schedule="cosine", muon_weight_decay=0.28)
-    factors = [muon_schedule_at(0, p, oc).decay_factor for p in (0.0, 0.5, 1.0)]
+    mc, sc = MuonConfig(weight_decay_schedule="cosine", weight_decay=0.28), ScheduleConfig()
+    factors = [muon_schedule_at(0, p, mc, sc).decay_factor for p in (0.0, 0.5, 1.0)]
     assert factors == pytest.approx([1.0, 0.5, 0.0])
     model = tiny()
-    opt = build_optimizer(model, oc, False, "muon")
+    opt = build_optimizer(model, OptimConfig(name="muon"), False, "muon", mc)
     muon, adamw = opt.optimizers
     assert {g["weight_decay"] for g in muon.param_groups} == {
         0.28
     }  # Muon's own; AdamW keeps optim.weight_decay
     assert {g["weight_decay"] for g in adamw.param_groups} == {0.1, 0.0}
     weights = [p.detach().clone() for g in muon.param_groups for p in g["params"]]
-    set_muon_schedule(opt, muon_schedule_at(10, 1.0, oc))  # at the end: no decay at all
+    set_muon_schedule(opt, muon_schedule_at(10, 1.0, mc, sc))  # at the end: no decay at all
     for g in muon.param_groups:
         for p in g["params"]:
             p.grad = torch.zeros_like(p)
@@ -185,7 +193,16 @@ def effective_lrs(model, opt) -> dict[str, float]:
 @pytest.mark.parametrize("name", ["adamw", "muon"])
 def test_embedding_and_head_train_at_their_own_lrs_on_the_same_schedule(name):
     model = tiny()
-    opt = build_optimizer(model, OptimConfig(name=name, lr=0.01, embed_lr=0.3, head_lr=0.004), False, name)
+    opt = build_optimizer(
+        model,
+        OptimConfig(
+            name=name,
+            lr=0.01,
+            groups=[ParamGroupConfig("embed.weight", lr=30.0), ParamGroupConfig("lm_head.weight", lr=0.4)],
+        ),
+        False,
+        name,
+    )
     set_lr(opt, 0.005)  # the schedule at half the peak: every group at half its own peak
     lrs = effective_lrs(model, opt)
     assert lrs["embed.weight"] == pytest.approx(0.15) and lrs["lm_head.weight"] == pytest.approx(0.002)
@@ -201,7 +218,18 @@ def test_under_mup_each_group_keeps_its_own_rule():
         cfg = ModelConfig(dim=dim, n_layers=2, n_heads=dim // 32, vocab_size=256, max_seq_len=32, parametrization="mup",
                           base_dim=64)  # fmt: skip
         model = build_model(cfg, seed=0)
-        opt = build_optimizer(model, OptimConfig(lr=0.01, embed_lr=0.3, head_lr=0.004), False, "adamw")
+        opt = build_optimizer(
+            model,
+            OptimConfig(
+                lr=0.01,
+                groups=[
+                    ParamGroupConfig("embed.weight", lr=30.0),
+                    ParamGroupConfig("lm_head.weight", lr=0.4),
+                ],
+            ),
+            False,
+            "adamw",
+        )
         set_lr(opt, 0.01)
         lrs[dim] = effective_lrs(model, opt)
     for dim in (64, 128):
@@ -216,22 +244,28 @@ def test_original_muon_lr_takes_no_width_factor_under_mup():
     cfg = ModelConfig(dim=128, n_layers=2, n_heads=4, vocab_size=256, max_seq_len=32, parametrization="mup",
                       base_dim=64)  # fmt: skip
     model = build_model(cfg, seed=0)
-    opt = build_optimizer(model, OptimConfig(name="muon", lr=0.02, muon_lr_adjust="original"), False, "muon")
+    opt = build_optimizer(
+        model, OptimConfig(name="muon", lr=0.02), False, "muon", MuonConfig(lr_adjust="original")
+    )
     set_lr(opt, 0.02)
     assert sorted({g["lr"] for g in opt.optimizers[0].param_groups}) == pytest.approx([0.02])
     assert {g["adjust_lr_fn"] for g in opt.optimizers[0].param_groups} == {"original"}
 
 
 def test_a_warmup_share_is_laid_on_the_budget_like_the_decay():
-    oc = OptimConfig(lr=1.0, min_lr_ratio=0.0, schedule="wsd", decay_fraction=0.5, warmup_share=0.1,
-                     warmup_steps=999)  # fmt: skip
-    assert counted_warmup_steps(oc) == 0  # warmup_steps is replaced
+    sc = ScheduleConfig(min_lr_ratio=0.0, name="wsd", decay_fraction=0.5, warmup_share=0.1, warmup_steps=999)
+    assert counted_warmup_steps(sc) == 0  # warmup_steps is replaced
     tc = TrainConfig(max_hours=1.0)
-    lr = [lr_at(0, budget_progress(0, 0, t, tc, 0), oc) for t in (0.0, 180.0, 360.0, 1800.0, 2700.0, 3600.0)]
+    lr = [
+        lr_at(0, budget_progress(0, 0, t, tc, 0), sc, 1.0)
+        for t in (0.0, 180.0, 360.0, 1800.0, 2700.0, 3600.0)
+    ]
     # warm-up over the first 6 minutes, stable until half of the remaining 54, then linear to zero
     assert lr == pytest.approx([0.0, 0.5, 1.0, 1.0, 1 - (2700 - 360 - 1620) / 1620, 0.0])
     steps = TrainConfig(max_steps=100)
-    by_step = [lr_at(s, budget_progress(s, 0, 0.0, steps, counted_warmup_steps(oc)), oc) for s in (0, 5, 10)]
+    by_step = [
+        lr_at(s, budget_progress(s, 0, 0.0, steps, counted_warmup_steps(sc)), sc, 1.0) for s in (0, 5, 10)
+    ]
     assert by_step == pytest.approx([0.0, 0.5, 1.0])
 
 
@@ -266,20 +300,24 @@ def test_the_fused_loss_softcaps_as_the_standard_one():
 
 
 @pytest.mark.parametrize(
-    "optim, model, words",
+    "raw, words",
     [
-        ({"normuon": True}, {}, "optim.normuon is a setting of Muon's"),
-        ({"cautious_weight_decay": True}, {}, "optim.cautious_weight_decay is a setting of Muon's"),
-        ({"muon_momentum_warmup_steps": 10}, {}, "set optim.name muon"),
-        ({"normuon_beta2": 0.9}, {}, "optim.normuon_beta2 is a setting of Muon's"),
-        ({"name": "muon", "normuon_beta2": 0.9}, {}, "read only by NorMuon; set optim.normuon true"),
-        ({"name": "muon", "muon_momentum_start": 0.8}, {}, "set optim.muon_momentum_warmup_steps"),
-        ({"head_lr": 0.01}, {"tie_embeddings": True}, "optim.head_lr needs an untied head"),
-        ({"warmup_share": 1.5}, {}, "optim.warmup_share=1.5 must be in (0, 1)"),
-        ({"embed_lr": -1.0}, {}, "optim.embed_lr=-1.0 must be positive"),
+        ({"muon": {"normuon": True}}, "muon.normuon is a setting of Muon's"),
+        ({"muon": {"cautious_weight_decay": True}}, "muon.cautious_weight_decay is a setting of Muon's"),
+        ({"muon": {"momentum_warmup_steps": 10}}, "set optim.name muon"),
+        ({"muon": {"momentum": 0.9}}, "muon.momentum is a setting of Muon's"),  # (accepted silently before)
+        ({"muon": {"lr_adjust": "spectral"}}, "muon.lr_adjust is a setting of Muon's"),
+        (
+            {"optim": {"name": "muon"}, "muon": {"normuon_beta2": 0.9}},
+            "read only by NorMuon; set muon.normuon true",
+        ),
+        ({"optim": {"name": "muon"}, "muon": {"momentum_start": 0.8}}, "set muon.momentum_warmup_steps"),
+        ({"schedule": {"warmup_share": 1.5}}, "schedule.warmup_share=1.5 must be in (0, 1)"),
+        ({"optim": {"groups": [{"pattern": "embed.weight", "lr": -1.0}]}}, "lr=-1.0 must be positive"),
+        ({"optim": {"betas": [0.9]}}, "betas=[0.9] must be two numbers in [0, 1)"),
     ],
 )
-def test_settings_that_do_not_fit_are_refused_in_one_line(optim, model, words):
+def test_settings_that_do_not_fit_are_refused_in_one_line(raw, words):
     with pytest.raises(ConfigError, match=".*") as err:
-        Config(model=ModelConfig(**model), optim=OptimConfig(**optim))
+        config_from_dict({**raw, "train": {"max_steps": 1}})
     assert words in str(err.value) and "\n" not in str(err.value)

@@ -103,7 +103,7 @@ def sft_config(tinyllama_hf, data_dir, run_dir, *extra):
         "300",
         "--optim.lr",
         "1e-2",
-        "--optim.warmup_steps",
+        "--schedule.warmup_steps",
         "3",
         "--train.eval_windows",
         "8",

@@ -27,6 +27,7 @@ data:
   path: {data}
 optim:
   lr: 1.0e-3   # a guess
+schedule:
   warmup_steps: 2
 train:
   seq_len: 64
@@ -109,11 +110,14 @@ def test_sweep_trains_the_proxy_picks_the_best_lr_and_writes_the_recipe(recipe, 
 
 @pytest.mark.slow
 def test_a_sweep_moves_the_group_lrs_with_optim_lr(recipe, tmp_path):
-    """optim.embed_lr and optim.head_lr keep their ratio to optim.lr in every run and in the tuned recipe: the sweep
-    tunes one multiplier of all the recipe's LRs (a group LR held still would change the recipe's ratios)."""
+    """optim.groups' LRs keep their ratio to optim.lr in every run and in the tuned recipe (they are multiples of
+    it): the sweep tunes one multiplier of all the recipe's LRs."""
+    text = recipe.read_text()
+    assert "\noptim:\n" in text
     recipe.write_text(
-        recipe.read_text().replace(
-            "  warmup_steps: 2", "  warmup_steps: 2\n  embed_lr: 1.0e-2\n  head_lr: 5.0e-4"
+        text.replace(
+            "\noptim:\n",
+            "\noptim:\n  groups: [{pattern: embed.weight, lr: 10}, {pattern: lm_head.weight, lr: 0.5}]\n",
         )
     )
     out = tmp_path / "sweep"
@@ -121,14 +125,18 @@ def test_a_sweep_moves_the_group_lrs_with_optim_lr(recipe, tmp_path):
         "sweep", recipe, "--lr", "1e-3,2e-3,4e-3", "--dim", "32", "--max-steps", "2", "--out", out
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "optim.embed_lr moves with optim.lr (10 x it)" in done.stdout
+    assert "optim.groups 'embed.weight' moves with optim.lr (10 x it)" in done.stdout
+    lrs = set()
     for run in out.glob("lr-*-seed-*"):
         optim = yaml.safe_load((run / "config.yaml").read_text())["optim"]
-        assert optim["embed_lr"] == pytest.approx(10 * optim["lr"]) and optim["head_lr"] == pytest.approx(
-            optim["lr"] / 2
-        )
+        assert [(g["pattern"], g["lr"]) for g in optim["groups"]] == [
+            ("embed.weight", 10),
+            ("lm_head.weight", 0.5),
+        ]
+        lrs.add(optim["lr"])
+    assert len(lrs) == 3  # each run its own optim.lr, the table the same multiples of it
     tuned = load_config(out / "tiny-mup.tuned.yaml", []).optim
-    assert tuned.embed_lr == pytest.approx(10 * tuned.lr) and tuned.head_lr == pytest.approx(tuned.lr / 2)
+    assert [(g.pattern, g.lr) for g in tuned.groups] == [("embed.weight", 10), ("lm_head.weight", 0.5)]
     assert "differs from the sweep's runs" not in done.stdout  # the tuned recipe at the proxy: the best run
 
 

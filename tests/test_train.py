@@ -86,10 +86,10 @@ def test_debug_preset_trains_and_val_loss_falls(shakespeare_bytes, tmp_path):
 # cosine schedule, NorMuon and Polar Express (optimizer state beyond momentum), group LRs, a warm-up share, a ReLU²
 # MLP, QK-norm and a logit softcap; the run crosses its checkpoint inside the momentum warm-up
 RECIPE_LEVERS = [
-    "--optim.name", "muon", "--optim.muon_momentum_warmup_steps", "8", "--optim.muon_momentum_final", "0.9",
-    "--optim.cautious_weight_decay", "true", "--optim.weight_decay_schedule", "cosine", "--optim.normuon", "true",
-    "--optim.muon_ns", "polar_express", "--optim.embed_lr", "0.03", "--optim.head_lr", "0.002",
-    "--optim.warmup_share", "0.2", "--optim.schedule", "wsd", "--model.mlp", "relu2", "--model.qk_norm", "true",
+    "--optim.name", "muon", "--muon.momentum_warmup_steps", "8", "--muon.momentum_final", "0.9",
+    "--muon.cautious_weight_decay", "true", "--muon.weight_decay_schedule", "cosine", "--muon.normuon", "true",
+    "--muon.ns", "polar_express", "--optim.groups", "[{pattern: embed.weight, lr: 10}, {pattern: lm_head.weight, lr: 0.6667}]",
+    "--schedule.warmup_share", "0.2", "--schedule.name", "wsd", "--model.mlp", "relu2", "--model.qk_norm", "true",
     "--model.logit_softcap", "15",
 ]  # fmt: skip
 
@@ -174,7 +174,7 @@ def test_token_time_and_target_budgets(shakespeare_bytes, tmp_path):
             "0.001",  # 3.6 s: even a step of 0.3 s on a busy machine starts past 89% of it
             "--train.log_every",
             "1",
-            "--optim.warmup_steps",
+            "--schedule.warmup_steps",
             "0",  # the shape is then set by the clock alone, however few steps a busy machine manages
             "--train.threads",
             "1",  # (no spinning against the suite's other workers: a few steps fit besides the final evaluation)
@@ -263,7 +263,7 @@ def test_out_of_memory_halves_micro_batch_and_keeps_global_batch(shakespeare_byt
     import torch
 
     from hopperlm.model.transformer import Transformer
-    from hopperlm.train.loop import OutOfMemory
+    from hopperlm.train.out_of_memory import OutOfMemory
 
     real_forward = Transformer.forward
 

@@ -133,7 +133,7 @@ def test_bench_row_trains_exactly_as_train_does(shakespeare_bytes, tmp_path):
         "--train.micro_batch",
         str(micro),
     ]
-    overrides += ["--train.seed", "0", "--optim.schedule", "constant", "--optim.warmup_steps", "0"]
+    overrides += ["--train.seed", "0", "--schedule.name", "constant", "--schedule.warmup_steps", "0"]
     overrides += ["--optim.grad_clip", "0.05"]  # small: every step is clipped, so clipping must match
     cfg = load_config(DEBUG, overrides)
     train(cfg, log=lambda line: None)
@@ -148,7 +148,7 @@ def test_bench_row_trains_exactly_as_train_does(shakespeare_bytes, tmp_path):
         micro,
         seq,
         lambda line: None,
-        optim=dataclasses.asdict(cfg.optim),
+        {"optim": dataclasses.asdict(cfg.optim)},
     )
     step, notes = case.build()
     assert "clip 0.05" in notes
@@ -237,15 +237,15 @@ def test_a_step_of_minutes_on_a_cpu_is_announced(shakespeare_bytes, tmp_path, mo
 @pytest.mark.parametrize("horizon", ["extend", "keep"])
 def test_resuming_with_a_longer_budget_says_how_the_schedule_changes(shakespeare_bytes, tmp_path, horizon):
     args = ["--data.path", str(shakespeare_bytes), "--run.out_dir", str(tmp_path / "run")]
-    args += ["--train.log_every", "1", "--optim.warmup_steps", "2", "--train.eval_every", "0"]
+    args += ["--train.log_every", "1", "--schedule.warmup_steps", "2", "--train.eval_every", "0"]
     train(load_config(DEBUG, [*args, "--train.max_steps", "10"]), log=lambda line: None)
     lines = []
-    resumed = load_config(DEBUG, [*args, "--train.max_steps", "20", "--optim.resume_horizon", horizon])
+    resumed = load_config(DEBUG, [*args, "--train.max_steps", "20", "--schedule.resume_horizon", horizon])
     train(resumed, resume=True, log=lines.append)
     said = [line for line in lines if line.startswith("resume: budget changed (max_steps 10 -> 20)")]
     assert len(said) == 1, lines
     lr = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")}
-    floor = resumed.optim.lr * resumed.optim.min_lr_ratio
+    floor = resumed.optim.lr * resumed.schedule.min_lr_ratio
     if horizon == "keep":  # the original decay had ended: the LR stays at its floor
         assert "original schedule kept" in said[0] and lr[11] == pytest.approx(floor)
     else:  # cosine re-laid over 20 steps: the LR jumps back up, and the line says by how much

@@ -135,12 +135,12 @@ stage_bench_owt_step() {  # the race recipe's optimizer step: 262,144 tokens as 
   # NorMuon, Polar Express and cautious weight decay, all in one row (step time only: their LRs do not matter)
   local shape="seq_len=512,micro_batch=64,grad_accum=8" steps=(--steps 1 --warmup 2) ffn=4224  # 5 windows of 1.4 s
   [ "$SMOKE" = 1 ] && shape="seq_len=64,micro_batch=2,grad_accum=2" ffn=1056  # --quick: SwiGLU 704
-  local levers="model.mlp=relu2,model.ffn_dim=$ffn,model.qk_norm=true,model.logit_softcap=15.0,optim.normuon=true"
-  levers+=",optim.muon_ns=polar_express,optim.cautious_weight_decay=true"
+  local levers="model.mlp=relu2,model.ffn_dim=$ffn,model.qk_norm=true,model.logit_softcap=15.0,muon.normuon=true"
+  levers+=",muon.ns=polar_express,muon.cautious_weight_decay=true"
   bench h100-350m --rows "hopperlm owt-muon,hopperlm owt-adamw,hopperlm owt-levers" "${steps[@]}" \
-    --variant "owt-muon:optim.name=muon,optim.muon_lr_adjust=spectral,optim.lr=1.5e-3,$shape" \
+    --variant "owt-muon:optim.name=muon,muon.lr_adjust=spectral,optim.lr=1.5e-3,$shape" \
     --variant "owt-adamw:$shape" \
-    --variant "owt-levers:optim.name=muon,optim.muon_lr_adjust=spectral,optim.lr=1.5e-3,$levers,$shape"
+    --variant "owt-levers:optim.name=muon,muon.lr_adjust=spectral,optim.lr=1.5e-3,$levers,$shape"
 }
 
 stage_cudagraphs_accum() {  # micro-batch 16 x 4 accumulation steps under CUDA graphs (reduce-overhead)
@@ -169,7 +169,7 @@ stage_owt_350m() {  # the recipe as shipped (batch 262,144 tokens, micro-batch b
   [ "$SMOKE" = 1 ] && size=(--model.preset debug --model.max_seq_len 64 --train.seq_len 64
     --train.batch_tokens 256 --train.max_steps 4 --train.eval_every 4 --train.eval_windows 2 --train.log_every 2)
   $PY -m hopperlm train configs/owt-350m-h100.yaml --data.path "$data" --train.target_loss null \
-    --optim.warmup_steps 5 --checkpoint.every 0 --checkpoint.keep_last 1 --log.tensorboard false "${size[@]}" \
+    --schedule.warmup_steps 5 --checkpoint.every 0 --checkpoint.keep_last 1 --log.tensorboard false "${size[@]}" \
     --run.out_dir "$W/run"
 }
 stage_profile_h100_350m() {  # the trace stays on the machine (too large to come back): the table is the result

@@ -44,7 +44,8 @@ def case(strategy: str, model_cfg, hw, rt: Runtime, micro: int, seq: int, log) -
                 "model": {"preset": None, **dataclasses.asdict(model_cfg)},
                 "train": {"seq_len": seq, "micro_batch": micro, "max_steps": 1000, "fp8": "off"},
                 "parallel": {"strategy": strategy},
-                "optim": {"lr": 3e-4, "warmup_steps": 0},
+                "optim": {"lr": 3e-4},
+                "schedule": {"warmup_steps": 0},
             }
         )
         world = rt.world if strategy != "none" else World()  # none: every rank trains its own copy

@@ -166,8 +166,8 @@ def hopperlm_step(
                 "optim": {
                     "name": "paged_adamw8bit" if quantize == "nf4" and not stand_in else "adamw",
                     "lr": 1e-4,
-                    "warmup_steps": 0,
                 },
+                "schedule": {"warmup_steps": 0},
                 "train": {
                     "seq_len": seq,
                     "micro_batch": 1,

@@ -146,6 +146,11 @@ def add_parsers(verbs, common: argparse.ArgumentParser) -> None:
         "tokenizer when the tokenizer adds special tokens of its own, else eos",
     )
 
+    add_tokenizer_parser(verbs, common)
+
+
+def add_tokenizer_parser(verbs, common: argparse.ArgumentParser) -> None:
+    """`tokenizer train` and `tokenizer extend`."""
     p = add_verb(
         verbs, common, "tokenizer", cmd_tokenizer, "train a tokenizer, or extend one for a new language"
     )

@@ -11,7 +11,7 @@ from hopperlm.cli.common import DEVICE_HELP, add_verb, log, printed_config, run_
 from hopperlm.errors import ConfigError
 
 if TYPE_CHECKING:  # (the CLI imports torch only when a verb needs it)
-    from hopperlm.config import Config, ModelConfig, TrainConfig
+    from hopperlm.config import ModelConfig, TrainConfig
     from hopperlm.hardware import Hardware
     from hopperlm.plan import Plan
 
@@ -77,7 +77,7 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
             tokens_per_step=plan.tokens_per_step,
         )
         lines.append(checkpoint_line(room))
-        lines += budget_lines(cfg, model_cfg, plan, hw)
+        lines += budget_lines(cfg.train, Path(cfg.run.out_dir), model_cfg, plan, hw)
         report["plan"] = {**dataclasses.asdict(plan), "memory_bytes": plan.memory.total(plan.micro_batch)}
         report["checkpoints"] = room
     if not args.simulate and not args.no_selftest:
@@ -103,22 +103,20 @@ def cmd_diagnose(args: argparse.Namespace, overrides: list[str]) -> None:
 ASSUMED_GPU_MFU = 0.45
 
 
-def budget_lines(cfg: Config, model_cfg: ModelConfig, plan: Plan, hw: Hardware) -> list[str]:
+def budget_lines(
+    tc: TrainConfig, run_dir: Path, model_cfg: ModelConfig, plan: Plan, hw: Hardware
+) -> list[str]:
     """For a wall-clock budget: the tokens it buys at the predicted speed (a GPU: the dense 16-bit peak at the
     MFU measured for h100-350m; a CPU: the matmul rate measured here, an upper bound) and per parameter, and
     where the run folder already has evaluations, the forecasts of its final validation loss."""
     from hopperlm.model.transformer import count_params, flops_per_token
     from hopperlm.train.banner import budget_line, predicted_tokens_per_s
 
-    if not cfg.train.max_hours:
-        if not cfg.train.forecast_from:
+    if not tc.max_hours:
+        if not tc.forecast_from:
             return []
-        return [
-            "== budget",
-            proxy_line(cfg, model_cfg, plan, None),
-            *run_forecast_lines(Path(cfg.run.out_dir), cfg.train),
-        ]
-    fpt = flops_per_token(model_cfg, cfg.train.seq_len)
+        return ["== budget", proxy_line(tc, model_cfg, plan, None), *run_forecast_lines(run_dir, tc)]
+    fpt = flops_per_token(model_cfg, tc.seq_len)
     if hw.peak_16bit:
         tok_s = hw.peak_16bit * ASSUMED_GPU_MFU / fpt * plan.world_size
         speed = f"{ASSUMED_GPU_MFU:.0%} MFU, about what h100-350m measured on an H200"
@@ -126,11 +124,11 @@ def budget_lines(cfg: Config, model_cfg: ModelConfig, plan: Plan, hw: Hardware) 
         tok_s, speed = predicted_tokens_per_s(plan, fpt)[0], "the matmul-bound upper bound measured here"
     lines = [
         "== budget",
-        budget_line(cfg.train, params=count_params(model_cfg)["total"], tokens_per_s=tok_s, speed=speed),
+        budget_line(tc, params=count_params(model_cfg)["total"], tokens_per_s=tok_s, speed=speed),
     ]
-    if cfg.train.forecast_from:
-        lines.append(proxy_line(cfg, model_cfg, plan, tok_s))
-    return lines + run_forecast_lines(Path(cfg.run.out_dir), cfg.train)
+    if tc.forecast_from:
+        lines.append(proxy_line(tc, model_cfg, plan, tok_s))
+    return lines + run_forecast_lines(run_dir, tc)
 
 
 def run_forecast_lines(run_dir: Path, tc: TrainConfig) -> list[str]:
@@ -160,11 +158,11 @@ def run_forecast_lines(run_dir: Path, tc: TrainConfig) -> list[str]:
     return [*lines, forecast.line(target)]
 
 
-def proxy_line(cfg: Config, model_cfg: ModelConfig, plan: Plan, tokens_per_s: float | None) -> str:
+def proxy_line(tc: TrainConfig, model_cfg: ModelConfig, plan: Plan, tokens_per_s: float | None) -> str:
     from hopperlm.model.transformer import count_params
     from hopperlm.train.banner import proxy_forecast_line
 
-    return proxy_forecast_line(cfg.train, params=count_params(model_cfg)["total"],
+    return proxy_forecast_line(tc, params=count_params(model_cfg)["total"],
                                tokens_per_step=plan.tokens_per_step, tokens_per_s=tokens_per_s)  # fmt: skip
 
 

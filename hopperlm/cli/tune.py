@@ -99,11 +99,15 @@ def run_planned_sweep(args: argparse.Namespace, plan: SweepPlan) -> None:
     dim, depth = args.dim or cfg.model.dim, args.depth or cfg.model.n_layers
     log(f"sweep: {recipe.name} at width {dim}, {depth} blocks (the recipe's: {cfg.model.dim}, {cfg.model.n_layers}), "
         f"lr {', '.join(map(sweep.lr_text, lrs))}, seeds {', '.join(map(str, seeds))}, {args.jobs} at a time -> {out}")  # fmt: skip
-    ratios = sweep.group_lr_ratios(cfg.optim)
-    if ratios:
-        log("sweep: " + ", ".join(f"optim.{k} moves with optim.lr ({v:.4g} x it)" for k, v in ratios.items()))
+    if cfg.optim.groups:
+        log(
+            "sweep: "
+            + ", ".join(
+                f"optim.groups '{g.pattern}' moves with optim.lr ({g.lr:g} x it)" for g in cfg.optim.groups
+            )
+        )
     runs = sweep.run_sweep(recipe, extra + proxy, lrs=lrs, seeds=seeds, out_dir=out, jobs=args.jobs, log=log,
-                           ratios=ratios, resume=args.resume)  # fmt: skip
+                           resume=args.resume)  # fmt: skip
     stopped_by_ctrl_c(sweep.interrupted_line(runs, resume_command()))
     best, means = sweep.best_lr(runs)
     command = "hopperlm " + " ".join(sys.argv[1:])
@@ -138,9 +142,9 @@ def run_planned_sweep(args: argparse.Namespace, plan: SweepPlan) -> None:
         tuned=tuned,
         out=out,
     )
-    text = sweep.tuned_recipe_text(recipe.read_text(), lr=best, overrides=kept, note=note, ratios=ratios)
+    text = sweep.tuned_recipe_text(recipe.read_text(), lr=best, overrides=kept, note=note)
     write_atomic(tuned, text)  # kept whatever the forecast's runs do
-    ran = run_config(str(recipe), [*extra, *proxy, *sweep.lr_overrides(best, ratios)]).to_dict()
+    ran = run_config(str(recipe), [*extra, *proxy, *sweep.lr_overrides(best)]).to_dict()
     again = run_config(str(tuned), [*proxy, *left_out]).to_dict()
     if differ := sweep.config_differences(again, ran):
         log(f"warning: {tuned} at the proxy's width and budget differs from the sweep's runs in {', '.join(differ)}; "

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 
 from hopperlm.config.model import awaiting_init_from
+from hopperlm.config.moved_keys import is_moved, migrate_saved, refusal
 from hopperlm.config.presets import get_preset
 from hopperlm.config.recipe import SECTIONS, Config
 from hopperlm.errors import ConfigError
@@ -43,6 +44,21 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if value not in choices:
             raise ConfigError(f"{where}={value!r} is not one of {', '.join(map(str, choices))}")
         return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}={value!r} must be a list, e.g. [0.9, 0.95]")
+        (item_type,) = typing.get_args(tp)
+        return [_coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):  # a row of a table (optim.groups)
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"{where}={value!r} must be a mapping of keys, e.g. {{pattern: embed.weight, lr: 8}}"
+            )
+        hints, known = typing.get_type_hints(tp), [f.name for f in dataclasses.fields(tp)]
+        for key in value:
+            if key not in known:
+                raise ConfigError(f"unknown key '{key}' in {where}; its keys: {', '.join(known)}")
+        return tp(**{k: _coerce(v, hints[k], f"{where}.{k}") for k, v in value.items()})
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}={value!r} must be true or false")
@@ -82,28 +98,6 @@ def _unknown(key: str, known: list[str], where: str) -> ConfigError:
 
 # keys that were renamed: configs saved by earlier versions (run folders, checkpoints) still load
 RENAMED = {("parallel", "timeout_s"): "startup_timeout_s"}
-# keys that moved to another section: refused in one line naming the new key (the checkpoint section owns
-# every checkpoint setting)
-MOVED = {
-    ("train", "ckpt_every"): "checkpoint.every",
-    ("train", "keep_last"): "checkpoint.keep_last",
-    ("train", "keep_every"): "checkpoint.keep_every",
-    ("train", "on_disk_full"): "checkpoint.on_disk_full",
-    ("train", "disk_full_retry_s"): "checkpoint.disk_full_retry_s",
-    ("train", "disk_full_wait_s"): "checkpoint.disk_full_wait_s",
-    ("parallel", "checkpoint"): "checkpoint.format",
-    ("parallel", "async_checkpoint"): "checkpoint.async_save",
-}
-
-
-def _moved(section: str, key: str, value: Any) -> ConfigError:
-    new = MOVED[(section, key)]
-    new_section, new_key = new.split(".")
-    value = yaml.safe_dump(value).removesuffix("\n...\n").strip()  # as YAML writes it: true, not True
-    return ConfigError(
-        f"config key '{section}.{key}' is now '{new}' (every checkpoint setting lives in the checkpoint "
-        f"section): write '{new_key}: {value}' under '{new_section}:' in the YAML, or pass --{new} {value}"
-    )
 
 
 def _build_section(name: str, values: dict[str, Any]) -> Any:
@@ -120,8 +114,8 @@ def _build_section(name: str, values: dict[str, Any]) -> Any:
         values = {**dataclasses.asdict(get_preset(values["preset"])), **values}
     kwargs = {}
     for key, value in values.items():
-        if (name, key) in MOVED:
-            raise _moved(name, key, value)
+        if is_moved(name, key):
+            raise refusal(name, key, value, values)
         if key not in known:
             raise _unknown(key, known, f"{name}.")
         kwargs[key] = _coerce(value, hints[key], f"{name}.{key}")
@@ -214,8 +208,43 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read a YAML recipe, apply `--section.key value` overrides, validate everything. Reads no checkpoint: a
-    model.init_from is filled in by interop/init_from.py's resolve_init_from, called before the run."""
-    return config_from_dict(merge(read_yaml(path), parse_overrides(overrides or [])))
+    model.init_from is filled in by interop/init_from.py's resolve_init_from, called before the run. A run
+    folder's config.yaml saved by an earlier hopperlm has its moved keys moved (the run rewrites it when it
+    starts); a recipe's are refused, naming their new place."""
+    raw = read_yaml(path)
+    if is_run_folder(Path(path).parent):
+        raw, moved = migrate_saved(raw)
+        if moved:
+            print(f"config: {path} was saved by an earlier hopperlm; read with {', '.join(moved)}")
+    check_file_keys(raw, path)
+    return config_from_dict(merge(raw, parse_overrides(overrides or [])))
+
+
+def is_run_folder(folder: Path) -> bool:
+    """A folder a run wrote (train/run.py prepare_run_dir): its config.yaml is the run's saved config."""
+    return (folder / "events.jsonl").is_file() or (folder / "checkpoints").is_dir()
+
+
+def check_file_keys(raw: dict[str, Any], path: str | Path) -> None:
+    """An unknown section or key in a YAML file, named as it is written there (the file, the section, the key),
+    with the closest known one; moved keys are left to _build_section's refusal."""
+    for name, values in raw.items():
+        if name not in SECTIONS:
+            close = difflib.get_close_matches(str(name), list(SECTIONS), n=1)
+            hint = f"did you mean '{close[0]}:'?" if close else f"sections: {', '.join(SECTIONS)}"
+            raise ConfigError(f"config file {path}: unknown section '{name}:'; {hint}")
+        known = [f.name for f in dataclasses.fields(SECTIONS[name])]
+        for key in values if isinstance(values, dict) else ():
+            key = RENAMED.get((name, key), key)
+            if key in known or is_moved(name, key):
+                continue
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = (
+                f"did you mean '{close[0]}:' (--{name}.{close[0]})?"
+                if close
+                else f"its keys: {', '.join(known)}"
+            )
+            raise ConfigError(f"config file {path}: unknown key '{key}:' under '{name}:'; {hint}")
 
 
 def config_yaml(config: Config) -> str:

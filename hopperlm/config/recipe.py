@@ -1,4 +1,4 @@
-"""The whole recipe: a Config of twelve sections, and the checks that span two of them."""
+"""The whole recipe: a Config of fourteen sections, and the checks that span two of them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 from hopperlm.config.finetune import LoRAConfig, SFTConfig
 from hopperlm.config.model import ModelConfig
+from hopperlm.config.optim import MuonConfig, OptimConfig, ScheduleConfig, muon_refusal
 from hopperlm.config.run import CheckpointConfig, EvalConfig, LogConfig, ParallelConfig, RunConfig
-from hopperlm.config.training import DataConfig, GuardConfig, OptimConfig, TrainConfig
+from hopperlm.config.training import DataConfig, GuardConfig, TrainConfig
 from hopperlm.errors import ConfigError
 
 
@@ -18,6 +19,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    muon: MuonConfig = field(default_factory=MuonConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(max_steps=1000))
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
@@ -34,11 +37,9 @@ class Config:
                 "train.embed_warmup_steps trains new embedding rows, which LoRA keeps frozen; "
                 "drop one of train.embed_warmup_steps and lora.rank"
             )
-        if self.optim.head_lr is not None and self.model.tie_embeddings:
-            raise ConfigError(
-                "optim.head_lr needs an untied head (model.tie_embeddings false): a tied head is the input "
-                "embedding, which trains at optim.embed_lr"
-            )
+        refusal = muon_refusal(self.optim, self.muon)
+        if refusal is not None:
+            raise refusal
         # (a model section awaiting model.init_from is checked once resolve_init_from has filled it in)
         if not self.model.awaits_init_from and self.train.seq_len > self.model.max_seq_len:
             raise ConfigError(
@@ -54,6 +55,8 @@ SECTIONS: dict[str, type] = {
     "model": ModelConfig,
     "data": DataConfig,
     "optim": OptimConfig,
+    "muon": MuonConfig,
+    "schedule": ScheduleConfig,
     "train": TrainConfig,
     "checkpoint": CheckpointConfig,
     "guard": GuardConfig,

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hopperlm.config.optim import ParamGroupConfig
 from hopperlm.config.recipe import SECTIONS
 
 COMMAND = "python -m hopperlm.config.reference > docs/config-reference.md"
@@ -24,7 +25,7 @@ HEADER = f"""\
 <!-- Generated from the field docstrings in hopperlm/config/*.py; do not edit by hand.
      Regenerate: {COMMAND} -->
 
-A recipe (YAML) has up to twelve sections; every key below may also be set on the command line as
+A recipe (YAML) has up to fourteen sections; every key below may also be set on the command line as
 `--section.key value` (e.g. `--train.max_steps 100`). Unknown keys and wrong types are refused with the
 field's name. `hopperlm train CONFIG --print-config` prints a recipe with every default filled in.
 `null` means "not set": the description says what is chosen then (often by the plan, see
@@ -66,6 +67,8 @@ def _type_text(node: ast.expr) -> str:
             return " / ".join(str(a.value) for a in args)
         if base == "dict":
             return "{" + ": ".join(_type_text(a) for a in args) + "}"
+        if base == "list":
+            return f"list of {_type_text(args[0])}"
     return ast.unparse(node)
 
 
@@ -81,12 +84,18 @@ def _default_text(node: ast.expr | None) -> str:
             return "true" if value else "false"
         if isinstance(value, str):
             return value if value else '""'
+    factory = next((k.value for k in getattr(node, "keywords", []) if k.arg == "default_factory"), None)
+    if isinstance(factory, ast.Lambda):  # field(default_factory=lambda: [0.9, 0.95]): the value it makes
+        return ast.unparse(factory.body)
+    if isinstance(factory, ast.Name) and factory.id == "list":
+        return "[]"
     return ast.unparse(node)
 
 
-def section_fields(section: str) -> list[Field]:
-    """The fields of one config section, in source order, with the string literal under each (or None)."""
-    cls = SECTIONS[section]
+def section_fields(section: str, cls: type | None = None) -> list[Field]:
+    """The fields of one config section (or of `cls`, a table's rows inside it), in source order, with the
+    string literal under each (or None)."""
+    cls = cls or SECTIONS[section]
     node, path = _class_node(cls)
     out = []
     body = node.body
@@ -113,8 +122,13 @@ def section_fields(section: str) -> list[Field]:
     return out
 
 
+# the tables inside a section: each row's keys get a table of their own under the section's
+TABLES = {"optim": ("groups", ParamGroupConfig)}
+
+
 def all_fields() -> list[Field]:
-    return [f for section in SECTIONS for f in section_fields(section)]
+    rows = [f for section, (key, cls) in TABLES.items() for f in section_fields(f"{section}.{key}[]", cls)]
+    return [f for section in SECTIONS for f in section_fields(section)] + rows
 
 
 def missing_docstrings() -> list[str]:
@@ -139,6 +153,14 @@ def render() -> str:
             cells = [f"`{section}.{f.name}`", _cell(f.type), f"`{_cell(f.default)}`", _cell(f.doc or "")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        if section in TABLES:
+            key, row = TABLES[section]
+            lines += [f"Each row of `{section}.{key}`:", "", "| key | type | default | description |"]
+            lines.append("|---|---|---|---|")
+            for f in section_fields(section, row):
+                cells = [f"`{f.name}`", _cell(f.type), f"`{_cell(f.default)}`", _cell(f.doc or "")]
+                lines.append("| " + " | ".join(cells) + " |")
+            lines.append("")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ written for alpha in [0.5, 1], 0.5 being Depth-μP), the table's depth column, a
                               scales one global epsilon (by 1 / m_N too); here only the blocks' parameters, whose
                               gradients carry the multiplier (the embeddings' and the head's do not), and not by
                               width, which hopperlm's μP leaves as Microsoft's MuAdamW does.
-Muon (optim.name muon, either optim.muon_lr_adjust) on the blocks' matrices: its update is the orthogonalised
+Muon (optim.name muon, either muon.lr_adjust) on the blocks' matrices: its update is the orthogonalised
 momentum, whose size does not depend on the gradient's scale, so the multiplier's L0 / L on the gradients changes
 nothing and its LR takes the same depth factor as AdamW's, 1 at alpha = 1; the multiplier then makes each
 block's update move the residual stream by L0 / L as much, L of them together a depth-independent amount, which
@@ -72,24 +72,14 @@ def in_block(name: str) -> bool:
     return name.startswith("layers.")
 
 
-def eps_scaled(model: nn.Module, groups: list[dict], eps: float) -> list[dict]:
-    """AdamW's parameter groups with the blocks' parameters split off under completep, their epsilon
-    eps x (base_depth / n_layers)^alpha; the groups unchanged otherwise (and for a model that is not hopperlm's
-    Transformer)."""
-    cfg = getattr(model, "cfg", None)
-    factor = depth_multiplier(cfg) ** -ALPHA if cfg is not None else 1.0
+def eps_factors(model: nn.Module, cfg: ModelConfig) -> dict[int, float]:
+    """id(parameter) -> what AdamW's epsilon is multiplied by, for the blocks' parameters under completep:
+    (base_depth / n_layers)^alpha; empty at the base depth and under standard (model/parametrization.py splits
+    the groups by it)."""
+    factor = depth_multiplier(cfg) ** -ALPHA
     if factor == 1.0:
-        return groups
-    blocks = {id(p) for name, p in named_params(model) if in_block(name)}
-    out = []
-    for group in groups:
-        outside = [p for p in group["params"] if id(p) not in blocks]
-        inside = [p for p in group["params"] if id(p) in blocks]
-        if outside:
-            out.append({**group, "params": outside})
-        if inside:
-            out.append({**group, "params": inside, "eps": eps * factor})
-    return out
+        return {}
+    return {id(p): factor for name, p in named_params(model) if in_block(name)}
 
 
 def describe(cfg: ModelConfig) -> str:

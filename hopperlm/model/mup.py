@@ -9,7 +9,7 @@ Microsoft's `mup` package (its set_base_shapes, MuAdamW and init), a parameter w
 everything else is *vector-like* (embeddings, the LM head, norms) and keeps init_std and optim.lr. The LM head's
 output is multiplied by base_dim / dim (mup's MuReadout), so logits do not grow with width.
 
-Muon on the blocks' matrices (optim.name muon), per optim.muon_lr_adjust: match_rms_adamw scales each update to
+Muon on the blocks' matrices (optim.name muon), per muon.lr_adjust: match_rms_adamw scales each update to
 AdamW's RMS, so it takes the same 1/m; spectral keeps each update's spectral norm as width grows (Yang, Simon and
 Bernstein 2023's condition, torch's "original" adjustment) and takes no width factor. Both equal each other, and
 standard, at base_dim. bench/transfer.py measures which transfers.
@@ -76,8 +76,8 @@ def optimizer_multipliers(
     (MuAdamW). Muon's matrices (`muon_ids`): match_rms_adamw the same 1/m; spectral the factor that makes
     torch's "original" adjustment equal match_rms_adamw at base_dim (under standard, at the model's own width);
     original none (torch's rule as it is keeps the spectral norm of the update as width grows by itself).
-    scale_groups divides each group's weight decay by the same factor, so the decay per step, lr x weight
-    decay, stays what optim.lr and optim.weight_decay say (MuAdamW does the same)."""
+    model/parametrization.py divides each group's weight decay by the same factor, so the decay per step,
+    lr x weight decay, stays what optim.lr and optim.weight_decay say (MuAdamW does the same)."""
     mup = cfg.parametrization == "mup"
     base = shapes(base_config(cfg)) if mup else {}
     mults = matrix_multipliers(shapes(cfg), base) if mup else {}
@@ -95,37 +95,6 @@ def optimizer_multipliers(
                 MUON_RMS * math.sqrt(max(fan_out, fan_in)) / max(1.0, math.sqrt(fan_out / fan_in))
             )
     return factors
-
-
-def scaled_groups(
-    model: nn.Module,
-    groups: list[dict],
-    shapes,
-    *,
-    muon_lr_adjust: str = "match_rms_adamw",
-    muon_ids=frozenset(),
-) -> list[dict]:
-    """An optimizer's parameter groups with each parameter's learning-rate factor (optimizer_multipliers,
-    scale_groups); unchanged where no parameter has one, and for a model that is not hopperlm's Transformer."""
-    cfg = getattr(model, "cfg", None)
-    if cfg is None:
-        return groups
-    factors = optimizer_multipliers(model, cfg, shapes, muon_lr_adjust=muon_lr_adjust, muon_ids=muon_ids)
-    return scale_groups(groups, factors) if factors else groups
-
-
-def scale_groups(groups: list[dict], factors: dict[int, float]) -> list[dict]:
-    """Split optimizer parameter groups by learning-rate factor: each gets `lr_scale` (set_lr multiplies the
-    schedule's LR by it) and its weight decay divided by it."""
-    out = []
-    for group in groups:
-        by_factor: dict[float, list] = {}
-        for p in group["params"]:
-            by_factor.setdefault(factors.get(id(p), 1.0), []).append(p)
-        for factor, params in by_factor.items():
-            out.append({**group, "params": params, "lr_scale": factor,
-                        "weight_decay": group.get("weight_decay", 0.0) / factor})  # fmt: skip
-    return out
 
 
 def named_params(model: nn.Module):

@@ -150,14 +150,14 @@ def curve_of_run(run_dir: Path, *, label: str | None = None) -> Curve:
             f"{run_dir}/plan.json: missing or without the model's parameter count; a run folder written by "
             "`hopperlm train` has it"
         ) from None
-    lrs = run_schedule(cfg.train, cfg.optim, records, run_dir)
-    share = cfg.optim.warmup_share  # a warm-up laid over the budget: its steps out of the schedule's
+    lrs = run_schedule(cfg, records, run_dir)
+    share = cfg.schedule.warmup_share  # a warm-up laid over the budget: its steps out of the schedule's
     return make_curve(
         label=label or run_dir.name,
         width=cfg.model.dim,
         params=params,
         seed=cfg.train.seed,
-        warmup_steps=cfg.optim.warmup_steps if share is None else round(share * len(lrs)),
+        warmup_steps=cfg.schedule.warmup_steps if share is None else round(share * len(lrs)),
         tokens_per_step=max(1, round(records[-1].get("tokens", 0) / max(1, records[-1]["step"]))),
         lrs=lrs,
         val=validation_points(records),

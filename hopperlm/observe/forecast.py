@@ -41,7 +41,7 @@ from hopperlm.errors import ConfigError
 from hopperlm.schedule import budget_progress, counted_warmup_steps, lr_at
 
 if TYPE_CHECKING:
-    from hopperlm.config import OptimConfig, TrainConfig
+    from hopperlm.config import ScheduleConfig, TrainConfig
 
 MIN_POINTS = 4
 """Validation points after warm-up a forecast needs: three parameters and one to check them with."""
@@ -98,7 +98,8 @@ class Forecast:
 
 def planned_lrs(
     tc: TrainConfig,
-    oc: OptimConfig,
+    sc: ScheduleConfig,
+    peak: float,
     *,
     steps_done: int,
     tokens_per_step: int,
@@ -108,7 +109,7 @@ def planned_lrs(
     """The LR of every optimizer step from 0 to the budget's predicted end, as the training loop will set it:
     steps end at max_steps, tokens at max_tokens / tokens_per_step, hours at max_hours at the mean step time
     so far (elapsed_s / steps_done); the first budget reached wins. `schedule`: the budget the LR schedule is
-    laid over when it is not the run's (a resume with optim.resume_horizon keep: the LR stays at its floor
+    laid over when it is not the run's (a resume with schedule.resume_horizon keep: the LR stays at its floor
     from the original budget's end to the run's)."""
     schedule = schedule or tc
     step_time = elapsed_s / steps_done if steps_done > 0 else None
@@ -122,11 +123,11 @@ def planned_lrs(
             "wait for the first log step"
         )
     end = max(1, min(ends))
-    warmup = counted_warmup_steps(oc)
+    warmup = counted_warmup_steps(sc)
     lrs = np.empty(end)
     for i in range(end):  # the loop computes the LR of step i before taking it, at elapsed ~ i * step_time
         progress = budget_progress(i, i * tokens_per_step, i * (step_time or 0.0), schedule, warmup)
-        lrs[i] = lr_at(i, progress, oc)
+        lrs[i] = lr_at(i, progress, sc, peak)
     return lrs
 
 
@@ -331,14 +332,14 @@ def read_records(run_dir: Path) -> list[dict]:
 
 
 def read_run_config(run_dir: Path):
-    import yaml
-
-    from hopperlm.config import config_from_dict
+    from hopperlm.config import load_config
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"forecast: {path} not found; pass a run directory written by `hopperlm train`")
-    return config_from_dict(yaml.safe_load(path.read_text()))
+    return load_config(
+        path
+    )  # (a run saved by an earlier hopperlm: its moved keys moved, config/moved_keys.py)
 
 
 def run_target(run_dir: Path) -> float | None:
@@ -352,24 +353,25 @@ def _budget_fraction(record: dict, tc) -> float:
     return budget_progress(record["step"], record.get("tokens", 0), record.get("elapsed_s", 0.0), tc)
 
 
-def run_schedule(tc: TrainConfig, oc: OptimConfig, records: list[dict], run_dir: Path) -> np.ndarray:
+def run_schedule(cfg, records: list[dict], run_dir: Path) -> np.ndarray:
     """The LR of every step of a run to its budget's end, at the tokens per step and speed its records show."""
     last = records[-1]
     tokens_per_step = max(1, round(last.get("tokens", 0) / max(1, last["step"])))
     return planned_lrs(
-        tc,
-        oc,
+        cfg.train,
+        cfg.schedule,
+        cfg.optim.lr,
         steps_done=last["step"],
         tokens_per_step=tokens_per_step,
         elapsed_s=last.get("elapsed_s", 0.0),
-        schedule=kept_schedule(run_dir, tc, oc),
+        schedule=kept_schedule(run_dir, cfg.train, cfg.schedule),
     )
 
 
-def kept_schedule(run_dir: Path, tc: TrainConfig, oc: OptimConfig) -> TrainConfig | None:
-    """The budget the LR schedule is laid over when a resume kept the original one (optim.resume_horizon keep
-    and a changed budget): its checkpoints' `schedule_budget`. None: the run's own budget (config.yaml)."""
-    if oc.resume_horizon != "keep":
+def kept_schedule(run_dir: Path, tc: TrainConfig, sc: ScheduleConfig) -> TrainConfig | None:
+    """The budget the LR schedule is laid over when a resume kept the original one (schedule.resume_horizon
+    keep and a changed budget): its checkpoints' `schedule_budget`. None: the run's own budget (config.yaml)."""
+    if sc.resume_horizon != "keep":
         return None
     ckpt = latest_checkpoint(run_dir)
     return checkpoint_budget(read_state(ckpt), tc) if ckpt is not None else None
@@ -392,9 +394,9 @@ def sibling_prior(run_dir: Path) -> AnnealingPrior | None:
             cfg, records = read_run_config(other), read_records(other)
         except Exception:  # noqa: BLE001 (a sibling that is not a readable run is simply not one)
             continue
-        if not records or cfg.optim.schedule == "constant":
+        if not records or cfg.schedule.name == "constant":
             continue
-        lrs = run_schedule(cfg.train, cfg.optim, records, other)
+        lrs = run_schedule(cfg, records, other)
         if records[-1]["step"] < 0.98 * len(lrs):
             continue  # not finished: its annealing is not all there
         b = full_fit_gain(validation_points(records), lrs)
@@ -437,7 +439,7 @@ def forecast_run(run_dir: Path, *, using: float | None = None, siblings: bool = 
         raise ConfigError(
             f"forecast: {run_dir}/metrics.jsonl has no records yet (within --using); wait for a log step"
         )
-    lrs = run_schedule(cfg.train, cfg.optim, records, run_dir)
+    lrs = run_schedule(cfg, records, run_dir)
     prior = (sibling_prior(run_dir) if siblings else None) or DEFAULT_PRIOR
     train = [(r["step"], r["loss"]) for r in records]
     at_step = records[-1]["step"]

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from hopperlm.config import OptimConfig, TrainConfig
+from hopperlm.config import ScheduleConfig, TrainConfig
 from hopperlm.config.training import BUDGET_KEYS
 from hopperlm.errors import ConfigError, first_line
 from hopperlm.observe import collapse
@@ -27,13 +27,15 @@ BUDGET_SCALES = (1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
 
 class Forecaster:
-    """Forecasts for one run, to the end of `tc`'s budget with `oc`'s LR schedule. `schedule`: the budget the
+    """Forecasts for one run, to the end of `tc`'s budget with `sc`'s LR schedule peaking at `peak` (optim.lr).
+    `schedule`: the budget the
     LR schedule is laid over when a resume kept the original one (None: the run's own)."""
 
     def __init__(
         self,
         tc: TrainConfig,
-        oc: OptimConfig,
+        sc: ScheduleConfig,
+        peak: float,
         log: Callable[[str], None],
         schedule: TrainConfig | None = None,
         proxies: list[collapse.Curve] | None = None,
@@ -42,7 +44,7 @@ class Forecaster:
         """`proxies` (train.forecast_from's curves) and `run` (make_curve's description of this run but its
         schedule and losses: label, width, params, seed, parametrization, data, warmup_steps): forecast by
         collapse where they match (observe/collapse.py), else by the law."""
-        self.tc, self.oc, self.log, self.schedule = tc, oc, log, schedule
+        self.tc, self.sc, self.peak, self.log, self.schedule = tc, sc, peak, log, schedule
         self.proxies, self.run = (proxies, run) if proxies and run else (None, None)
         self.off = False  # a forecast failed once: said in one line, then no more (training goes on)
         self.needed: str | None = None  # the last budget advice printed, so it is not repeated every eval
@@ -110,7 +112,8 @@ class Forecaster:
         return list(
             planned_lrs(
                 tc,
-                self.oc,
+                self.sc,
+                self.peak,
                 steps_done=self.step,
                 tokens_per_step=self.tokens_per_step,
                 elapsed_s=self.elapsed_s,

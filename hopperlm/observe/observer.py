@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hopperlm.config import Config, ModelConfig, OptimConfig, TrainConfig
+from hopperlm.config import Config, ModelConfig, ScheduleConfig, TrainConfig
 from hopperlm.diskspace import unwritten
 from hopperlm.files import write_atomic
 from hopperlm.hardware import Hardware
@@ -85,7 +85,7 @@ class RunObserver:
         # the forecast runs to the run's budget with the LR of the schedule's (a resume may keep the original)
         kept = schedule_budget if schedule_budget is not None and schedule_budget != cfg.train else None
         self.forecaster = Forecaster(
-            cfg.train, cfg.optim, log, schedule=kept, **self._collapse_inputs(model_cfg)
+            cfg.train, cfg.schedule, cfg.optim.lr, log, schedule=kept, **self._collapse_inputs(model_cfg)
         )
         write_atomic(
             self.run_dir / "plan.json",
@@ -122,7 +122,7 @@ class RunObserver:
         if not curves:
             return {}
         run = {"label": "this run", "width": model_cfg.dim, "params": count_params(model_cfg)["total"],
-               "seed": cfg.train.seed, "warmup_steps": cfg.optim.warmup_steps, **collapse.identity(cfg)}  # fmt: skip
+               "seed": cfg.train.seed, "warmup_steps": cfg.schedule.warmup_steps, **collapse.identity(cfg)}  # fmt: skip
         return {"proxies": curves, "run": run}
 
     def __enter__(self) -> RunObserver:
@@ -193,10 +193,10 @@ class RunObserver:
         self.best_val = min((v for _, v in self.val_points), default=None)
         self.rates.mark(step, tokens, elapsed_s)
 
-    def reschedule(self, tc: TrainConfig, oc: OptimConfig, schedule: TrainConfig | None) -> None:
+    def reschedule(self, tc: TrainConfig, sc: ScheduleConfig, schedule: TrainConfig | None) -> None:
         """The LR schedule changed as the run went (a wall-clock budget's training span, a warm-up laid on the
         clock: train/clock_budget.py): the forecast replays the new one, to `tc`'s end."""
-        self.forecaster.tc, self.forecaster.oc, self.forecaster.schedule = tc, oc, schedule
+        self.forecaster.tc, self.forecaster.sc, self.forecaster.schedule = tc, sc, schedule
 
     def finish(self, result: Any) -> None:
         """result.json (how the run ended) and, unless preempted (not by Ctrl-C) or switched off, the report."""
@@ -250,7 +250,7 @@ class NullObserver:
     def restart_at(self, step: int, tokens: int, elapsed_s: float) -> None:
         return None
 
-    def reschedule(self, tc: TrainConfig, oc: OptimConfig, schedule: TrainConfig | None) -> None:
+    def reschedule(self, tc: TrainConfig, sc: ScheduleConfig, schedule: TrainConfig | None) -> None:
         return None
 
     def finish(self, result: Any) -> None:

@@ -256,7 +256,22 @@ def make_plan(
         threads=threads,
         reasons=why,
     )
-    mode, ac_reason, memory = _checkpointing(tc, cfg.lora, plan, model_cfg, hw)
+    return _fitted(plan, tc, cfg.lora, model_cfg, hw, finder=finder, budget=budget)
+
+
+def _fitted(
+    plan: Plan,
+    tc: TrainConfig,
+    lora: LoRAConfig,
+    model_cfg: ModelConfig,
+    hw: Hardware,
+    *,
+    finder: Finder | None,
+    budget: float,
+) -> Plan:
+    """The plan fitted to memory: activation checkpointing, the micro-batch, CUDA graphs, the memory estimate
+    and, on a CPU, the C library's allocator (`budget`: the bytes the run may fill)."""
+    mode, ac_reason, memory = _checkpointing(tc, lora, plan, model_cfg, hw)
     plan = plan.replace(
         activation_checkpointing=mode, memory=memory, reasons={"activation_checkpointing": ac_reason}
     )

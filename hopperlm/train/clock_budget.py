@@ -9,10 +9,11 @@ validation set's evaluation timed on one batch of its windows, scaled to all of 
 less the reserve, to the nearest step, and the schedule's wall-clock budget is that same span, so the LR's
 decay lands where training ends.
 
-A warm-up given in steps (optim.warmup_steps) cannot know how many steps a clock buys: on a loaded machine the
+A warm-up given in steps (schedule.warmup_steps) cannot know how many steps a clock buys: on a loaded machine the
 demo's 50 warm-up steps outlasted its whole 43-step run, which never decayed. At the first timed steps (the step
 after the first, or PROBE_STEPS of them where the model compiles), a warm-up longer than WARMUP_MAX_SHARE of the steps the training span allows at that speed is laid as
-optim.warmup_share WARMUP_MAX_SHARE instead (on the clock, like the decay: schedule.py).
+schedule.warmup_share WARMUP_MAX_SHARE instead (on the clock, like the decay: schedule.py). The recipe's
+schedule section is never changed: `laid(schedule)` gives the schedule the LR follows, with the warm-up laid.
 
 Each decision is said in one line and saved in every checkpoint (state.json's "clock_budget"), so a resumed run
 keeps it. Several ranks: what decides is rank 0's measurement, broadcast by the loop, so every rank stops after
@@ -24,6 +25,7 @@ the same step.
     clock.probing()                              every step: until the first steps are timed, each is a log step
     clock.timed(steps, took_s)                   each log step: the interval's training time (no evaluations)
     clock.due(compiled=...) -> estimated(...), lay_warmup(...)   once, at the first timed steps
+    clock.laid(schedule)                         every step: the schedule section as the LR follows it
     clock.evaluated(seconds)                     after each evaluation: the reserve measured
 """
 
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hopperlm.config import OptimConfig, TrainConfig
+from hopperlm.config import ScheduleConfig, TrainConfig
 from hopperlm.observe.log_cadence import PROBE_STEPS
 
 # A warm-up is a small part of a run: recipes lay 1-10% of their steps (transformers' examples a warmup_ratio of
@@ -55,13 +57,16 @@ class ClockBudget:
     budget_s: float | None  # train.max_hours in seconds (None: no wall-clock budget, nothing to keep)
     reserve_s: float = 0.0  # the final evaluation's seconds, kept free of training
     measured: bool = False  # reserve_s is an evaluation's (else the estimate, or none yet)
-    warmup_share: float | None = None  # optim.warmup_share laid in place of optim.warmup_steps, if it was
+    warmup_share: float | None = (
+        None  # schedule.warmup_share laid in place of schedule.warmup_steps, if it was
+    )
     decided: bool = False  # the warm-up was decided (at this run's first timed steps, before any resume)
     # not saved: this process's timed steps (its first log interval holds the compile and is left out)
     timed_steps: int = 0
     timed_s: float = 0.0
     started: bool = False  # this process said its budget line
     _laid: tuple[Any, ...] | None = field(default=None, repr=False)  # (budget, reserve_s, the budget laid)
+    _laid_schedule: tuple[Any, ...] | None = field(default=None, repr=False)  # (schedule, share, laid)
 
     @classmethod
     def for_run(cls, tc: TrainConfig) -> ClockBudget:
@@ -143,41 +148,46 @@ class ClockBudget:
 
     def lay_warmup(
         self,
-        oc: OptimConfig,
+        sc: ScheduleConfig,
         *,
         step: int,
         elapsed_s: float,
         step_s: float | None,
         known_steps: int | None,
         log: Callable[[str], None],
-    ) -> OptimConfig | None:
+    ) -> None:
         """Decide, once per run, whether a warm-up in steps fits the steps the training span allows at
-        `step_s` seconds a step (capped by a step or token budget, `known_steps`); the optimizer config with
-        the warm-up laid as a share of the budget where it does not (None: it stays as it is)."""
+        `step_s` seconds a step (capped by a step or token budget, `known_steps`); where it does not, the warm-up
+        is laid as a share of the budget (`laid` gives the schedule with it from then on)."""
         if self.decided or self.budget_s is None:
-            return None
+            return
         self.decided = True
-        if oc.warmup_share is not None or step >= oc.warmup_steps or not step_s:
-            return None
+        if sc.warmup_share is not None or step >= sc.warmup_steps or not step_s:
+            return
         steps = step + int(max(0.0, self.training_s - elapsed_s) / step_s)
         steps = min(steps, known_steps) if known_steps is not None else steps
-        if oc.warmup_steps <= WARMUP_MAX_SHARE * steps:
-            return None
+        if sc.warmup_steps <= WARMUP_MAX_SHARE * steps:
+            return
         self.warmup_share = WARMUP_MAX_SHARE
         first = seconds(WARMUP_MAX_SHARE * self.training_s)
         log(
-            f"warm-up: optim.warmup_steps {oc.warmup_steps} would be {oc.warmup_steps / max(steps, 1):.0%} of "
+            f"warm-up: schedule.warmup_steps {sc.warmup_steps} would be {sc.warmup_steps / max(steps, 1):.0%} of "
             f"the ~{steps:,} steps that {seconds(self.training_s)} of training allow at {step_s:.3g} s/step; "
-            f"laid as optim.warmup_share {WARMUP_MAX_SHARE:g} instead (the first {first}), so the LR peaks and then "
-            "decays within the budget"
+            f"laid as schedule.warmup_share {WARMUP_MAX_SHARE:g} instead (the first {first}), so the LR peaks "
+            "and then decays within the budget"
         )
-        return self.optim(oc)
 
-    def optim(self, oc: OptimConfig) -> OptimConfig:
-        """`oc` with the warm-up this run laid on the clock, if it did."""
-        if self.warmup_share is None or oc.warmup_share is not None:
-            return oc
-        return dataclasses.replace(oc, warmup_share=self.warmup_share)
+    def laid(self, sc: ScheduleConfig) -> ScheduleConfig:
+        """`sc` with the warm-up this run laid on the clock, if it did (made once: the loop asks every step)."""
+        if self.warmup_share is None or sc.warmup_share is not None:
+            return sc
+        if self._laid_schedule is None or self._laid_schedule[:2] != (sc, self.warmup_share):
+            self._laid_schedule = (
+                sc,
+                self.warmup_share,
+                dataclasses.replace(sc, warmup_share=self.warmup_share),
+            )
+        return self._laid_schedule[2]
 
     def _capped(self, took_s: float, log: Callable[[str], None]) -> float:
         most = MAX_RESERVE_SHARE * self.budget_s

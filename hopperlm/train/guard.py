@@ -111,7 +111,7 @@ class Guard:
         if self.state.rollbacks > self.cfg.max_rollbacks:
             raise GuardStop(
                 f"the guard rolled back {self.cfg.max_rollbacks} times and the run still diverges; "
-                "lower optim.lr, raise optim.warmup_steps or check the data"
+                "lower optim.lr, raise schedule.warmup_steps or check the data"
             )
         self.state.data_offset += bad_step - ckpt_step
         self.state.lr_scale *= self.cfg.lr_factor

@@ -1,6 +1,7 @@
 """The training loop. Start reading hopperlm here.
 
-    train(cfg)  ->  setup_run (train/run.py: data, plan, model, optimizer, checkpoint to resume from)
+    train(cfg)  ->  build_run (train/run.py: data, plan, model, optimizer, checkpoint to resume from)
+                ->  start_run (train/run.py: the banner, the LR's budget, the clock, the observer)
                 ->  loop: checkpoint if due -> LR -> train_step (train/step.py) -> maybe log / evaluate -> stop?
 
 Nothing in a step waits on the host: loss and grad norm stay on the device and are read (`.item()`) only on
@@ -13,7 +14,6 @@ has reviewed, and it decides whether one is due.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,11 +23,8 @@ from pathlib import Path
 import torch
 
 from hopperlm.checkpoint.checkpointer import Resume
-from hopperlm.checkpoint.layout import checkpoint_dir
 from hopperlm.config import Config
-from hopperlm.config.training import last_step_known_ahead
 from hopperlm.data.train_data import combined_val_loss
-from hopperlm.errors import HopperError
 from hopperlm.model.transformer import count_params
 from hopperlm.observe.log_cadence import LogCadence
 from hopperlm.observe.metrics import Interval, human_count, mfu, peak_memory_gb
@@ -35,9 +32,12 @@ from hopperlm.parallel.preemption import CTRL_C, Preemption
 from hopperlm.parallel.runtime import session
 from hopperlm.schedule import budget_progress, counted_warmup_steps, lr_at, muon_schedule_at
 from hopperlm.train.banner import print_preflight_check
+from hopperlm.train.clock_keeping import evaluated, keep_clock, reschedule_forecast, say_kept_warmup
 from hopperlm.train.evaluate import evaluate
 from hopperlm.train.guard import GuardStop
-from hopperlm.train.run import Run, setup_run
+from hopperlm.train.interruption import lost_steps, resume_line, stop_mid_step
+from hopperlm.train.out_of_memory import back_off
+from hopperlm.train.run import Run, build_run, start_run
 from hopperlm.train.step import StepDropped, StepResult, train_step
 
 
@@ -50,11 +50,6 @@ class TrainResult:
     val_loss: float | None
     best_val_loss: float | None
     stopped_by: str
-
-
-class OutOfMemory(HopperError):
-    """Out of memory where the micro-batch cannot be halved: at 1 (or odd), with several ranks, or under CUDA
-    graphs."""
 
 
 def train(
@@ -70,7 +65,8 @@ def train(
     `resume_command`: what the line after a Ctrl-C tells to run (the CLI's: the user's own command line, with
     --resume); default `hopperlm train RUN_DIR/config.yaml --resume`."""
     with session(cfg.parallel, device=cfg.train.device, run_dir=cfg.run.out_dir, log=log) as rt:
-        run = setup_run(cfg, resume, rt)
+        run = build_run(cfg, resume, rt)
+        start_run(run)  # the banner, the budget the LR is laid over, the clock, the observer
         return run_loop(run, on_step, resume_command)
 
 
@@ -82,6 +78,7 @@ def run_loop(
     if stopped_by:
         run.log(f"nothing to do: the run already reached its {stopped_by} budget at step {s.step}")
     if s.clock_budget.budget_s is not None:  # a resume: the reserve and warm-up the checkpoint kept
+        say_kept_warmup(run)
         reschedule_forecast(run)
     # train.log_every, shortened for a run that would print fewer than ~10 lines (one line says so)
     cadence = LogCadence(tc, step=s.step, tokens_per_step=run.tokens_per_step, log=run.log)
@@ -123,13 +120,14 @@ def steps(
             return stopped_by
         if on_step is not None:
             on_step(s.step)
-        # the run's budget, or the checkpoint's (optim.resume_horizon keep), less the final evaluation's time
-        budget = s.clock_budget.schedule(run.schedule_budget)
-        progress = budget_progress(
-            s.step, s.tokens, run.elapsed(), budget, counted_warmup_steps(run.cfg.optim)
-        )
-        lr = lr_at(s.step, progress, run.cfg.optim) * run.guard.state.lr_scale
-        muon = muon_schedule_at(s.step, progress, run.cfg.optim)  # its momentum and decay, if they move
+        # the run's budget, or the checkpoint's (schedule.resume_horizon keep), less the final evaluation's
+        # time; the schedule with the warm-up the clock laid, if it laid one
+        budget, schedule = s.clock_budget.schedule(run.schedule_budget), run.schedule
+        progress = budget_progress(s.step, s.tokens, run.elapsed(), budget, counted_warmup_steps(schedule))
+        lr = lr_at(s.step, progress, schedule, run.cfg.optim.lr) * run.guard.state.lr_scale
+        muon = muon_schedule_at(
+            s.step, progress, run.cfg.muon, schedule
+        )  # its momentum and decay, if they move
         if run.embed_warmup is not None:  # new token rows first, then everything (initial_model.py)
             run.embed_warmup.before_step(s.step, run.parts.optimizer)
         try:
@@ -141,7 +139,7 @@ def steps(
             back_off(run)  # halve the micro-batch, double accumulation, redo the step
             continue
         if isinstance(result, StepDropped):  # a signal mid-step: keep the last complete one
-            stopped_by = stop_mid_step(run, result, pending, interval, lr, preemption.requested)
+            stopped_by = stop_mid_step(run, result, pending, interval, lr, preemption.requested, log_step)
             reviewed = True  # its checkpoint is written at the loop's top, then the loop ends
             continue
         pending.append(result)
@@ -163,24 +161,6 @@ def steps(
             interval.reset()
 
 
-def stop_mid_step(
-    run: Run, dropped: StepDropped, pending: list[StepResult], interval: Interval, lr: float, signal: str
-) -> str:
-    """The signal arrived between micro-batches of step s+1: its partial work is dropped, the data position
-    goes back to the step's start, and the run stops at step s, whose checkpoint the loop then writes
-    (resuming redoes step s+1 exactly)."""
-    s = run.state
-    run.log(
-        f"step {s.step + 1} dropped after {dropped.at_micro} of {dropped.grad_accum} micro-batches; "
-        f"checkpointing step {s.step}"
-    )
-    run.batches.set_micro_batch(s.micro_batch, s.grad_accum)  # a stream: back to the step's first sample
-    stopped_by = f"signal {signal}"
-    if pending:  # the steps since the last log step are logged (and validated) first
-        return log_step(run, pending, interval, lr, stopped_by) or stopped_by
-    return stopped_by
-
-
 def budget_done(run: Run) -> str | None:
     """The budget that has run out, if any."""
     s, tc = run.state, run.cfg.train
@@ -193,75 +173,6 @@ def budget_done(run: Run) -> str | None:
     if tc.max_hours is not None and s.clock_budget.done(run.elapsed(), rounding=run.rt.world_size == 1):
         return "max_hours"
     return None
-
-
-def keep_clock(run: Run, interval: Interval, last: StepResult) -> None:
-    """At a log step of a train.max_hours run, before the stop is decided: the interval's training time counted
-    (the first interval left out: it allocates, and may compile); at the first timed steps the final
-    evaluation's time estimated and a warm-up in steps that would not fit laid on the clock
-    (train/clock_budget.py). `last`: the step just taken, waited for before the time is read."""
-    last.loss.item()  # a GPU runs ahead of the host: the time read must be the steps' run, not their launch
-    s, clock, compiled = run.state, run.state.clock_budget, run.plan.compile
-    if not interval.cold:
-        clock.timed(interval.steps, interval.training_s())
-    if not clock.due(compiled=compiled):
-        return
-    start = time.perf_counter()
-    seconds, windows, timed = probe_evaluation(run) if run.data.val_sets else (None, 0, 0)
-    interval.exclude(time.perf_counter() - start)  # (not training)
-    clock.estimated(seconds, windows, timed, run.log)
-    optim = clock.lay_warmup(
-        run.cfg.optim,
-        step=s.step,
-        elapsed_s=run.elapsed(),
-        step_s=run.rt.broadcast_object(clock.step_s()),  # rank 0's: every rank decides alike
-        known_steps=last_step_known_ahead(run.cfg.train, run.tokens_per_step),
-        log=run.log,
-    )
-    if optim is not None:
-        run.cfg = dataclasses.replace(run.cfg, optim=optim)
-    reschedule_forecast(run)
-
-
-def probe_evaluation(run: Run) -> tuple[float, int, int]:
-    """(seconds the whole evaluation will take, its windows, those timed): each validation set evaluated on one
-    batch of its windows per rank, twice, the faster time (the first may compile or allocate; a loaded machine
-    slows either) scaled to all its batches; rank 0's estimate, for every rank."""
-    s = run.state
-    per = s.micro_batch * run.rt.world_size
-    seconds, windows, timed = 0.0, 0, 0
-    with run.rt.long_phase("evaluation"):
-        for v in run.data.val_sets:
-            probe, took = v.starts[:per], []
-            for _ in range(2):
-                start = time.perf_counter()
-                evaluate(run.model, v.shards, probe, run.plan, micro_batch=s.micro_batch,
-                         packing=run.cfg.data.packing, rt=run.rt)  # fmt: skip
-                took.append(time.perf_counter() - start)
-            seconds += min(took) * -(-len(v.starts) // per)
-            windows, timed = windows + len(v.starts), timed + len(probe)
-    return run.rt.broadcast_object(seconds), windows, timed
-
-
-def reschedule_forecast(run: Run) -> None:
-    """The forecast replays the schedule the LR now follows: to the training's end, the warm-up as laid."""
-    clock = run.state.clock_budget
-    kept = run.schedule_budget if run.schedule_budget != run.cfg.train else None
-    run.observer.reschedule(
-        clock.schedule(run.cfg.train), run.cfg.optim, clock.schedule(kept) if kept is not None else None
-    )
-
-
-def lost_steps(run: Run) -> str:
-    """What ending the process now throws away, in words: the steps since the last checkpoint."""
-    s, saved = run.state, run.checkpointer.saved_step
-    if saved is not None and saved >= s.step:
-        return f"nothing is lost (step {saved} is saved)"
-    if s.step == 0:
-        return "no step was trained yet"
-    first = 1 if saved is None else saved + 1
-    steps_lost = f"step {first} is" if first == s.step else f"steps {first}-{s.step} are"
-    return f"{steps_lost} lost ({'no checkpoint yet' if saved is None else f'last checkpoint: step {saved}'})"
 
 
 def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float, stopped_by: str | None):
@@ -353,44 +264,10 @@ def validate(run: Run, interval: Interval) -> dict[str, float]:
         }
     seconds = time.perf_counter() - start
     interval.exclude(seconds)
-    if s.clock_budget.budget_s is not None:  # rank 0's measure, for every rank
-        s.clock_budget.evaluated(run.rt.broadcast_object(seconds), run.log)
-        reschedule_forecast(run)
+    evaluated(run, seconds)  # a wall-clock budget reserves as long for the final evaluation
     s.val_loss = combined_val_loss(losses, val_sets)
     s.best_val = s.val_loss if s.best_val is None else min(s.best_val, s.val_loss)
     return losses
-
-
-def back_off(run: Run) -> None:
-    """After an out-of-memory error: free what the failed step held, halve the micro-batch and double the
-    accumulation (the global batch, and so the run's data, stays the same), then the step is redone. Under
-    CUDA graphs the run stops instead: accumulating into gradients a graph owns is unsafe (plan/make.py)."""
-    s, rt = run.state, run.rt
-    run.parts.optimizer.zero_grad(set_to_none=True)
-    if run.plan.device.type == "cuda":
-        torch.cuda.empty_cache()
-    if run.parts.mark_step is not None:  # the step runs CUDA graphs (compile mode reduce-overhead)
-        fresh = (
-            f", or start afresh with --train.micro_batch {s.micro_batch // 2}" if s.micro_batch > 1 else ""
-        )
-        raise OutOfMemory(
-            f"out of memory at step {s.step + 1} with micro-batch {s.micro_batch} under CUDA graphs: halving "
-            "it would double accumulation into gradients a CUDA graph owns (pytorch/pytorch#169545); resume "
-            f"with --train.compile_mode default (an out-of-memory error then halves the micro-batch){fresh}"
-        ) from None
-    if s.micro_batch == 1 or s.micro_batch % 2 or rt.world_size > 1:
-        # (several ranks must change the micro-batch together: not attempted, the run stops)
-        raise OutOfMemory(
-            f"out of memory at step {s.step + 1} with micro-batch {s.micro_batch}"
-            f"{f' on rank {rt.rank}' if rt.world_size > 1 else ''}; use a smaller --train.micro_batch,"
-            " --train.activation_checkpointing full, a shorter train.seq_len, or FSDP"
-        ) from None
-    s.micro_batch, s.grad_accum = s.micro_batch // 2, s.grad_accum * 2
-    run.batches.set_micro_batch(s.micro_batch, s.grad_accum)
-    run.log(
-        f"out of memory at step {s.step + 1}: micro-batch halved to {s.micro_batch}, accumulation "
-        f"doubled to {s.grad_accum} (global batch unchanged); redoing the step"
-    )
 
 
 def rollback(run: Run, bad_step: int) -> None:
@@ -438,12 +315,3 @@ def finish(
     if stopped_by == f"signal {CTRL_C}" and run.checkpointer.saved_step == s.step:
         run.log(resume_line(run, resume_command))
     return result
-
-
-def resume_line(run: Run, command: str | None) -> str:
-    """After a Ctrl-C: the step saved, where, and the command that goes on from it (several ranks: each
-    rank's, under the same launcher)."""
-    command = command or run.checkpointer.disk.resume_command  # (the run's saved config, with --resume)
-    ranks = " on every rank (the same torchrun or hopperlm launch)" if run.rt.world_size > 1 else ""
-    where = checkpoint_dir(run.run_dir, run.state.step)
-    return f"saved step {run.state.step} to {where}; resume with: {command}{ranks}"

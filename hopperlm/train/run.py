@@ -1,4 +1,5 @@
-"""One training run, set up: `setup_run(cfg, resume, runtime)` builds the `Run` the loop steps (train/loop.py).
+"""One training run, set up: `build_run(cfg, resume, runtime)` builds the `Run` the loop steps (train/loop.py) and
+`start_run(run)` announces and starts it.
 
 A `Run` holds what is built once and the loop touches (the model and the parts of its training step, the
 batches, the checkpointer, the stability guard, the observer) and the `TrainState` (train/state.py): everything
@@ -20,7 +21,7 @@ import torch
 
 from hopperlm.checkpoint.checkpointer import Checkpointer, Resume, ResumePoint, find_resume
 from hopperlm.checkpoint.single import Parts
-from hopperlm.config import Config, ModelConfig, OptimConfig, TrainConfig, config_yaml
+from hopperlm.config import Config, ModelConfig, ScheduleConfig, TrainConfig, config_yaml
 from hopperlm.config.training import BUDGET_KEYS, budget_as
 from hopperlm.data.batches import BatchLayout, BatchSource
 from hopperlm.data.tokenizer import load_tokenizer
@@ -55,11 +56,13 @@ class Run:
     batches: BatchSource
     checkpointer: Checkpointer  # saves, keeps, resumes; what a full disk does (checkpoint/checkpointer.py)
     guard: Guard
-    observer: RunObserver | NullObserver
     embed_warmup: EmbedWarmup | None
     state: TrainState  # everything that changes as the run goes: what a checkpoint saves (train/state.py)
-    flops_per_token: int
-    predicted: tuple[float, float]  # (tokens/s bound, matmul FLOP/s measured here)
+    resumed_from: Path | None = None  # the checkpoint the run started from
+    # start_run's: what the banner, the forecast and the metrics read
+    observer: RunObserver | NullObserver = dataclasses.field(default_factory=NullObserver)
+    flops_per_token: int = 0
+    predicted: tuple[float, float] = (0.0, 0.0)  # (tokens/s bound, matmul FLOP/s measured here)
     eval_tasks: EvalTasks | None = None  # lm-eval tasks during training (the eval section)
 
     @property
@@ -77,6 +80,12 @@ class Run:
         return self.state.schedule_budget
 
     @property
+    def schedule(self) -> ScheduleConfig:
+        """The schedule the LR follows: the recipe's, with the warm-up a wall-clock budget laid on the clock
+        where it laid one (train/clock_budget.py; the recipe's section itself never changes)."""
+        return self.state.clock_budget.laid(self.cfg.schedule)
+
+    @property
     def run_dir(self) -> Path:
         return Path(self.cfg.run.out_dir)
 
@@ -85,9 +94,9 @@ class Run:
         return self.plan.tokens_per_step  # an out-of-memory halving keeps the global batch
 
 
-def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
-    """Everything before the first step: the checkpoint to start from, the data, the plan, the model and its
-    step, the restored state, the run directory, the banner and the observer."""
+def build_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
+    """The checkpoint to start from, the data, the plan, the model and its step, the restored state and the run
+    directory."""
     run_dir, log = Path(cfg.run.out_dir), rt.log
     start = find_resume(resume, run_dir, rt)  # (the micro-batch and the attention kernel are kept from it)
     kept = keep_checkpoint_threads(keep_checkpoint_batch(cfg.train, start, rt), start, rt)
@@ -120,7 +129,7 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         sharded=plan.strategy in SHARDED,
     )
     rt.seed_per_rank(cfg.train.seed)
-    parts, fp8 = build_step(model, plan, cfg.optim, log=log, rt=rt)
+    parts, fp8 = build_step(model, plan, cfg.optim, muon=cfg.muon, log=log, rt=rt)
     guard = Guard(cfg.guard, run_dir / "events.jsonl" if rt.is_main else Path(os.devnull), log)
     # each rank reads its block of every global micro-batch
     layout = BatchLayout(plan.micro_batch, plan.grad_accum, rt.rank, rt.world_size)
@@ -151,48 +160,6 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     if start is not None:  # weights, optimizer, scaler and RNGs into the parts; the state (its clock too)
         checkpointer.load(start)
     prepare_run_dir(run_dir, rt, data.data_dir, config_yaml(cfg))
-    # a resume: the warm-up laid on the clock, if it was (config.yaml above keeps the recipe as given)
-    cfg = kept_clock_warmup(cfg, state.clock_budget, log)
-    # before any step: keep_last + 1 checkpoints (weights, optimizer state, the tokenizer copied) and the
-    # keep_every milestones to come must fit
-    room_line = checkpointer.check_room(
-        cfg.train, optimizer=plan.optimizer, lora=cfg.lora, tokens_per_step=plan.tokens_per_step
-    )
-
-    fpt = training_flops_per_token(model_cfg, cfg.train.seq_len, cfg.lora)  # LoRA: no frozen weight grads
-    predicted = predicted_tokens_per_s(plan, fpt)
-    print_banner(
-        log,
-        run_dir=run_dir,
-        resume_from=start.path if start is not None else None,
-        step=state.step,
-        hw=hw,
-        plan=plan,
-        model_cfg=model_cfg,
-        tc=cfg.train,
-        manifest=data.manifest,
-        fpt=fpt,
-        predicted=predicted,
-    )
-    log(room_line)
-    state.schedule_budget = schedule_budget(cfg.train, cfg.optim, state=state, log=log)
-    state.clock = rt.start_clock(state.elapsed_before)  # several ranks: rank 0's clock, agreed on log steps
-    observer: RunObserver | NullObserver = NullObserver()  # the other ranks' observer does nothing
-    if rt.is_main:  # metrics.jsonl (truncated to the checkpoint's step), the sinks, plan.json, the forecast
-        observer = RunObserver(
-            cfg,
-            run_dir,
-            log=log,
-            hw=hw,
-            plan=plan,
-            model_cfg=model_cfg,
-            fpt=fpt,
-            predicted=predicted,
-            step=state.step,
-            tokens=state.tokens,
-            elapsed_s=state.elapsed_before,
-            schedule_budget=state.schedule_budget,  # the forecast follows what the LR is laid over
-        )
     return Run(
         cfg=cfg,
         rt=rt,
@@ -205,65 +172,96 @@ def setup_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         batches=batches,
         checkpointer=checkpointer,
         guard=guard,
-        observer=observer,
         embed_warmup=embed_warmup,
         state=state,
-        flops_per_token=fpt,
-        predicted=predicted,
-        eval_tasks=EvalTasks(cfg.eval, run_dir, rt, plan.strategy, log) if cfg.eval.tasks else None,
+        resumed_from=start.path if start is not None else None,
     )
 
 
+def start_run(run: Run) -> None:
+    """Announce and start a built run: the room its checkpoints need, the banner, the budget the LR is laid
+    over, the clock, the observer (metrics, sinks, plan.json, the forecast) and lm-eval's tasks."""
+    cfg, state, log = run.cfg, run.state, run.log
+    # before any step: keep_last + 1 checkpoints (weights, optimizer state, the tokenizer copied) and the
+    # keep_every milestones to come must fit
+    room_line = run.checkpointer.check_room(
+        cfg.train, optimizer=run.plan.optimizer, lora=cfg.lora, tokens_per_step=run.plan.tokens_per_step
+    )
+    run.flops_per_token = training_flops_per_token(run.model_cfg, cfg.train.seq_len, cfg.lora)  # LoRA: fewer
+    run.predicted = predicted_tokens_per_s(run.plan, run.flops_per_token)
+    print_banner(
+        log,
+        run_dir=run.run_dir,
+        resume_from=run.resumed_from,
+        step=state.step,
+        hw=run.hw,
+        plan=run.plan,
+        model_cfg=run.model_cfg,
+        tc=cfg.train,
+        manifest=run.data.manifest,
+        fpt=run.flops_per_token,
+        predicted=run.predicted,
+    )
+    log(room_line)
+    state.schedule_budget = schedule_budget(cfg.train, run.schedule, cfg.optim.lr, state=state, log=log)
+    state.clock = run.rt.start_clock(
+        state.elapsed_before
+    )  # several ranks: rank 0's clock, agreed on log steps
+    if (
+        run.rt.is_main
+    ):  # metrics.jsonl (truncated to the checkpoint's step), the sinks, plan.json, the forecast
+        run.observer = RunObserver(
+            cfg,
+            run.run_dir,
+            log=log,
+            hw=run.hw,
+            plan=run.plan,
+            model_cfg=run.model_cfg,
+            fpt=run.flops_per_token,
+            predicted=run.predicted,
+            step=state.step,
+            tokens=state.tokens,
+            elapsed_s=state.elapsed_before,
+            schedule_budget=state.schedule_budget,  # the forecast follows what the LR is laid over
+        )
+    if cfg.eval.tasks:
+        run.eval_tasks = EvalTasks(cfg.eval, run.run_dir, run.rt, run.plan.strategy, log)
+
+
 def schedule_budget(
-    tc: TrainConfig, oc: OptimConfig, *, state: TrainState, log: Callable[[str], None]
+    tc: TrainConfig, sc: ScheduleConfig, peak: float, *, state: TrainState, log: Callable[[str], None]
 ) -> TrainConfig:
-    """The budget the LR schedule is laid over: the run's own, or, when a resumed run changed it and
-    optim.resume_horizon is keep, the checkpoint's (the state's `saved_budget`). Says in one line how the LR
-    changes at the resume step."""
+    """The budget the LR schedule (`sc`, peaking at `peak`) is laid over: the run's own, or, when a resumed run
+    changed it and schedule.resume_horizon is keep, the checkpoint's (the state's `saved_budget`). Says in one
+    line how the LR changes at the resume step."""
     original = budget_as(state.saved_budget or {}, tc)
     elapsed_s = state.elapsed_before
     if original is None:
         return tc
-    chosen = original if oc.resume_horizon == "keep" else tc
+    chosen = original if sc.resume_horizon == "keep" else tc
 
     def lr(budget: TrainConfig) -> float:
-        return lr_at(
-            state.step,
-            budget_progress(state.step, state.tokens, elapsed_s, budget, counted_warmup_steps(oc)),
-            oc,
-        )
+        progress = budget_progress(state.step, state.tokens, elapsed_s, budget, counted_warmup_steps(sc))
+        return lr_at(state.step, progress, sc, peak)
 
     changed = ", ".join(
         f"{k} {getattr(original, k)} -> {getattr(tc, k)}"
         for k in BUDGET_KEYS
         if getattr(original, k) != getattr(tc, k)
     )
-    if oc.resume_horizon == "keep":
+    if sc.resume_horizon == "keep":
         how, other = "the original schedule kept (its decay ends at the original budget)", "extend"
-    elif oc.schedule == "wsd":
+    elif sc.name == "wsd":
         how, other = "WSD's stable phase lengthened to the new budget", "keep"
-    elif oc.schedule == "constant":
+    elif sc.name == "constant":
         how, other = "constant LR, nothing to re-lay", "keep"
     else:
-        how, other = f"{oc.schedule} decay re-laid over the new budget", "keep"
+        how, other = f"{sc.name} decay re-laid over the new budget", "keep"
     log(
         f"resume: budget changed ({changed}): {how}; LR at step {state.step} {lr(original):.3g} -> "
-        f"{lr(chosen):.3g} (optim.resume_horizon {other} for the other choice)"
+        f"{lr(chosen):.3g} (schedule.resume_horizon {other} for the other choice)"
     )
     return chosen
-
-
-def kept_clock_warmup(cfg: Config, clock: ClockBudget, log: Callable[[str], None]) -> Config:
-    """A resumed train.max_hours run whose warm-up was laid on the clock (train/clock_budget.py) keeps it, so
-    its LR follows the schedule the run started with."""
-    optim = clock.optim(cfg.optim)
-    if optim is cfg.optim:
-        return cfg
-    log(
-        f"resume: warm-up kept as optim.warmup_share {optim.warmup_share:g} (laid on the clock at the run's "
-        f"start: optim.warmup_steps {cfg.optim.warmup_steps} did not fit its budget)"
-    )
-    return dataclasses.replace(cfg, optim=optim)
 
 
 def keep_checkpoint_batch(tc: TrainConfig, start: ResumePoint | None, rt: Runtime) -> TrainConfig:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from hopperlm.config import OptimConfig
+from hopperlm.config import MuonConfig, OptimConfig
 from hopperlm.data.loader import Batch
 from hopperlm.errors import ConfigError
 from hopperlm.parallel.parallelize import Parallel, parallelize
@@ -117,15 +117,17 @@ def build_step(
     *,
     log: Callable[[str], None],
     rt: Runtime | None = None,
+    muon: MuonConfig | None = None,
 ) -> tuple[StepParts, str]:
     """The speed-ups, the data-parallel wrapper, the optimizer and the loss scaler, in torchtitan's order
     (fp8 -> fused loss -> activation checkpointing -> compile -> DDP/FSDP2), for a model on plan.device.
+    `muon`: the muon section, when plan.optimizer is Muon (default: its defaults).
     Returns the step's parts and the float8 backend in effect ("off" if the plan's failed at start-up)."""
     fp8 = apply_speedups(model, plan, log)  # in place
     parallel = parallelize(
         model, plan, rt or current(), log, fp8_all_gather=plan.fp8_all_gather and fp8 != "off"
     )
-    optimizer = build_optimizer(model, optim, plan.fused_adamw, plan.optimizer)
+    optimizer = build_optimizer(model, optim, plan.fused_adamw, plan.optimizer, muon)
     parts = make_step_parts(
         model,
         parallel,

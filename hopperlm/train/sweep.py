@@ -43,7 +43,7 @@ from ruamel.yaml.nodes import ScalarNode
 from ruamel.yaml.representer import RoundTripRepresenter
 from ruamel.yaml.util import load_yaml_guess_indent
 
-from hopperlm.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+from hopperlm.config import DataConfig, ModelConfig, TrainConfig
 from hopperlm.errors import ConfigError
 from hopperlm.files import write_atomic
 from hopperlm.plan.choices import threads_beside_load
@@ -142,23 +142,10 @@ def lr_text(lr: float) -> str:
     return f"{lr:.3g}"
 
 
-def group_lr_ratios(optim: OptimConfig) -> dict[str, float]:
-    """The recipe's group LRs (optim.embed_lr, optim.head_lr) as multiples of optim.lr: a sweep moves them with
-    it, so it tunes one multiplier of all the recipe's LRs."""
-    return {k: getattr(optim, k) / optim.lr for k in ("embed_lr", "head_lr") if getattr(optim, k) is not None}
-
-
-def lr_overrides(lr: float, ratios: dict[str, float]) -> list[str]:
-    """The overrides that set optim.lr to `lr` and each group LR to its ratio of it."""
-    out = ["--optim.lr", repr(lr)]
-    for key, ratio in ratios.items():
-        out += [f"--optim.{key}", repr(group_lr(lr, ratio))]
-    return out
-
-
-def group_lr(lr: float, ratio: float) -> float:
-    """A group LR at `ratio` x `lr`, to 4 significant digits (as the tuned recipe writes it)."""
-    return float(f"{lr * ratio:.4g}")
+def lr_overrides(lr: float) -> list[str]:
+    """The override that sets optim.lr to `lr`; the groups of optim.groups are multiples of it, so a sweep tunes
+    one multiplier of all the recipe's LRs."""
+    return ["--optim.lr", repr(lr)]
 
 
 def run_sweep(
@@ -170,11 +157,10 @@ def run_sweep(
     out_dir: Path,
     jobs: int = 1,
     log: Callable[[str], None] = print,
-    ratios: dict[str, float] | None = None,
     resume: bool = False,
 ) -> list[SweepRun]:
     """Train every (LR, seed) as a `hopperlm train` process; each run's final validation loss from result.json.
-    `ratios`: group LRs set at these multiples of each run's LR (group_lr_ratios). `resume`: a run that finished
+    optim.groups' LRs follow each run's LR (they are multiples of it). `resume`: a run that finished
     before is kept as it is, the others go on from their checkpoints (or start). After a Ctrl-C the runs it
     stopped, or kept from starting, say so (`SweepRun.interrupted`)."""
     runs = [
@@ -190,7 +176,7 @@ def run_sweep(
                 f"sweep: lr {lr_text(run.lr)} seed {run.seed}: val {run.final_val_loss:.4f} (finished before)"
             )
             return run
-        cmd = [sys.executable, "-m", "hopperlm", "train", str(recipe), *overrides, *lr_overrides(run.lr, ratios or {}),
+        cmd = [sys.executable, "-m", "hopperlm", "train", str(recipe), *overrides, *lr_overrides(run.lr),
                "--train.seed", str(run.seed), "--run.out_dir", run.run_dir, "--log.report", "false",
                *(["--resume", "auto"] if resume else [])]  # fmt: skip
         run.threads = threads
@@ -460,12 +446,10 @@ def represent_null(representer: RoundTripRepresenter, _: None) -> ScalarNode:
     return representer.represent_scalar("tag:yaml.org,2002:null", "null")
 
 
-def tuned_recipe_text(
-    text: str, *, lr: float, overrides: list[str], note: str, ratios: dict[str, float] | None = None
-) -> str:
+def tuned_recipe_text(text: str, *, lr: float, overrides: list[str], note: str) -> str:
     """The recipe's YAML with `overrides` set as the sweep's runs had them (a model.preset override replaces the
-    model section, as load_config does) and optim.lr set to `lr` with `note` above it, each group LR at its ratio
-    of it (`ratios`); comments, key order and everything else as written."""
+    model section, as load_config does) and optim.lr set to `lr` with `note` above it (optim.groups' LRs are
+    multiples of it, so they move with it); comments, key order and everything else as written."""
     yaml, doc = round_trip(text)
     items = override_items(overrides)
     if any((section, key) == ("model", "preset") for section, key, _ in items):
@@ -473,9 +457,6 @@ def tuned_recipe_text(
     for section, key, written in items:
         set_value(doc, section, key, override_value(yaml, written))
     set_value(doc, "optim", "lr", lr, comment=note, indent=yaml.map_indent)
-    for key, ratio in (ratios or {}).items():
-        set_value(doc, "optim", key, group_lr(lr, ratio), comment=f"{ratio:.4g} x optim.lr, as swept",
-                  indent=yaml.map_indent)  # fmt: skip
     return dump(yaml, doc)
 
 
