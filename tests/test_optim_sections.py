@@ -51,7 +51,7 @@ OPTIM_MOVED_VALUES = {
     "head_lr": 0.0015,
 }
 # keys that a moved key needs beside it to be accepted in its new place
-NEEDS = {"muon": {"optim": {"name": "muon"}}, "muon_momentum_start": {"muon": {"momentum_warmup_steps": 4}},
+NEEDS = {"muon_momentum_start": {"muon": {"momentum_warmup_steps": 4}},
          "normuon_beta2": {"muon": {"normuon": True}}}  # fmt: skip
 
 
@@ -87,11 +87,10 @@ def test_an_old_optim_key_is_refused_in_one_line_naming_its_new_place(tmp_path, 
         new = MOVED.get(("optim", key)) or ("optim.betas" if key in BETAS else "optim.groups")
         assert f"'{new}'" in message, message
     # what it says to write is accepted, and means what the old key meant
-    migrated, _ = migrate_saved({"optim": {"lr": 0.003, key: value}})
+    muon = MOVED.get(("optim", key), "").startswith("muon.")
+    migrated, _ = migrate_saved({"optim": {"lr": 0.003, key: value, **({"name": "muon"} if muon else {})}})
     for section, extra in NEEDS.get(key, {}).items():
         migrated.setdefault(section, {}).update(extra)
-    if key.startswith("muon") or MOVED.get(("optim", key), "").startswith("muon."):
-        migrated["optim"]["name"] = "muon"
     cfg = config_from_dict({**migrated, "train": {"max_steps": 1}})
     if ("optim", key) in MOVED:
         section, new_key = MOVED[("optim", key)].split(".")
@@ -218,6 +217,15 @@ def test_parameter_groups_are_as_0a191fd_built_them():
     script = load_groups_script()
     got = {name: script.signature(*case) for name, case in script.CASES.items()}
     assert json.loads(json.dumps(got)) == expected
+
+
+def test_a_saved_run_that_was_not_muons_drops_the_muon_keys_it_never_read():
+    raw = {"optim": {"name": "adamw", "lr": 1e-3, "muon_lr_adjust": "spectral", "muon_momentum": 0.9,
+                     "warmup_steps": 5}, "train": {"max_steps": 1}}  # fmt: skip
+    out, said = migrate_saved(raw)
+    cfg = config_from_dict(out)  # no refusal: an AdamW run never read them
+    assert cfg.muon == MuonConfig() and cfg.schedule.warmup_steps == 5
+    assert said == ["optim.warmup_steps -> schedule.warmup_steps", "Muon's keys dropped (not a Muon run)"]
 
 
 def test_muon_section_defaults_are_the_old_keys_defaults():

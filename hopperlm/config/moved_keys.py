@@ -127,4 +127,7 @@ def migrate_saved(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
                 group_row(key, value, raw["optim"].get("lr", DEFAULT_LR))
             )
             said.append(f"optim.{key} -> optim.groups")
+    if out.get("optim", {}).get("name", "adamw") != "muon" and not raw.get("muon") and out.pop("muon", None):
+        # Muon's keys of a run that was not Muon's: never read then, and refused now
+        said = [line for line in said if "-> muon." not in line] + ["Muon's keys dropped (not a Muon run)"]
     return out, said
