@@ -33,9 +33,8 @@ PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
 TO_KEEP_DEFAULT = "MALLOC_TRIM_THRESHOLD_=131072 keeps glibc's default"
 # why, in the plan's line
 WHY = (
-    "a CPU step frees and re-allocates its large tensors every step, which glibc would give back to the "
-    "kernel and page-fault in again (1.84x tokens/s on configs/debug.yaml with a 32K vocabulary, 2.06x with "
-    "bytes: bench/results/2026-11-28-cpu-allocator-cpu.json)"
+    "each step frees and re-allocates large tensors, which glibc would hand back to the kernel and fault in "
+    "again (about 2x the tokens/s measured on a 2-core CPU; docs/speed-and-plan.md)"
 )
 # the heap a run keeps, over its memory estimate: measured 2.4x (0.83 GB of heap above the runtime's 0.46 GB at
 # a 0.34 GB estimate), rounded up; the plan keeps freed blocks only where this multiple fits the memory budget
