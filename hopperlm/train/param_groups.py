@@ -62,9 +62,14 @@ def claimed(model: nn.Module, table: list[ParamGroupConfig]) -> dict[int, ParamG
         hits = [(n, p) for n, p in named if fnmatchcase(n, row.pattern)]
         if not hits:
             sample = ", ".join(n for n, _ in named[:4])
+            tied = (
+                " (a tied model has no lm_head.weight: its head is embed.weight)"
+                if "head" in row.pattern
+                else ""
+            )
             raise ConfigError(
                 f"optim.groups pattern '{row.pattern}' matches no trainable parameter; parameter names look "
-                f"like {sample}, ... (a tied model has no lm_head.weight: its head is embed.weight)"
+                f"like {sample}, ...{tied}"
             )
         for name, p in hits:
             if id(p) in out and out[id(p)] is not row:
@@ -103,9 +108,8 @@ def optimizer_groups(model: nn.Module, oc: OptimConfig, muon: MuonConfig | None)
     if muon is None:
         return OptimizerGroups(adamw, [])
     decay = oc.weight_decay if muon.weight_decay is None else muon.weight_decay
-    muon_rows = {
-        pid: row for pid, row in rows.items() if pid in muon_ids
-    }  # (none: Muon's groups as they were)
+    # the rows that name Muon's matrices (none: Muon's groups exactly as before the table existed)
+    muon_rows = {pid: row for pid, row in rows.items() if pid in muon_ids}
     muon_groups = scaled_groups(
         model,
         decay_set([{"params": muon_params, "weight_decay": decay}], muon_rows),
