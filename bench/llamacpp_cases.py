@@ -107,6 +107,14 @@ def llama_tokenize(bin_dir: Path, gguf: Path, prompt: str) -> list[int]:
     return [int(x) for x in re.findall(r"-?\d+", out.strip().splitlines()[-1])]
 
 
+def llama_tokenize_text(bin_dir: Path, gguf: Path, text: str, scratch: Path) -> list[int]:
+    """llama-tokenize's ids for text exactly as given (from a file: leading/trailing whitespace, newlines and
+    the empty string kept), with no BOS: what the tokenizer itself makes of it."""
+    scratch.write_text(text, encoding="utf-8")
+    out = sh(bin_dir / "llama-tokenize", "-m", gguf, "-f", scratch, "--ids", "--no-bos", "--log-disable")
+    return [int(x) for x in re.findall(r"-?\d+", out.strip().splitlines()[-1])] if out.strip() else []
+
+
 def continuation(out: str, prompt: str) -> str:
     """What a program printed after the prompt, less the one newline it ends its output with: exact text,
     whitespace included (a continuation of newlines must match newline for newline)."""
@@ -131,6 +139,31 @@ def hopperlm_ids(model: Path, prompt: str) -> list[int]:
     from hopperlm.data.tokenizer import load_tokenizer
 
     return load_tokenizer(resolve_model_dir(model) / TOKENIZER_DIR).encode_for_model(prompt)
+
+
+def greedy_agrees(model: Path, prompt: str, llama_text: str, hopperlm_text: str, near_tie: float) -> bool:
+    """Do llama.cpp's and hopperlm's greedy continuations agree, up to the first near-tie? Equal text agrees;
+    otherwise hopperlm's own greedy tokens are walked until their text leaves llama.cpp's, and the divergence
+    counts only where hopperlm's top-2 logits there are `near_tie` or more apart (else either pick is greedy,
+    and the two programs' rounding may choose differently)."""
+    if llama_text == hopperlm_text:
+        return True
+    import torch
+
+    from hopperlm.interop.inference import load_for_inference
+
+    net, tokenizer = load_for_inference(model, "cpu")
+    ids = tokenizer.encode_for_model(prompt)
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(len(hopperlm_text) + 1):  # at most one token per character of the continuation
+            logits = net(torch.tensor([ids + new]))[0, -1].float()  # (V,)
+            top2 = torch.topk(logits, 2).values
+            token = int(logits.argmax())
+            if not llama_text.startswith(tokenizer.decode([*new, token])):  # this step diverges
+                return float(top2[0] - top2[1]) < near_tie
+            new.append(token)
+    return False
 
 
 def model_vocab_size(model: Path) -> int:

@@ -3,9 +3,10 @@ Ollama, LM Studio) runs, written through the `gguf` package (the library llama.c
 
 The file holds what llama.cpp's `convert_hf_to_gguf.py` writes for the Hugging Face folder `export` writes of the
 model (hf.py's family: Llama and Mistral as llama, a ReLU² model as arcee, a QK-norm model as qwen3; a logit
-softcap is refused in one line): the architecture's keys, the SentencePiece vocabulary with its scores and token
-types (from the model's own tokenizer.model: without the scores llama.cpp rebuilds the vocabulary from
-tokenizer.json and tokenizes differently), the special token ids, the chat template, and the tensors under
+softcap is refused in one line): the architecture's keys, the vocabulary (gguf_vocab.py: an imported model's
+SentencePiece pieces with their scores, hopperlm's byte-level BPE as llama.cpp's gpt2 model with the gpt-2
+pre-tokenizer, or the byte tokenizer; anything llama.cpp would tokenize otherwise is refused before a file is
+written), the special token ids, the chat template, and the tensors under
 llama.cpp's names, with the query and key projections permuted from Hugging Face's rotate-half layout to
 llama.cpp's interleaved one where the architecture's RoPE is interleaved (llama, arcee; qwen3's is rotate-half).
 A LoRA run is merged on the way (tensors.py).
@@ -18,10 +19,12 @@ made from the f16 file by llama.cpp's llama-quantize (llama_quantize.py); withou
 
 from __future__ import annotations
 
-import json
+import contextlib
+import io
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +36,7 @@ from hopperlm.diskspace import check_room, disk_errors_as_one_line
 from hopperlm.errors import CheckpointError, ConfigError
 from hopperlm.files import write_atomic
 from hopperlm.interop import llama_quantize
+from hopperlm.interop.gguf_vocab import GGUFVocab, read_vocab, require_gguf
 from hopperlm.interop.hf import hf_family
 from hopperlm.interop.hf_convert import fold_output_multiplier
 from hopperlm.interop.ollama import MODELFILE, modelfile_text
@@ -70,16 +74,6 @@ _BLOCK = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
-
-
-def require_gguf():
-    try:
-        import gguf
-    except ImportError:
-        raise ConfigError(
-            "GGUF export needs the gguf package (llama.cpp's writer): pip install 'hopperlm[gguf]'"
-        ) from None
-    return gguf
 
 
 def check_exportable(cfg: ModelConfig, outtype: str) -> None:
@@ -137,93 +131,25 @@ def tensor_data(gguf, w: torch.Tensor, outtype: str):
     return gguf.quants.quantize(data, qtype), qtype
 
 
-def sentencepiece_vocab(tokenizer_dir: Path, vocab_size: int) -> tuple[list[bytes], list[float], list[int]]:
-    """(pieces, scores, token types) from tokenizer.model, then tokenizer.json's added tokens past it, then
-    padding up to the model's vocabulary (llama.cpp's converter does the same)."""
-    import sentencepiece
-
-    gguf = require_gguf()
-    model_file = tokenizer_dir / "tokenizer.model"
-    if not model_file.is_file():
+def model_dir_for_export(source: Path) -> Path:
+    """resolve_model_dir's folder, where a run whose every checkpoint fails its checksums (a damaged or missing
+    tokenizer/ folder among them) is one line naming each checkpoint's problem instead of a warning per
+    checkpoint and then the error."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            model_dir = resolve_model_dir(source)
+    except CheckpointError as e:
+        found = re.findall(r"checkpoint (\S+) is corrupt \((.*)\); falling back", said.getvalue())
+        if not found:
+            raise
+        problems = "; ".join(f"{Path(ckpt).name}: {why}" for ckpt, why in found)
         raise CheckpointError(
-            f"{tokenizer_dir} has no tokenizer.model (SentencePiece): GGUF's llama vocabulary needs its scores, "
-            "or llama.cpp tokenizes differently from hopperlm; GGUF export writes SentencePiece-based "
-            f"(Llama-family) tokenizers only; {ALTERNATIVE}"
-        )
-    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
-    types = gguf.TokenType
-    pieces, scores, kinds = [], [], []
-    for i in range(sp.vocab_size()):
-        pieces.append(sp.id_to_piece(i).encode("utf-8"))
-        scores.append(sp.get_score(i))
-        kind = types.NORMAL
-        if sp.is_unknown(i):
-            kind = types.UNKNOWN
-        elif sp.is_control(i):
-            kind = types.CONTROL
-        elif sp.is_unused(i):
-            kind = types.UNUSED
-        elif sp.is_byte(i):
-            kind = types.BYTE
-        kinds.append(int(kind))
-    tokenizer_json = tokenizer_dir / "tokenizer.json"
-    added = json.loads(tokenizer_json.read_text()).get("added_tokens", []) if tokenizer_json.is_file() else []
-    for token in sorted(added, key=lambda t: t["id"]):
-        if token["id"] < len(pieces):
-            continue
-        if token["id"] != len(pieces):
-            raise CheckpointError(
-                f"{tokenizer_json}: added token ids skip {len(pieces)}; cannot lay out the vocabulary"
-            )
-        pieces.append(token["content"].encode("utf-8"))
-        scores.append(-1000.0)
-        kinds.append(int(types.CONTROL if token.get("special") else types.USER_DEFINED))
-    if len(pieces) > vocab_size:
-        raise CheckpointError(
-            f"the tokenizer has {len(pieces)} tokens but the model's vocabulary {vocab_size}: export the run's own "
-            "tokenizer (its tokenizer/ folder), not another"
-        )
-    for i in range(len(pieces), vocab_size):
-        pieces.append(f"[PAD{i}]".encode())
-        scores.append(-1000.0)
-        kinds.append(int(types.UNUSED))
-    return pieces, scores, kinds
-
-
-def adds_bos(tokenizer_config: dict) -> bool:
-    """The GGUF's add_bos_token: llama.cpp and Ollama put BOS before every prompt when it is true."""
-    return bool(tokenizer_config.get("add_bos_token", True))  # Llama's tokenizers add BOS
-
-
-def write_tokenizer(writer, tokenizer_dir: Path, vocab_size: int) -> None:
-    pieces, scores, kinds = sentencepiece_vocab(tokenizer_dir, vocab_size)
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(pieces)
-    writer.add_token_scores(scores)
-    writer.add_token_types(kinds)
-    config_file = tokenizer_dir / "tokenizer_config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    ids = {piece: i for i, piece in enumerate(pieces)}
-
-    def id_of(key: str) -> int | None:
-        token = config.get(key)
-        token = token.get("content") if isinstance(token, dict) else token
-        return ids.get(token.encode("utf-8")) if isinstance(token, str) else None
-
-    for key, add in (
-        ("bos_token", writer.add_bos_token_id),
-        ("eos_token", writer.add_eos_token_id),
-        ("unk_token", writer.add_unk_token_id),
-        ("pad_token", writer.add_pad_token_id),
-    ):
-        token_id = id_of(key)
-        if token_id is not None:
-            add(token_id)
-    writer.add_add_bos_token(adds_bos(config))
-    writer.add_add_eos_token(bool(config.get("add_eos_token", False)))
-    if isinstance(config.get("chat_template"), str):
-        writer.add_chat_template(config["chat_template"])
+            f"every checkpoint in {source} is corrupt ({problems}); nothing to export: restore the files named "
+            f"(a checkpoint's tokenizer/ is a copy of {Path(source) / TOKENIZER_DIR})"
+        ) from e
+    sys.stderr.write(said.getvalue())  # checkpoints skipped on the way to a good one: still said
+    return model_dir
 
 
 def export_gguf(
@@ -255,23 +181,22 @@ def export_gguf(
         quantizer = llama_quantize.find_llama_quantize(llama_cpp, outtype=outtype, modelfile=modelfile)
         if quantizer is None:  # no llama-quantize: Ollama makes the k-quant from the f16 file
             written, ollama_quantizes = "f16", llama_quantize.OLLAMA_QUANTIZES[outtype]
-    model_dir = resolve_model_dir(source)
+    model_dir = model_dir_for_export(source)
     cfg = read_model_config(model_dir)
     check_exportable(cfg, outtype)
+    vocab = read_vocab(model_dir / TOKENIZER_DIR, cfg.vocab_size)  # refused here, before any file
     if cfg.sliding_window:
         log(
             f"gguf: sliding_window {cfg.sliding_window} not written: llama.cpp's llama architecture attends to the whole context, as its own converter writes Mistral"
         )
     recipe = None
     if modelfile:
-        config_file = model_dir / TOKENIZER_DIR / "tokenizer_config.json"
-        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         recipe = modelfile_text(
             model_dir,
             cfg,
             out.name,
             source=Path(source),
-            bos_added=adds_bos(config),
+            bos_added=vocab.add_bos,
             quantize=ollama_quantizes,
             log=log,
         )
@@ -296,9 +221,9 @@ def export_gguf(
     try:
         with disk_errors_as_one_line(what=out.name, where=out.parent, needed=needed):
             if quantizer is None:
-                write_gguf(gguf, tmp, model_dir, cfg, written)
+                write_gguf(gguf, tmp, model_dir, cfg, written, vocab)
             else:
-                write_gguf(gguf, f16, model_dir, cfg, "f16")
+                write_gguf(gguf, f16, model_dir, cfg, "f16", vocab)
                 llama_quantize.quantize(quantizer, f16, tmp, outtype, log=log)
         os.replace(tmp, out)
     finally:
@@ -326,7 +251,7 @@ def ollama_create(out: Path, modelfile: Path, quantize: str | None) -> str:
     )
 
 
-def write_gguf(gguf, path: Path, model_dir: Path, cfg: ModelConfig, outtype: str) -> None:
+def write_gguf(gguf, path: Path, model_dir: Path, cfg: ModelConfig, outtype: str, vocab: GGUFVocab) -> None:
     """The GGUF file itself, through the gguf package's writer (an outtype it writes: WRITTEN)."""
     head_dim = cfg.dim // cfg.n_heads
     arch = gguf_architecture(cfg)
@@ -352,7 +277,7 @@ def write_gguf(gguf, path: Path, model_dir: Path, cfg: ModelConfig, outtype: str
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type(file_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    write_tokenizer(writer, model_dir / TOKENIZER_DIR, cfg.vocab_size)
+    vocab.write(writer)
     for ours, w in iter_model_tensors(model_dir):
         name = to_hf_name(ours)
         w = fold_output_multiplier(ours, w, cfg)
