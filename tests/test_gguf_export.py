@@ -301,6 +301,8 @@ def test_bad_gguf_exports_are_one_line_each(imported, hub_llama, tmp_path, data_
         assert code == 2 and len(lines) == 1 and message in lines[0], (message, stderr[-2000:])
         assert "Traceback" not in stderr
     assert (tmp_path / "exists.gguf").read_bytes() == b"keep me"  # nothing complete touched
+    shutil.copy(hub_llama / "tokenizer.model", no_sp / "tokenizer")  # the fix the no_sp refusal names
+    main(["export", str(no_sp), str(tmp_path / "n.gguf"), "--format", "gguf", "--outtype", "f32"])
     assert not list(tmp_path.glob("*.tmp-*")) and not list(tmp_path.glob(".*.tmp-*"))
 
 

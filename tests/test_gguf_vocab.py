@@ -130,6 +130,7 @@ def test_byte_gguf_is_the_256_byte_symbols_in_byte_order(byte_run, tmp_path):
 
 def expect_refusal(args: list[str], message: str, out_dir: Path, capsys) -> str:
     """One `error:` line holding `message`, exit status 2, no traceback, and nothing in out_dir."""
+    capsys.readouterr()  # what came before (a fixture's progress bars) is not the export's
     with pytest.raises(SystemExit) as exit_:
         main(args)
     err = capsys.readouterr().err
@@ -198,7 +199,7 @@ def test_damaged_missing_and_foreign_tokenizers_are_one_line_and_write_nothing(b
 
     cases = {
         missing: "is missing: a GGUF file carries the run's tokenizer",
-        damaged: "is not a valid tokenizer.json",
+        damaged: "is damaged (",
         emptied: "has no tokenizer.json, tokenizer.model or hopperlm-byte.json",
         prefix_space: 'the pre-tokenizer {"type": "ByteLevel", "add_prefix_space": true',
         digits_split: 'the pre-tokenizer {"type": "Sequence"',
@@ -206,9 +207,13 @@ def test_damaged_missing_and_foreign_tokenizers_are_one_line_and_write_nothing(b
     for change, message in cases.items():
         model = with_tokenizer(bpe_model, tmp_path, change)
         out_dir = tmp_path / f"out-{change.__name__}"
-        expect_refusal(
-            ["export", str(model), str(out_dir / "m.gguf"), "--format", "gguf"], message, out_dir, capsys
-        )
+        args = ["export", str(model), str(out_dir / "m.gguf"), "--format", "gguf"]
+        line = expect_refusal(args, message, out_dir, capsys)
+        if change in (missing, damaged, emptied):  # the fix it names works
+            assert "copy the tokenizer/ folder of the run (or of the data it was prepared with) back" in line
+            shutil.rmtree(model / "tokenizer", ignore_errors=True)
+            shutil.copytree(bpe_model / "tokenizer", model / "tokenizer")
+            main(args)
     # the routes the foreign-tokenizer refusal names instead: both run
     model = tmp_path / "model-digits_split"
     main(["export", str(model), str(tmp_path / "as-hopperlm"), "--format", "hopperlm"])
@@ -317,3 +322,57 @@ def test_owt_350m_route_at_toy_size_prepare_train_export_and_ollama_files(data_d
     assert "FROM ./owt-toy.gguf" in modelfile or "FROM owt-toy.gguf" in modelfile, modelfile
     assert 'PARAMETER stop "<|endoftext|>"' in modelfile and "TEMPLATE" not in modelfile, modelfile
     assert "ollama create owt-toy -q q4_K_M" in said
+
+
+# ---- what a refused architecture suggests instead --------------------------------------------------------
+def qwen2_import(where: Path, tokenizer_files: list[Path], vocab_size: int) -> Path:
+    """A tiny Qwen2 (attention biases: no architecture GGUF export writes) imported with these tokenizer files."""
+    from hf_tiny import tiny_hf_model
+
+    from hopperlm.interop.hf_convert import import_hf
+
+    hub = where / "hub"
+    tiny_hf_model("qwen2", vocab_size=vocab_size, max_position_embeddings=128).save_pretrained(hub)
+    for file in tokenizer_files:
+        shutil.copy(file, hub / file.name)
+    return import_hf(hub, where / "imported", log=lambda line: None)
+
+
+def converter_or_skip() -> Path:
+    if not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
+        pytest.skip(f"llama.cpp's convert_hf_to_gguf.py is not at {LLAMA_CPP} (../shared/tools/README.md)")
+    return LLAMA_CPP
+
+
+@pytest.mark.slow
+def test_a_refused_architecture_suggests_the_converter_only_where_it_converts(
+    bpe_model, data_dir, tmp_path, capsys
+):
+    """With a SentencePiece tokenizer the refusal suggests `--format hf` + convert_hf_to_gguf.py, and that
+    converts; with a tokenizer trained here it suggests --format hopperlm, which runs, and not the converter,
+    which stops (its NotImplementedError: no hash for this vocabulary)."""
+    from llamacpp_cases import convert_hf_to_gguf
+
+    tinyllama = data_dir / "tokenizers" / "tinyllama-1.1b-chat-v1.0"
+    sp_files = [tinyllama / name for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")]
+    routes = {
+        "sentencepiece": (qwen2_import(tmp_path / "sp", sp_files, 32000), "convert_hf_to_gguf.py"),
+        "bpe": (
+            qwen2_import(tmp_path / "bpe", [bpe_model / "tokenizer" / "tokenizer.json"], 768),
+            "--format hopperlm",
+        ),
+    }
+    for name, (model, suggestion) in routes.items():
+        out_dir = tmp_path / f"out-{name}"
+        args = ["export", str(model), str(out_dir / "q.gguf"), "--format", "gguf"]
+        line = expect_refusal(args, "no attention biases (a Qwen2-family model)", out_dir, capsys)
+        assert suggestion in line and ("export it with --format hf" in line) == (name == "sentencepiece"), (
+            line
+        )
+        main(["export", str(model), str(tmp_path / f"{name}-hf"), "--format", "hf"])
+    main(["export", str(routes["bpe"][0]), str(tmp_path / "bpe-kept"), "--format", "hopperlm"])
+    source = converter_or_skip()
+    converted = convert_hf_to_gguf(source, tmp_path / "sentencepiece-hf", tmp_path / "sp.gguf")
+    assert field(gguf.GGUFReader(converted), "general.architecture") == "qwen2"
+    with pytest.raises(RuntimeError, match="BPE pre-tokenizer was not recognized"):
+        convert_hf_to_gguf(source, tmp_path / "bpe-hf", tmp_path / "bpe.gguf")

@@ -48,6 +48,12 @@ OUTTYPES = (*WRITTEN, *llama_quantize.KQUANTS)
 BYTES_PER_WEIGHT = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}  # q8_0: 32 int8 + an f16 scale
 BYTES_PER_WEIGHT.update(llama_quantize.BYTES_PER_WEIGHT)
 ALTERNATIVE = "export it with --format hf and convert that folder with llama.cpp's convert_hf_to_gguf.py"
+# where the converter cannot help: it reads a SentencePiece tokenizer.model, but recognises a byte-level BPE only
+# by the hash of a known vocabulary's ids, and no vocabulary trained here is one (its NotImplementedError)
+KEEP_AS_IS = (
+    "keep it with --format hopperlm (llama.cpp's convert_hf_to_gguf.py stops at a tokenizer trained here: "
+    "it recognises only the byte-level BPEs it has hashed)"
+)
 # hf_family's family -> llama.cpp's architecture (convert_hf_to_gguf.py: LlamaModel, MistralForCausalLM as
 # llama; ArceeModel(LlamaModel); Qwen3Model)
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "arcee": "arcee", "qwen3": "qwen3"}
@@ -76,7 +82,13 @@ _BLOCK = {
 }
 
 
-def check_exportable(cfg: ModelConfig, outtype: str) -> None:
+def alternative_route(model_dir: Path) -> str:
+    """What a refusal suggests instead: llama.cpp's converter for a SentencePiece tokenizer (it converts those,
+    tests/test_gguf_vocab.py runs it), else the model kept as it is."""
+    return ALTERNATIVE if (model_dir / TOKENIZER_DIR / "tokenizer.model").is_file() else KEEP_AS_IS
+
+
+def check_exportable(cfg: ModelConfig, outtype: str, alternative: str = ALTERNATIVE) -> None:
     """One ConfigError naming the alternative for what this writer cannot express."""
     if outtype not in OUTTYPES:
         raise ConfigError(
@@ -91,7 +103,7 @@ def check_exportable(cfg: ModelConfig, outtype: str) -> None:
         if present:
             raise ConfigError(
                 f"GGUF export writes llama.cpp's {', '.join(sorted(set(ARCHITECTURES.values())))} "
-                f"architectures here, with no {what}; {ALTERNATIVE}"
+                f"architectures here, with no {what}; {alternative}"
             )
 
 
@@ -183,7 +195,7 @@ def export_gguf(
             written, ollama_quantizes = "f16", llama_quantize.OLLAMA_QUANTIZES[outtype]
     model_dir = model_dir_for_export(source)
     cfg = read_model_config(model_dir)
-    check_exportable(cfg, outtype)
+    check_exportable(cfg, outtype, alternative_route(model_dir))
     vocab = read_vocab(model_dir / TOKENIZER_DIR, cfg.vocab_size)  # refused here, before any file
     if cfg.sliding_window:
         log(

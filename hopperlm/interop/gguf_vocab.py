@@ -115,15 +115,14 @@ def byte_level_alphabet() -> list[str]:
 def read_vocab(tokenizer_dir: Path, vocab_size: int) -> GGUFVocab:
     """The GGUF vocabulary of a run's tokenizer/ folder, padded to the model's vocab_size; a DataError (one
     line, naming the tokenizer and the fix) for a folder that is missing, damaged or not expressible."""
+    fix = "copy the tokenizer/ folder of the run (or of the data it was prepared with) back there"
     if not tokenizer_dir.is_dir():
-        raise DataError(
-            f"{tokenizer_dir} is missing: a GGUF file carries the run's tokenizer; copy the tokenizer/ folder of "
-            "the run (or of the data it was prepared with) back there"
-        )
+        raise DataError(f"{tokenizer_dir} is missing: a GGUF file carries the run's tokenizer; {fix}")
     try:
         tokenizer = load_tokenizer(tokenizer_dir)
-    except (OSError, ValueError) as e:
-        raise DataError(f"{tokenizer_dir} is unreadable ({e}); copy a working tokenizer/ folder there") from e
+    except (DataError, OSError, ValueError) as e:
+        why = str(e).split("; ")[0]  # the loader's own fix points at a tokenizer to load, not at this folder
+        raise DataError(f"{tokenizer_dir} is damaged ({why}); {fix}") from e
     if isinstance(tokenizer, HFTokenizer) and SP_FILE in tokenizer._files:  # its own, checked on load
         vocab = sentencepiece_vocab(tokenizer_dir, vocab_size)
     elif isinstance(tokenizer, HFTokenizer) and sentencepiece_style(json.loads(tokenizer._raw)):
