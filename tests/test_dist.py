@@ -328,6 +328,7 @@ def test_diagnose_plans_for_a_cluster(capsys):
     ])  # fmt: skip
     out = capsys.readouterr().out
     assert "parallel: fsdp over 64 ranks" in out and "x 64 ranks" in out
+    assert "config: --optim.name adamw: the recipe's muon section (lr_adjust) is not read" in out
 
 
 @pytest.mark.gpu

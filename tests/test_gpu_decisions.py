@@ -21,8 +21,8 @@ from hopperlm.parallel.runtime import Runtime
 from hopperlm.plan import World, make_plan
 from hopperlm.plan.make import fewest_accumulation_steps
 from hopperlm.train import batch_finder
-from hopperlm.train.loop import OutOfMemory, back_off
 from hopperlm.train.optim import build_optimizer
+from hopperlm.train.out_of_memory import OutOfMemory, back_off
 from hopperlm.train.state import TrainState
 from hopperlm.train.step import make_step_parts, train_step
 

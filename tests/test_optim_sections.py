@@ -141,6 +141,22 @@ def test_a_muon_key_without_muon_is_one_refusal(tmp_path):
     )
 
 
+def test_a_muon_recipe_switched_to_adamw_on_the_command_line_says_its_muon_section_is_not_read(
+    tmp_path, capsys
+):
+    path = recipe(
+        tmp_path, {"optim": {"name": "muon"}, "muon": {"lr_adjust": "spectral", "ns": "polar_express"}}
+    )
+    cfg = load_config(path, ["--optim.name", "adamw"])
+    assert cfg.optim.name == "adamw" and cfg.muon == MuonConfig()
+    assert (
+        "config: --optim.name adamw: the recipe's muon section (lr_adjust, ns) is not read"
+        in capsys.readouterr().out
+    )
+    with pytest.raises(ConfigError, match="is a setting of Muon.s"):  # a muon key given beside it: refused
+        load_config(path, ["--optim.name", "adamw", "--muon.ns", "polar_express"])
+
+
 def test_a_bad_key_in_a_yaml_file_names_the_file_and_the_key(tmp_path):
     path = recipe(tmp_path, {"schedule": {"warmup_stpes": 3}})
     with pytest.raises(ConfigError) as e:

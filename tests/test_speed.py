@@ -392,7 +392,7 @@ def test_bench_variants_set_the_optimizer_shape_accumulation_and_documents():
 
     hw = detect_for("cpu")
     variants = ["owt:optim.name=muon,seq_len=64,micro_batch=2,grad_accum=2", "docs:documents=4",
-                "wide:model.mlp=relu2,model.ffn_dim=1024,optim.name=muon,optim.normuon=true"]  # fmt: skip
+                "wide:model.mlp=relu2,model.ffn_dim=1024,optim.name=muon,muon.normuon=true"]  # fmt: skip
     rows = run_bench(
         ["gpt2-124m"], hw, quick=True, steps=1, windows=1, warmup=1, hf=False, variants=variants,
         only=["hopperlm owt", "hopperlm docs", "hopperlm wide"], log=lambda line: None,

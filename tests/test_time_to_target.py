@@ -18,17 +18,13 @@ def config_for(name: str, tmp_path: Path, steps: int = 1000) -> dict:
 
 def test_the_baselines_are_the_settings_the_issue_names(tmp_path):
     users = config_for("users-start", tmp_path)
-    assert users["optim"] == {
-        "lr": 6e-4, "schedule": "cosine", "beta2": 0.999, "weight_decay": 0.01, "warmup_steps": 64
-    }  # fmt: skip
+    assert users["optim"] == {"lr": 6e-4, "betas": [0.9, 0.999], "weight_decay": 0.01}
+    assert users["schedule"] == {"name": "cosine", "warmup_steps": 64}
     assert users["train"]["micro_batch"] == 8 and users["train"]["batch_tokens"] == 8 * 16 * ttt.SEQ_LEN
     nano = config_for("nanogpt", tmp_path)
-    assert (
-        nano["optim"]["lr"] == 6e-4
-        and nano["optim"]["beta2"] == 0.95
-        and nano["optim"]["min_lr_ratio"] == 0.1
-    )
-    assert nano["optim"]["warmup_steps"] == round(1000 * 700 / 19_073) and nano["model"]["tie_embeddings"]
+    assert nano["optim"]["lr"] == 6e-4 and nano["optim"]["betas"] == [0.9, 0.95]
+    assert nano["schedule"]["min_lr_ratio"] == 0.1
+    assert nano["schedule"]["warmup_steps"] == round(1000 * 700 / 19_073) and nano["model"]["tie_embeddings"]
     # every recipe is the same model on the same wall-clock budget, and a valid hopperlm config
     for name in ttt.RECIPES:
         cfg = config_for(name, tmp_path)
@@ -46,7 +42,7 @@ def test_hopperlms_recipe_is_nanogpt_with_the_kept_rungs():
     hopper = ttt.RECIPES["hopperlm"]
     assert hopper["role"] == "hopperlm" and hopper["warmup"] == ttt.RECIPES["nanogpt"]["warmup"]
     changes, nanogpt = dict(ttt.LADDER), ttt.RECIPES["nanogpt"]
-    expected = {section: dict(nanogpt[section]) for section in ("model", "optim", "train")}
+    expected = {section: dict(nanogpt[section]) for section in ("model", "optim", "schedule", "train")}
     for rung in ttt.KEPT:
         for section, keys in changes[rung].items():
             expected[section].update(keys)

@@ -217,7 +217,19 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
         if moved:
             print(f"config: {path} was saved by an earlier hopperlm; read with {', '.join(moved)}")
     check_file_keys(raw, path)
-    return config_from_dict(merge(raw, parse_overrides(overrides or [])))
+    given = parse_overrides(overrides or [])
+    return config_from_dict(merge(without_muon_when_switched(raw, given), given))
+
+
+def without_muon_when_switched(raw: dict[str, Any], given: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A Muon recipe switched to another optimizer on the command line (--optim.name adamw) and given no muon key
+    there: the recipe's muon section is not read, and one line says so (set in one recipe, or on the command
+    line beside another optimizer, a muon key is refused)."""
+    name = given.get("optim", {}).get("name")
+    if name is None or name == "muon" or "muon" in given or not raw.get("muon"):
+        return raw
+    print(f"config: --optim.name {name}: the recipe's muon section ({', '.join(raw['muon'])}) is not read")
+    return {section: values for section, values in raw.items() if section != "muon"}
 
 
 def is_run_folder(folder: Path) -> bool:
