@@ -35,9 +35,10 @@ def tiny(**model_keys):
 
 
 def reference_polar_express(g: torch.Tensor) -> torch.Tensor:
-    """nanochat's muon_step_fused orthogonalisation, one matrix (its tall branch: X^T X), in float64."""
+    """nanochat's muon_step_fused orthogonalisation, one matrix (its tall branch: X^T X), in float64, with
+    modded-nanogpt's safety factor (1 + 2e-2), hopperlm's (nanochat at 92d63d4 divides by 1.01)."""
     x = g.double()
-    x = x / (x.norm() * 1.02 + 1e-6)  # its safety factor, as modded-nanogpt's (1 + 2e-2)
+    x = x / (x.norm() * 1.02 + 1e-6)
     for a, b, c in POLAR_EXPRESS:
         if g.size(-2) > g.size(-1):
             gram = x.mT @ x

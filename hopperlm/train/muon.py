@@ -25,7 +25,8 @@ NS_STEPS = 5
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
 # Polar Express (Amsel, Persson, Musco and Gower 2025, arXiv 2505.16932, Algorithm 1 with 5 iterations, safety
 # factor 2e-2, cushion 2): one quintic per iteration, each fitted to the spectrum the previous one leaves, as
-# modded-nanogpt and nanochat (nanochat/optim.py) use them; the input is divided by 1.02 x its Frobenius norm
+# modded-nanogpt and nanochat (nanochat/optim.py) use them; the input is divided by 1.02 x its Frobenius norm,
+# modded-nanogpt's safety (nanochat at 92d63d4 divides by 1.01)
 POLAR_EXPRESS = (
     (8.156554524902461, -22.48329292557795, 15.878769915207462),
     (4.042929935166739, -2.808917465908714, 0.5000178451051316),
