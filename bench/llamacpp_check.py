@@ -20,6 +20,7 @@ barely moves, as `llama-perplexity --kl-divergence` against the f32 file's logit
 
     python3 bench/llamacpp_check.py --save bench/results/DATE-llamacpp-check.json   # ~25 min the first time
     python3 bench/llamacpp_check.py --build-only                                    # just the binaries
+    python3 bench/llamacpp_check.py --cases own --llama-cpp ../shared/tools/llama.cpp  # own tokenizers, ~3 min
 
 llama.cpp is built once from the pinned llama-cpp-python source distribution (its vendor/llama.cpp, CPU only,
 cmake; about 20 minutes on 2 cores) into a cache ($HOPPERLM_CACHE_DIR or ~/.cache/hopperlm, llama.cpp-VERSION/);
@@ -32,6 +33,9 @@ real tokenizer files:
   relu2 (arcee), qk_norm (qwen3)
              as cpt, from a tiny random Arcee (model.mlp relu2) and Qwen3 (model.qk_norm) Hub folder: llama.cpp's
              arcee and qwen3 architectures, from its converter and from `export --format gguf`
+  bpe-1000, bpe-4000, byte
+             trained from scratch on hopperlm's own tokenizers (bench/llamacpp_own.py): the text set's ids and
+             the greedy continuation, up to a near-tie
 Needs the package index once (the source distribution) and ../shared/data. tests/test_gguf_export.py runs
 llama.cpp's converter wherever the source is unpacked (the binaries need not be built) and the binaries where
 they are built.
@@ -133,17 +137,37 @@ def main() -> None:
     )
     p.add_argument("--save", help="write the results as JSON here")
     p.add_argument("--work", default="/tmp/hopperlm-llamacpp-check", help="scratch folder (rewritten)")
+    p.add_argument(
+        "--cases",
+        choices=("all", "own"),
+        default="all",
+        help="own: only the models trained on hopperlm's own tokenizers (bench/llamacpp_own.py: BPE at two "
+        "vocabulary sizes and byte), which need llama-tokenize and llama-simple alone",
+    )
+    p.add_argument(
+        "--llama-cpp",
+        type=Path,
+        help="a llama.cpp folder already built (build/bin and convert_hf_to_gguf.py, e.g. ../shared/tools/llama.cpp) "
+        "instead of building one; `all` needs llama-perplexity in it too",
+    )
     args = p.parse_args()
-    source = ensure_llamacpp()
+    source = args.llama_cpp.resolve() if args.llama_cpp else ensure_llamacpp()
     if args.build_only:
         print(f"llama.cpp binaries: {source / 'build' / 'bin'}")
         return
     from llamacpp_cases import check_all  # the cases and checks (bench/llamacpp_cases.py)
+    from llamacpp_own import check_own  # hopperlm's own tokenizers (bench/llamacpp_own.py)
 
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    record = check_all(source, work, DATA, PROMPTS, TOLERANCES)
+    own = check_own(source, work, DATA)
+    record = {"own_tokenizers": own, "table": own["table"], "all_agree": own["all_agree"]}
+    if args.cases == "all":
+        imported = check_all(source, work, DATA, PROMPTS, TOLERANCES)
+        record = {**imported, **record, "table": imported["table"] + own["table"]}
+        record["all_agree"] = imported["all_agree"] and own["all_agree"]
+    record["llama_cpp"] = str(source)
     if args.save:
         from hopperlm.provenance import save_result
 
