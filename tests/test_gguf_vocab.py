@@ -4,7 +4,8 @@ tokenizer as a gpt2 vocabulary of the 256 byte symbols. Read back with the `gguf
 llama.cpp itself (../shared/tools/llama.cpp, or $HOPPERLM_LLAMA_CPP) where it is: `llama-tokenize` gives
 hopperlm's ids on the shared text set (bench/llamacpp_texts.py) and `llama-simple`'s greedy continuation is
 `hopperlm generate --temperature 0`'s up to a near-tie. Tokenizers llama.cpp cannot run as hopperlm does, and
-damaged or missing tokenizer folders, are refused in one line with nothing written."""
+damaged or missing tokenizer folders, are refused in one line with nothing written. The same runs'
+`--format hf` exports tokenize and continue in transformers as hopperlm does."""
 
 import json
 import os
@@ -376,3 +377,28 @@ def test_a_refused_architecture_suggests_the_converter_only_where_it_converts(
     assert field(gguf.GGUFReader(converted), "general.architecture") == "qwen2"
     with pytest.raises(RuntimeError, match="BPE pre-tokenizer was not recognized"):
         convert_hf_to_gguf(source, tmp_path / "bpe-hf", tmp_path / "bpe.gguf")
+
+
+# ---- the same models in transformers (the docs table's transformers column) -------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["bpe", "byte"])
+def test_the_hf_export_tokenizes_the_text_set_and_continues_as_hopperlm(kind, request, data_dir, tmp_path):
+    """`export --format hf` of a run trained on hopperlm's BPE or byte tokenizer: AutoTokenizer gives hopperlm's
+    ids on the text set, and AutoModelForCausalLM's greedy tokens are `hopperlm generate --temperature 0`'s."""
+    import torch
+    from llamacpp_cases import hopperlm_greedy
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hopperlm.data.tokenizer import load_tokenizer
+
+    run = request.getfixturevalue(f"{kind}_run")
+    main(["export", str(run), str(tmp_path / "hf")])
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ours = load_tokenizer(run / "tokenizer")
+    texts = text_set(data_dir)
+    assert {k: t for k, t in texts.items() if theirs(t)["input_ids"] != ours.encode_for_model(t)} == {}
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    inputs = theirs(GREEDY_PROMPT, return_tensors="pt")
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=16, min_new_tokens=16)[0]
+    text = theirs.decode(out[inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert text == hopperlm_greedy(run, GREEDY_PROMPT, 16)
