@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from harness import REPO, at_grid_edge, bench_command, save_result
+from race_intervals import DRAWS, intervals_of
 from race_recipes import (
     BATCH_TOKENS,
     LR_SEARCH,
@@ -412,6 +413,8 @@ def run_race(race: Race, last_part: str) -> tuple[dict, dict]:
         )
         mine = twin_name if bool(other["model"].get("tie_embeddings")) == bool(base_tied) else "hopperlm"
         result["time_to_target"][baseline] = flops_to_target(result["rows"], mine, baseline)
+    # every ratio with its 90% interval: a bootstrap over seeds that re-chooses each recipe's best LR
+    result["time_to_target_intervals"] = intervals_of(result, flops_to_target, draws=200 if smoke else DRAWS)
     if upto < 4:
         return result, ladder_result
     steps = 4 if smoke else race_steps(CONFIRM)
