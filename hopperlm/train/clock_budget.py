@@ -57,9 +57,8 @@ class ClockBudget:
     budget_s: float | None  # train.max_hours in seconds (None: no wall-clock budget, nothing to keep)
     reserve_s: float = 0.0  # the final evaluation's seconds, kept free of training
     measured: bool = False  # reserve_s is an evaluation's (else the estimate, or none yet)
-    warmup_share: float | None = (
-        None  # schedule.warmup_share laid in place of schedule.warmup_steps, if it was
-    )
+    # schedule.warmup_share laid in place of schedule.warmup_steps, if it was
+    warmup_share: float | None = None
     decided: bool = False  # the warm-up was decided (at this run's first timed steps, before any resume)
     # not saved: this process's timed steps (its first log interval holds the compile and is left out)
     timed_steps: int = 0
