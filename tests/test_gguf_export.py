@@ -331,9 +331,7 @@ def test_llama_cpp_converter_writes_what_export_writes(family, data_dir, tmp_pat
     convert_hf_to_gguf.py, on the Hugging Face folder `export` writes of a Llama, a ReLU² (Arcee) and a QK-norm
     (Qwen3) model, writes every tensor `export --format gguf` writes, byte for byte (name, type, shape, values),
     and the same value for every key both write."""
-    from llamacpp_check import unpacked_source
-
-    source = unpacked_source()
+    source = llama_cpp_source()
     if source is None:
         pytest.skip("llama.cpp's source is not unpacked here: python3 bench/llamacpp_check.py --build-only")
     from llamacpp_cases import convert_hf_to_gguf
@@ -405,11 +403,29 @@ def test_llama_cpp_runs_relu2_and_qk_norm_models_as_hopperlm(family, data_dir, t
 
 
 # ---- k-quants through llama-quantize, and the Ollama Modelfile ------------------------------------------------
+# llama.cpp prebuilt for the tests (../shared/tools/README.md): its build/bin, converter and gguf-py
+SHARED_LLAMA_CPP = Path(
+    os.environ.get("HOPPERLM_LLAMA_CPP") or REPO.parent / "shared" / "tools" / "llama.cpp"
+)
+
+
 def built_llama_cpp() -> Path | None:
-    """bench/llamacpp_check.py's build folder (bin/) where it has built every binary; never builds."""
+    """bench/llamacpp_check.py's build folder (bin/) where it has built every binary, else the prebuilt
+    SHARED_LLAMA_CPP's where it has the binaries these tests run; never builds."""
     from llamacpp_check import built_bin_dir
 
-    return built_bin_dir()
+    shared = SHARED_LLAMA_CPP / "build" / "bin"
+    needed = ("llama-tokenize", "llama-simple", "llama-quantize")
+    return built_bin_dir() or (shared if all((shared / b).is_file() for b in needed) else None)
+
+
+def llama_cpp_source() -> Path | None:
+    """A llama.cpp folder holding convert_hf_to_gguf.py: bench/llamacpp_check.py's unpacked source, else
+    SHARED_LLAMA_CPP."""
+    from llamacpp_check import unpacked_source
+
+    shared = SHARED_LLAMA_CPP if (SHARED_LLAMA_CPP / "convert_hf_to_gguf.py").is_file() else None
+    return unpacked_source() or shared
 
 
 def test_a_k_quant_without_llama_quantize_is_one_line_and_writes_nothing(
