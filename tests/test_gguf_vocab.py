@@ -48,14 +48,25 @@ def corpus(data_dir: Path, where: Path) -> Path:
     return where / "corpus.txt"
 
 
-def trained_run(data_dir: Path, where: Path, tokenizer: list[str], steps: int = 150) -> Path:
-    """prepare (with `tokenizer`'s options) -> train the debug model `steps` steps: a run as a user makes it."""
+def trained_run(
+    data_dir: Path, where: Path, tokenizer: list[str], steps: int = 150, model: tuple[str, ...] = ()
+) -> Path:
+    """prepare (with `tokenizer`'s options) -> train the debug model (with `model`'s --model.* overrides) `steps`
+    steps: a run as a user makes it."""
     where.mkdir(parents=True, exist_ok=True)
     main(["prepare", str(corpus(data_dir, where)), "--out", str(where / "data"), *tokenizer])
     main(["train", str(REPO / "configs" / "debug.yaml"), "--data.path", str(where / "data"),
           "--train.max_steps", str(steps), "--train.log_every", str(steps), "--checkpoint.every", str(steps),
-          "--run.out_dir", str(where / "run"), *QUIET])  # fmt: skip
+          "--run.out_dir", str(where / "run"), *model, *QUIET])  # fmt: skip
     return where / "run"
+
+
+# the architectures a model trained here exports as: the --model.* overrides, and llama.cpp's architecture
+MODELS = {
+    "standard": ((), "llama"),
+    "qk_norm": (("--model.qk_norm", "true"), "qwen3"),
+    "relu2": (("--model.mlp", "relu2", "--model.ffn_dim", "256"), "arcee"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +79,22 @@ def bpe_run(data_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def byte_run(data_dir, tmp_path_factory) -> Path:
     return trained_run(data_dir, tmp_path_factory.mktemp("byte"), ["--tokenizer", "byte"])
+
+
+def architecture_run(data_dir: Path, tmp_path_factory, model: str) -> Path:
+    """bpe_run's recipe (the same BPE, from scratch) for a model of another architecture (MODELS)."""
+    where = tmp_path_factory.mktemp(f"bpe-{model}")
+    return trained_run(data_dir, where, ["--tokenizer", "bpe", "--vocab-size", "700"], model=MODELS[model][0])
+
+
+@pytest.fixture(scope="module")
+def bpe_qk_norm_run(data_dir, tmp_path_factory) -> Path:
+    return architecture_run(data_dir, tmp_path_factory, "qk_norm")
+
+
+@pytest.fixture(scope="module")
+def bpe_relu2_run(data_dir, tmp_path_factory) -> Path:
+    return architecture_run(data_dir, tmp_path_factory, "relu2")
 
 
 def field(reader, key):
@@ -270,15 +297,21 @@ def test_the_tokenizer_train_route_exports(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["bpe", "byte"])
-def test_llama_cpp_tokenizes_the_text_set_and_continues_as_hopperlm(kind, request, data_dir, tmp_path):
+@pytest.mark.parametrize(
+    ("kind", "model"), [("bpe", "standard"), ("byte", "standard"), ("bpe", "qk_norm"), ("bpe", "relu2")]
+)
+def test_llama_cpp_tokenizes_the_text_set_and_continues_as_hopperlm(kind, model, request, data_dir, tmp_path):
+    """A model trained from scratch on hopperlm's BPE or byte tokenizer, as llama.cpp's llama, or (on the BPE) a
+    QK-norm model as its qwen3 and a ReLU² one as its arcee: llama-tokenize gives hopperlm's ids on the text set,
+    and llama-simple's greedy continuation is `hopperlm generate --temperature 0`'s up to a near-tie."""
     from llamacpp_cases import greedy_agrees, hopperlm_greedy, llama_greedy, llama_tokenize_text
 
     from hopperlm.data.tokenizer import load_tokenizer
 
     bin_dir = llama_cpp_bin()
-    run = request.getfixturevalue(f"{kind}_run")
-    out = export(run, tmp_path / f"{kind}.gguf")
+    run = request.getfixturevalue(f"{kind}_run" if model == "standard" else f"{kind}_{model}_run")
+    out = export(run, tmp_path / f"{kind}-{model}.gguf")
+    assert field(gguf.GGUFReader(out), "general.architecture") == MODELS[model][1]
     tokenizer = load_tokenizer(run / "tokenizer")
     differ = {}
     for label, text in text_set(data_dir).items():
