@@ -367,11 +367,13 @@ def test_llama_cpp_converter_writes_what_export_writes(family, data_dir, tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["arcee", "qwen3"])
-def test_llama_cpp_runs_relu2_and_qk_norm_models_as_hopperlm(family, data_dir, tmp_path):
-    """Where bench/llamacpp_check.py has built llama.cpp: a ReLU² model (arcee) and a QK-norm one (qwen3), as
-    `export --format gguf` writes them and as llama.cpp's own convert_hf_to_gguf.py converts their `export`ed
-    Hugging Face folder: llama.cpp loads both files, tokenizes as SentencePiece does, and continues the prompt
-    greedily as `hopperlm generate --temperature 0` does (the check of bench/llamacpp_check.py's cases)."""
+@pytest.mark.parametrize("continued", [False, True], ids=["imported", "continued"])
+def test_llama_cpp_runs_relu2_and_qk_norm_models_as_hopperlm(family, continued, data_dir, tmp_path):
+    """Where llama.cpp is built: a ReLU² model (arcee) and a QK-norm one (qwen3), imported and, `continued`,
+    trained on (continued pretraining, as bench/llamacpp_check.py's cpt cases), as `export --format gguf` writes
+    them and as llama.cpp's own convert_hf_to_gguf.py converts their `export`ed Hugging Face folder: llama.cpp
+    loads both files, tokenizes as SentencePiece does, and continues the prompt greedily as `hopperlm generate
+    --temperature 0` does."""
     bin_dir = built_llama_cpp()
     if bin_dir is None:
         pytest.skip("llama.cpp is not built on this machine: python3 bench/llamacpp_check.py --build-only")
@@ -388,6 +390,8 @@ def test_llama_cpp_runs_relu2_and_qk_norm_models_as_hopperlm(family, data_dir, t
     from hopperlm.interop.hf_convert import export_hf
 
     source, _ = imported_family(family, tmp_path, data_dir)
+    if continued:
+        source = continued_run(source, tmp_path, data_dir)
     hf = export_hf(source, tmp_path / "hf", dtype="fp32", log=lambda line: None)
     files = {
         "export --format gguf": export_gguf(source, tmp_path / "ours.gguf", "f32", log=lambda line: None),
@@ -400,6 +404,19 @@ def test_llama_cpp_runs_relu2_and_qk_norm_models_as_hopperlm(family, data_dir, t
         ids = llama_tokenize(bin_dir, path, prompt)
         assert ids == sentencepiece_ids(source / "tokenizer", prompt) == hopperlm_ids(source, prompt), how
         assert llama_greedy(bin_dir, path, prompt, 12) == ours, how
+
+
+def continued_run(imported: Path, where: Path, data_dir: Path) -> Path:
+    """`imported` trained on for 20 steps on Tiny Shakespeare's first 200 KB, prepared with its own tokenizer (as
+    bench/llamacpp_cases.py's cpt cases, shorter): the run folder."""
+    from llamacpp_cases import hopperlm, train_args
+
+    text = where / "shakespeare.txt"
+    text.write_text((data_dir / "tinyshakespeare" / "input.txt").read_text()[:200_000])
+    data = where / "cpt-data"
+    hopperlm("prepare", text, "--out", data, "--tokenizer", imported / "tokenizer" / "tokenizer.json")
+    hopperlm(*train_args(imported, data, where / "cpt", 20))
+    return where / "cpt"
 
 
 # ---- k-quants through llama-quantize, and the Ollama Modelfile ------------------------------------------------
