@@ -115,46 +115,49 @@ T_95 = {
 }  # one-sided Student t quantiles by degrees of freedom
 
 
-def model_config(model: dict):
+def model_config(model: dict, vocab: int = VOCAB):
     from hopperlm.config import ModelConfig
 
-    return ModelConfig(**model, vocab_size=VOCAB)
+    return ModelConfig(**model, vocab_size=vocab)
 
 
-def params_of(model: dict) -> int:
+def params_of(model: dict, vocab: int = VOCAB) -> int:
     from hopperlm.model.transformer import count_params
 
-    return count_params(model_config(model))["total"]
+    return count_params(model_config(model, vocab))["total"]
 
 
-def newton_schulz_flops(model: dict) -> int:
+def newton_schulz_flops(model: dict, vocab: int = VOCAB) -> int:
     """One Muon step's Newton–Schulz FLOPs: 5 iterations of X X^T (2·A²·B), its square (2·A³) and that times X
     (2·A²·B) per block matrix, A the smaller side."""
     from hopperlm.model.transformer import parameter_shapes
 
     total = 0
-    for name, shape in parameter_shapes(model_config(model)).items():
+    for name, shape in parameter_shapes(model_config(model, vocab)).items():
         if name.startswith("layers.") and len(shape) == 2:
             a, b = sorted(shape)
             total += 5 * (4 * a * a * b + 2 * a**3)
     return total
 
 
-def flops_per_step(recipe: dict, model: dict) -> int:
+def flops_per_step(recipe: dict, model: dict, vocab: int = VOCAB) -> int:
     from hopperlm.model.transformer import flops_per_token
 
     shape = {**model, **recipe["model"]}
-    ns = newton_schulz_flops(shape) if recipe["optim"].get("name") == "muon" else 0
-    return flops_per_token(model_config(shape), SEQ_LEN) * BATCH_TOKENS + ns
+    ns = newton_schulz_flops(shape, vocab) if recipe["optim"].get("name") == "muon" else 0
+    return flops_per_token(model_config(shape, vocab), SEQ_LEN) * BATCH_TOKENS + ns
 
 
-def race_steps(model: dict) -> int:
+def race_steps(model: dict, vocab: int = VOCAB) -> int:
     """Steps that train TOKENS_PER_PARAM tokens per parameter of the untied model of this shape."""
-    return math.ceil(TOKENS_PER_PARAM * params_of({**model, "tie_embeddings": False}) / BATCH_TOKENS)
+    return math.ceil(TOKENS_PER_PARAM * params_of({**model, "tie_embeddings": False}, vocab) / BATCH_TOKENS)
 
 
-def run_config(recipe: dict, *, model: dict, data: Path, steps: int, seed: int, eval_windows: int) -> dict:
-    """The YAML a user would write for `recipe` on this budget (its run folder is added by train_runs)."""
+def run_config(
+    recipe: dict, *, model: dict, data: Path, steps: int, seed: int, eval_windows: int, evals: int = 10
+) -> dict:
+    """The YAML a user would write for `recipe` on this budget (its run folder is added by train_runs), evaluated
+    about `evals` times."""
     return {
         "model": {**model, **recipe["model"]},
         "data": {"path": str(data)},
@@ -162,7 +165,7 @@ def run_config(recipe: dict, *, model: dict, data: Path, steps: int, seed: int, 
         "muon": dict(recipe["muon"]),
         "schedule": dict(recipe["schedule"]),
         "train": {"seq_len": SEQ_LEN, "micro_batch": BATCH_TOKENS // SEQ_LEN, "batch_tokens": BATCH_TOKENS,
-                  "max_steps": steps, "eval_every": max(1, steps // 10), "eval_windows": eval_windows,
+                  "max_steps": steps, "eval_every": max(1, steps // evals), "eval_windows": eval_windows,
                   "log_every": max(1, steps // 20), "threads": 1, "seed": seed, **recipe["train"]},
         "checkpoint": {"every": 0, "keep_last": 1},
     }  # fmt: skip

@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 import statistics
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,10 +21,12 @@ class Missing(Exception):
 
 class Runner:
     """Trains run configs as `hopperlm train` processes, `jobs` side by side on one thread each, each in the
-    cache folder named by its config's digest: a finished run of the same config is read back, never retrained."""
+    cache folder named by its config's digest: a finished run of the same config is read back, never retrained.
+    Threads may share one Runner (searches side by side): at most `jobs` runs train at once among them all."""
 
     def __init__(self, cache: Path, jobs: int, *, cached_only: bool = False) -> None:
         self.cache, self.jobs, self.cached_only = cache, jobs, cached_only
+        self.slots = threading.Semaphore(jobs)
 
     def folder(self, cfg: dict) -> Path:
         return self.cache / "runs" / config_digest(cfg)
@@ -37,7 +40,8 @@ class Runner:
         if not done(out, cfg):
             if self.cached_only:
                 raise Missing(str(out))
-            train_into(out, cfg)
+            with self.slots:
+                train_into(out, cfg)
         return self.read(out)
 
     def read(self, out: Path) -> dict:

@@ -34,11 +34,11 @@ def tiny(**model_keys):
     return build_model(cfg, seed=0)
 
 
-def reference_polar_express(g: torch.Tensor) -> torch.Tensor:
+def reference_polar_express(g: torch.Tensor, safety: float = 1.02) -> torch.Tensor:
     """nanochat's muon_step_fused orthogonalisation, one matrix (its tall branch: X^T X), in float64, with
-    modded-nanogpt's safety factor (1 + 2e-2), hopperlm's (nanochat at 92d63d4 divides by 1.01)."""
+    a safety factor: modded-nanogpt's 1.02 (hopperlm's default) or nanochat's 1.01 (its value at 92d63d4)."""
     x = g.double()
-    x = x / (x.norm() * 1.02 + 1e-6)
+    x = x / (x.norm() * safety + 1e-6)
     for a, b, c in POLAR_EXPRESS:
         if g.size(-2) > g.size(-1):
             gram = x.mT @ x
@@ -60,6 +60,23 @@ def test_polar_express_is_the_papers_iteration_and_closer_to_orthogonal(shape):
     # the polar factor's singular values are all one: Polar Express ends nearer to them than Keller's quintic
     worst = [torch.linalg.svdvals(x).sub(1).abs().max().item() for x in (ours, keller)]
     assert worst[0] < worst[1], worst
+
+
+def test_polar_express_safety_is_nanochats_when_asked():
+    """muon.ns_safety 1.01 (nanochat at 92d63d4) reaches the optimizer: its Muon orthogonalises bit for bit as
+    newton_schulz with that safety, which is not the default's, and is the float64 reference's at 1.01."""
+    cfg = config_from_dict({"optim": {"name": "muon"}, "muon": {"ns": "polar_express", "ns_safety": 1.01},
+                            "train": {"max_steps": 1}})  # fmt: skip
+    model = torch.nn.Linear(16, 24, bias=False)
+    pair = build_optimizer(model, cfg.optim, False, "muon", muon=cfg.muon)
+    muon = next(o for o in pair.optimizers if isinstance(o, Muon))
+    g = torch.randn(1, 24, 16, generator=torch.Generator().manual_seed(2))
+    ours = muon._orthogonalise(g, muon.param_groups[0])
+    assert torch.equal(ours, newton_schulz(g, (0, 0, 0), 5, 1e-7, schedule=POLAR_EXPRESS, safety=1.01))
+    assert not torch.equal(ours, newton_schulz(g, (0, 0, 0), 5, 1e-7, schedule=POLAR_EXPRESS))
+    torch.testing.assert_close(
+        ours[0].float(), reference_polar_express(g[0], 1.01).float(), rtol=0, atol=0.06
+    )
 
 
 def reference_muon_step(p, grad, state, *, lr, wd, momentum, beta2, cautious, schedule):
@@ -313,6 +330,11 @@ def test_the_fused_loss_softcaps_as_the_standard_one():
             "read only by NorMuon; set muon.normuon true",
         ),
         ({"optim": {"name": "muon"}, "muon": {"momentum_start": 0.8}}, "set muon.momentum_warmup_steps"),
+        ({"optim": {"name": "muon"}, "muon": {"ns_safety": 1.01}}, "read only by Polar Express; set muon.ns"),
+        (
+            {"optim": {"name": "muon"}, "muon": {"ns": "polar_express", "ns_safety": 0.9}},
+            "must be in [1, 1.5]",
+        ),
         ({"schedule": {"warmup_share": 1.5}}, "schedule.warmup_share=1.5 must be in (0, 1)"),
         ({"optim": {"groups": [{"pattern": "embed.weight", "lr": -1.0}]}}, "lr=-1.0 must be positive"),
         ({"optim": {"betas": [0.9]}}, "betas=[0.9] must be two numbers in [0, 1)"),

@@ -145,6 +145,9 @@ class MuonConfig:
     """Muon's orthogonalisation: keller (Keller Jordan's quintic Newton-Schulz, 5 steps of one polynomial, as
     torch's) or polar_express (Amsel et al. 2025: a different polynomial at each of the 5 steps, closer to the
     polar factor; modded-nanogpt, nanochat)."""
+    ns_safety: float = 1.02
+    """Polar Express only: its input is divided by this times its Frobenius norm before the first polynomial, so
+    that bf16 rounding cannot leave a singular value above 1 (modded-nanogpt's 1.02; nanochat divides by 1.01)."""
 
     def __post_init__(self) -> None:
         for name in ("momentum", "momentum_start", "momentum_final", "normuon_beta2"):
@@ -161,6 +164,14 @@ class MuonConfig:
             raise ConfigError(
                 "muon.momentum_start is read only during a momentum warm-up; set muon.momentum_warmup_steps, "
                 "or drop it"
+            )
+        if not 1.0 <= self.ns_safety <= 1.5:
+            raise ConfigError(
+                f"muon.ns_safety={self.ns_safety} must be in [1, 1.5] (1.02 or nanochat's 1.01)"
+            )
+        if "ns_safety" in changed and self.ns != "polar_express":
+            raise ConfigError(
+                "muon.ns_safety is read only by Polar Express; set muon.ns polar_express, or drop it"
             )
         if "normuon_beta2" in changed and not self.normuon:
             raise ConfigError("muon.normuon_beta2 is read only by NorMuon; set muon.normuon true, or drop it")

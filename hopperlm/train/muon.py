@@ -25,8 +25,8 @@ NS_STEPS = 5
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
 # Polar Express (Amsel, Persson, Musco and Gower 2025, arXiv 2505.16932, Algorithm 1 with 5 iterations, safety
 # factor 2e-2, cushion 2): one quintic per iteration, each fitted to the spectrum the previous one leaves, as
-# modded-nanogpt and nanochat (nanochat/optim.py) use them; the input is divided by 1.02 x its Frobenius norm,
-# modded-nanogpt's safety (nanochat at 92d63d4 divides by 1.01)
+# modded-nanogpt and nanochat (nanochat/optim.py) use them; the input is divided by its Frobenius norm times a
+# safety factor: 1.02 by default, modded-nanogpt's (nanochat at 92d63d4 divides by 1.01: muon.ns_safety)
 POLAR_EXPRESS = (
     (8.156554524902461, -22.48329292557795, 15.878769915207462),
     (4.042929935166739, -2.808917465908714, 0.5000178451051316),
@@ -43,17 +43,19 @@ def newton_schulz(
     steps: int,
     eps: float,
     schedule: tuple[tuple[float, float, float], ...] | None = None,
+    safety: float = POLAR_EXPRESS_SAFETY,
 ):
     """torch.optim.Muon's quintic Newton–Schulz orthogonalisation, in bf16, of a batch of same-shape matrices
     (N, A, B): each matrix is normalised by its own Frobenius norm and a tall one is iterated transposed (the
     Gram matrix is then the smaller side's). `schedule`: one (a, b, c) per iteration instead of `coefficients`
-    `steps` times (Polar Express, whose input is normalised with its safety factor)."""
+    `steps` times (Polar Express, whose input is divided by `safety` x its norm, so that rounding cannot leave a
+    singular value above 1)."""
     x = g.bfloat16()
     tall = g.size(-2) > g.size(-1)
     if tall:
         x = x.mT
     norm = x.norm(dim=(-2, -1), keepdim=True)  # (N, 1, 1): spectral norm at most 1 after dividing
-    x = x / (norm.clamp(min=eps) if schedule is None else norm * POLAR_EXPRESS_SAFETY + eps)
+    x = x / (norm.clamp(min=eps) if schedule is None else norm * safety + eps)
     for a, b, c in schedule or (coefficients,) * steps:
         gram = torch.bmm(x, x.mT)  # (N, A, A), A the smaller side
         poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b * gram + c * gram @ gram
@@ -123,6 +125,7 @@ class Muon(torch.optim.Optimizer):
         ns_schedule: tuple[tuple[float, float, float], ...] | None = None,
         normuon_beta2: float | None = None,
         cautious: bool = False,
+        ns_safety: float = POLAR_EXPRESS_SAFETY,
     ) -> None:
         if isinstance(lr, torch.Tensor) or lr < 0.0:
             raise ValueError(f"Muon's learning rate must be a float >= 0, not {lr}")
@@ -149,6 +152,7 @@ class Muon(torch.optim.Optimizer):
         self.ns_schedule = (
             None if ns_schedule is None else tuple(tuple(map(float, abc)) for abc in ns_schedule)
         )
+        self.ns_safety = ns_safety
         self.normuon_beta2 = normuon_beta2
         self.cautious = cautious
         self.decay_factor = 1.0
@@ -159,7 +163,7 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"Muon takes 2-D parameters only, not one of shape {tuple(p.shape)}")
 
     def __getstate__(self) -> dict:  # (copy.deepcopy, pickle)
-        extras = ("compile_ns", "ns_schedule", "normuon_beta2", "cautious", "decay_factor")
+        extras = ("compile_ns", "ns_schedule", "ns_safety", "normuon_beta2", "cautious", "decay_factor")
         return {**super().__getstate__(), **{k: getattr(self, k) for k in extras}}
 
     def __setstate__(self, state: dict) -> None:
@@ -254,4 +258,5 @@ class Muon(torch.optim.Optimizer):
         compiled = self.compile_ns and update.device.type == "cuda"
         orthogonalise = compiled_newton_schulz() if compiled else newton_schulz
         coefficients = tuple(group["ns_coefficients"])
-        return orthogonalise(update, coefficients, group["ns_steps"], group["eps"], self.ns_schedule)
+        safety = getattr(self, "ns_safety", POLAR_EXPRESS_SAFETY)  # one deep-copied before the key existed
+        return orthogonalise(update, coefficients, group["ns_steps"], group["eps"], self.ns_schedule, safety)

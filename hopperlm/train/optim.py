@@ -47,6 +47,7 @@ def build_optimizer(
         ns_schedule=POLAR_EXPRESS if muon.ns == "polar_express" else None,
         normuon_beta2=muon.normuon_beta2 if muon.normuon else None,
         cautious=muon.cautious_weight_decay,
+        ns_safety=muon.ns_safety,
     )
     return OptimizerPair(built, adamw)
 
