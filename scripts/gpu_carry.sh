@@ -20,16 +20,19 @@
 #
 #   bash scripts/gpu_carry.sh [--books-mb MB] [--no-drift-check]
 #   bash scripts/gpu_carry.sh --stamp
+#   bash scripts/gpu_carry.sh --call-r     gpu-carry-r/books.tar.xz: every Gutenberg book, xz-packed (~17 MB),
+#                                          for call R (bench/gpu/race_r.py), carried beside gpu-carry/
 #
 # Needs the package index (pip download/install) and the shared data ($HOPPERLM_DATA_DIR, else ../shared/data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BOOKS_MB=40 LIMIT_MIB=64 DRIFT=1 STAMP_ONLY=0
+BOOKS_MB=40 LIMIT_MIB=64 DRIFT=1 STAMP_ONLY=0 CALL_R=0
 while [ $# -gt 0 ]; do
   case $1 in
     --books-mb) BOOKS_MB=$2; shift ;;
     --no-drift-check) DRIFT=0 ;;
     --stamp) STAMP_ONLY=1 ;;
+    --call-r) CALL_R=1 ;;
     -h|--help) sed -n '/^#   bash/p' "$0" | sed 's/^#  //'; exit 0 ;;
     *) echo "gpu_carry: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -41,6 +44,15 @@ stamp() {  # gpu-carry/stamp.json: what the device call's records will call this
   "$PY" -c 'from hopperlm.provenance import write_stamp; s = write_stamp()
 print("gpu_carry: stamped", s["commit"], "+ uncommitted changes" if s["dirty"] else "", "tree", s["tree"])'
 }
+if [ "$CALL_R" = 1 ]; then  # call R's books, packed (the device tool carries 64 MiB in all)
+  grep -qx '/gpu-carry-r/' .gitignore || { echo "gpu_carry: /gpu-carry-r/ must be in .gitignore" >&2; exit 1; }
+  mkdir -p gpu-carry-r
+  (cd "$DATA/gutenberg" && tar -cJf - pg*.txt) > gpu-carry-r/books.tar.xz.part
+  mv gpu-carry-r/books.tar.xz.part gpu-carry-r/books.tar.xz
+  echo "gpu_carry: gpu-carry-r/books.tar.xz $(du -sb gpu-carry-r/books.tar.xz | awk '{printf "%.1f MiB", $1 / 1048576}');" \
+    "with gpu-carry/ $(du -sbc gpu-carry gpu-carry-r | tail -1 | awk '{printf "%.1f MiB", $1 / 1048576}') of $LIMIT_MIB MiB"
+  exit 0
+fi
 if [ "$STAMP_ONLY" = 1 ]; then
   [ -d gpu-carry ] || { echo "gpu_carry: no gpu-carry/ yet; run bash scripts/gpu_carry.sh first" >&2; exit 2; }
   stamp; exit 0

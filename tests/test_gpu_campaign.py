@@ -23,6 +23,7 @@ CALLS = {
     "B": ["lora", "gpu-tests-qlora", "flash-ac-finder", "cudagraphs-accum"],
     "C": ["bench-hf-compile", "profile-h100-350m", "bench-tinyllama-1.1b", "fsdp-overhead"],
     "D": ["qlora-compile", "bench-h100-350m-mb32"],
+    "R": ["race-r"],
 }
 
 
@@ -44,7 +45,7 @@ def stage(out: Path, name: str) -> dict:
 
 def test_the_plan_shows_each_call_fits_its_share_of_the_lease(tmp_path):
     sums = {}
-    for call, limit in (("E", 420), ("F", 220), ("A", 420), ("B", 220), ("C", 450), ("D", 220)):
+    for call, limit in (("E", 420), ("F", 220), ("A", 420), ("B", 220), ("C", 450), ("D", 220), ("R", 570)):
         done = campaign("--plan", "--call", call)
         assert done.returncode == 0, done.stderr
         listed = [line.split()[0] for line in done.stdout.splitlines()[1:-1]]
@@ -53,7 +54,7 @@ def test_the_plan_shows_each_call_fits_its_share_of_the_lease(tmp_path):
         assert sums[call] <= limit, done.stdout
     assert "device call timeout_s 450" in campaign("--plan", "--call", "A").stdout
     bad = campaign("--plan", "--call", "1")
-    assert bad.returncode == 2 and "--call takes E, F, A, B, C or D" in bad.stderr
+    assert bad.returncode == 2 and "--call takes E, F, A, B, C, D or R" in bad.stderr
 
 
 # what the smoke run leaves out: stages whose code paths E and F run (bench rows of hopperlm alone, QLoRA's

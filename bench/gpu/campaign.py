@@ -295,6 +295,21 @@ def collect_profile(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tu
     return ok, key, fields
 
 
+def collect_race(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tuple[bool, str, dict]:
+    """Call R (bench/gpu/race_r.py): every run finished with a loss, and the time to target with its interval."""
+    record = read_json(raw / "race-r.json")
+    if record is None:
+        return False, "no race-r.json", {}
+    rows = record.get("rows", [])
+    intervals = record.get("time_to_target_intervals", {})
+    ok = rc == 0 and bool(rows) and all(r["final_val_loss"] is not None for r in rows) and bool(intervals)
+    key = [f"{len(rows)} runs at width {record.get('width')}"]
+    for baseline, t in intervals.items():
+        key.append(f"hopperlm to {baseline}'s loss: {t['ratio_interpolated']}x its FLOPs, 90% interval "
+                   f"{t['independent']['interval_interpolated']}")  # fmt: skip
+    return ok, "; ".join(key), {"rows": len(rows), "time_to_target_intervals": intervals}
+
+
 def collect_broken(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tuple[bool, str, dict]:
     return rc == 0, "broken on purpose (CAMPAIGN_BREAK)", {}
 
@@ -310,6 +325,7 @@ def collector(stage: str):
         ("flash-", collect_flash_ac),
         ("owt-", collect_train),
         ("profile-", collect_profile),
+        ("race-", collect_race),
     ):
         if stage.startswith(prefix):
             return fn

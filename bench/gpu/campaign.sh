@@ -4,8 +4,8 @@
 # own time limit (`timeout`) and writing OUT/<stage>.json ({"stage", "ok", "seconds", "key", ...}) the moment it
 # ends, so a time-out loses only the stage in flight; then one summary table. Exits 1 if any stage failed.
 #
-#   bash bench/gpu/campaign.sh [--smoke] [--call E|F|A|B|C|D] [--only STAGE,...] [--bring DIR] OUT
-#   bash bench/gpu/campaign.sh --plan [--call E|F|A|B|C|D]
+#   bash bench/gpu/campaign.sh [--smoke] [--call E|F|A|B|C|D|R] [--only STAGE,...] [--bring DIR] OUT
+#   bash bench/gpu/campaign.sh --plan [--call E|F|A|B|C|D|R]
 #
 #   call E  (issue 47: the 350M step) each bench row a median of 5 windows with its min and max, beside the
 #           plan's own row ("hopperlm") in the same stage; the hopperlm rows train 20 steps on real text first,
@@ -35,6 +35,9 @@
 #                                bench-tinyllama-1.1b, fsdp-overhead
 #   call D  (after A, same lease) qlora-compile (QLoRA with train.compile true beside it without),
 #                                bench-h100-350m-mb32 (micro-batch 16 beside 32 at seq 1024)
+#   call R  (issue 66; a later lease, after E and F, carrying gpu-carry-r/: scripts/gpu_carry.sh --call-r)
+#           race-r               bench/gpu/race_r.py: the matrix-proxy race at width 256, hopperlm and the best
+#                                baseline of the CPU race at width 128, 2 seeds, hopperlm at 2 shorter budgets
 # --plan prints a call's stages, their limits and the sum against the call's budget, and runs nothing.
 # Without --call: every call's stages. --smoke: every stage on the CPU at tiny sizes, CPU stand-ins where a
 # kernel needs CUDA (labelled so); no carry, no network; CI runs it (tests/test_gpu_campaign.py), and
@@ -56,8 +59,9 @@ CALL_A="bench-h100-350m:90 qlora:170 owt-350m:100 gpu-tests:60"
 CALL_B="lora:80 gpu-tests-qlora:50 flash-ac-finder:50 cudagraphs-accum:40"
 CALL_C="bench-hf-compile:120 profile-h100-350m:70 bench-tinyllama-1.1b:110 fsdp-overhead:110"
 CALL_D="qlora-compile:150 bench-h100-350m-mb32:70"
-BUDGET_E=420 BUDGET_F=210 BUDGET_A=400 BUDGET_B=210 BUDGET_C=420 BUDGET_D=210 # seconds of stages per call
-TIMEOUT_E=450 TIMEOUT_F=240 TIMEOUT_A=450 TIMEOUT_B=240 TIMEOUT_C=480 TIMEOUT_D=240 # the device call's timeout_s
+CALL_R="race-r:540"  # 9 minutes: 8 runs of a 5.3M-parameter model side by side (3,915 steps each)
+BUDGET_E=420 BUDGET_F=210 BUDGET_A=400 BUDGET_B=210 BUDGET_C=420 BUDGET_D=210 BUDGET_R=550 # seconds of stages
+TIMEOUT_E=450 TIMEOUT_F=240 TIMEOUT_A=450 TIMEOUT_B=240 TIMEOUT_C=480 TIMEOUT_D=240 TIMEOUT_R=570 # timeout_s
 SMOKE_LIMIT=150  # seconds per stage in --smoke (a busy 2-core CI machine)
 
 # ---- the stages: each runs as `bash campaign.sh --stage-body NAME` under `timeout`, writing into $W ----------
@@ -211,6 +215,16 @@ stage_qlora_fast_lean() {  # the baseline first: without it no row of the stage 
 stage_qlora_fixes() {
   peft_rows hopperlm-qlora-compile-eager-ac,hopperlm-qlora-compile-eager-loss 40 --repeats 1 --warmup 2
 }
+stage_race_r() {  # the race at width 256 (bench/gpu/race_r.py); the CPU race's results file travels in the tree
+  if [ "$SMOKE" = 1 ]; then
+    $PY bench/gpu/race_r.py --smoke --work "$OUT/work/race-r" --out "$W/race-r.json"
+  else
+    local results
+    results=$(ls bench/results/*-race-matrix-proxy-cpu.json 2>/dev/null | tail -1)
+    $PY bench/gpu/race_r.py --books "$CARRY_R/books.tar.xz" --results "$results" --work /tmp/race-r \
+      --out "$W/race-r.json"
+  fi
+}
 stage_fsdp_overhead() {
   if [ "$SMOKE" = 1 ]; then
     $PY bench/gpu/fsdp_overhead.py --quick --micro-batch 2 --seq-len 64 --steps 1 --windows 1 --warmup 1 \
@@ -249,10 +263,10 @@ while [ $# -gt 0 ]; do
 done
 CALL=${CALL^^}
 case $CALL in
-  E|F|A|B|C|D) eval "STAGES=\$CALL_$CALL BUDGET=\$BUDGET_$CALL TIMEOUT=\$TIMEOUT_$CALL" ;;
-  ALL) CALL=all STAGES="$CALL_E $CALL_F $CALL_A $CALL_B $CALL_C $CALL_D" TIMEOUT=""
-    BUDGET=$((BUDGET_E + BUDGET_F + BUDGET_A + BUDGET_B + BUDGET_C + BUDGET_D)) ;;
-  *) echo "campaign: --call takes E, F, A, B, C or D (got '$CALL'); bench/gpu/README.md says what each holds" >&2; exit 2 ;;
+  E|F|A|B|C|D|R) eval "STAGES=\$CALL_$CALL BUDGET=\$BUDGET_$CALL TIMEOUT=\$TIMEOUT_$CALL" ;;
+  ALL) CALL=all STAGES="$CALL_E $CALL_F $CALL_A $CALL_B $CALL_C $CALL_D $CALL_R" TIMEOUT=""
+    BUDGET=$((BUDGET_E + BUDGET_F + BUDGET_A + BUDGET_B + BUDGET_C + BUDGET_D + BUDGET_R)) ;;
+  *) echo "campaign: --call takes E, F, A, B, C, D or R (got '$CALL'); bench/gpu/README.md says what each holds" >&2; exit 2 ;;
 esac
 if [ "$PLAN" = 1 ]; then  # what the call runs and that it fits, without running anything
   total=0
@@ -297,7 +311,8 @@ else
       $wheels || echo "campaign: could not install the carried wheels" >&2
     export PYTHONPATH=/tmp/site:$PYTHONPATH
   fi
-  export CARRY DATA=$CARRY/data HOPPERLM_DATA_DIR=$CARRY/data BUDGET=${CAMPAIGN_BUDGET_S:-$BUDGET}
+  CARRY_R=$ROOT/gpu-carry-r  # call R's books (scripts/gpu_carry.sh --call-r)
+  export CARRY CARRY_R DATA=$CARRY/data HOPPERLM_DATA_DIR=$CARRY/data BUDGET=${CAMPAIGN_BUDGET_S:-$BUDGET}
 fi
 export HOPPERLM_DATA_DIR=${HOPPERLM_DATA_DIR:-$DATA}
 campaign() { "$PY" "$ROOT/bench/gpu/campaign.py" "$@"; }
