@@ -31,7 +31,6 @@ import argparse
 import math
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -48,7 +47,7 @@ from race_recipes import (
     nanochat,
     scaled_lrs,
 )
-from race_runs import Missing, Runner, fmt, mean_loss
+from race_runs import Missing, Runner, add_cache_arguments, fmt, mean_loss, race_cache
 from time_to_target import prepare_data
 
 VOCAB = 4096
@@ -469,25 +468,15 @@ def report(result: dict, ladder_result: dict, log=print) -> None:
 def main(argv: list[str] | None = None) -> tuple[dict, dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--part", choices=(*PARTS, "all"), default="all", help="run PLAN up to this part")
-    p.add_argument("--cache", default="/tmp/race-3tpp", help="prepared data and runs (reused)")
-    p.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
+    add_cache_arguments(p, "/tmp/race-3tpp")
     p.add_argument("--plan", choices=tuple(PLANS), default="v2", help="the pre-registered plan to follow "
                    "(v2 amends v1's seeds and rule; v1 stays to be read back)")  # fmt: skip
     p.add_argument("--cached-only", action="store_true", help="train nothing: read the plan as far as the "
                    "cache holds its runs (v1's stopped ladder)")  # fmt: skip
-    p.add_argument("--smoke", action="store_true", help="a few steps per run on 3 books: checks the script")
     p.add_argument("--save", help="write the race's rows and result as JSON here")
     p.add_argument("--ladder-save", help="write the ladder's rows as JSON here")
-    p.add_argument(
-        "--resume", action="store_true", help="go on: runs in the cache are read back, not retrained"
-    )
     args = p.parse_args(argv)
-    cache = Path(args.cache).resolve() / ("smoke" if args.smoke else "")
-    if not args.resume and not args.smoke and (cache / "runs").is_dir():
-        sys.exit(
-            f"{cache}/runs holds an earlier race's runs: add --resume to go on with them, or pick --cache"
-        )
-    cache.mkdir(parents=True, exist_ok=True)
+    cache = race_cache(args.cache, smoke=args.smoke, resume=args.resume)
     start = time.perf_counter()
     runner = Runner(cache, args.jobs, cached_only=args.cached_only)
     race = Race(runner, prepare_data(cache, 3 if args.smoke else 30), smoke=args.smoke, plan=args.plan)

@@ -36,7 +36,7 @@ from race_3tpp import flops_per_step, flops_to_target, params_of, race_steps, ru
 from race_intervals import DRAWS, intervals_of
 from race_matrix_recipes import AXES, LR_AXIS, NANOCHAT_LEFT_OUT, hopperlm, nanochat, nanochat_rules, nanogpt
 from race_recipes import NANOCHAT_COMMIT, SEQ_LEN
-from race_runs import Runner, fmt, mean_loss
+from race_runs import Runner, add_cache_arguments, fmt, mean_loss, race_cache
 
 VOCAB = 1024
 BOOKS = 30
@@ -401,20 +401,10 @@ def report(result: dict, log=print) -> None:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--part", choices=(*PARTS, "all"), default="all", help="run PLAN up to this part")
-    p.add_argument("--cache", default="/tmp/race-matrix", help="prepared data and runs (reused)")
-    p.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
-    p.add_argument("--smoke", action="store_true", help="a few steps per run on 3 books: checks the script")
+    add_cache_arguments(p, "/tmp/race-matrix")
     p.add_argument("--save", help="write the race's rows and result as JSON here")
-    p.add_argument(
-        "--resume", action="store_true", help="go on: runs in the cache are read back, not retrained"
-    )
     args = p.parse_args(argv)
-    cache = Path(args.cache).resolve() / ("smoke" if args.smoke else "")
-    if not args.resume and not args.smoke and (cache / "runs").is_dir():
-        sys.exit(
-            f"{cache}/runs holds an earlier race's runs: add --resume to go on with them, or pick --cache"
-        )
-    cache.mkdir(parents=True, exist_ok=True)
+    cache = race_cache(args.cache, smoke=args.smoke, resume=args.resume)
     start = time.perf_counter()
     race = MatrixRace(
         Runner(cache, args.jobs), prepare_matrix_data(cache, 3 if args.smoke else BOOKS), smoke=args.smoke

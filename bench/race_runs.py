@@ -73,6 +73,28 @@ def train_into(out: Path, cfg: dict) -> None:
         shutil.copy(out / "run" / "result.json", out / "result.json")
 
 
+def race_cache(cache: str, *, smoke: bool, resume: bool) -> Path:
+    """A race's cache folder (smoke runs in its own subfolder), made; a race already there is refused without
+    --resume, so that a new plan never reads an old one's runs by accident."""
+    folder = Path(cache).resolve() / ("smoke" if smoke else "")
+    if not resume and not smoke and (folder / "runs").is_dir():
+        raise SystemExit(
+            f"{folder}/runs holds an earlier race's runs: add --resume to go on with them, or pick --cache"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def add_cache_arguments(p, default: str) -> None:
+    """--cache, --jobs, --smoke and --resume, as every race takes them."""
+    p.add_argument("--cache", default=default, help="prepared data and runs (reused)")
+    p.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
+    p.add_argument("--smoke", action="store_true", help="a few steps per run on 3 books: checks the script")
+    p.add_argument(
+        "--resume", action="store_true", help="go on: runs in the cache are read back, not retrained"
+    )
+
+
 def mean_loss(rows: list[dict]) -> float:
     """The mean final loss over seeds; a failed or non-finite seed makes it infinite."""
     losses = [r["final_val_loss"] for r in rows]
