@@ -81,3 +81,36 @@ def test_resume_needs_the_data_position(corpora, tmp_path):
             debug_config(corpora["eng"], tmp_path / "x", "--data.mixture", f"{{{corpora['eng']}: 0}}"),
             log=QUIET,
         )
+
+
+@pytest.mark.parametrize("sampling", ["sequential", "random"])
+def test_a_zero_weight_dataset_is_evaluated_and_never_trained_on(corpora, tmp_path, sampling):
+    """data.mixture {tir: 1, eng: 0}: English is a validation set only. Training is exactly the Tigrinya-only
+    run's (the same loss at every step: not one English window drawn), and every evaluation has both losses,
+    the run's val_loss Tigrinya's (English weighs 0 in it)."""
+    common = ["--data.sampling", sampling, "--train.max_steps", "4", "--train.eval_every", "2",
+              "--train.log_every", "1", "--train.eval_windows", "4"]  # fmt: skip
+    alone, mixed = tmp_path / "alone", tmp_path / "mixed"
+    train(debug_config(corpora["tir"], alone, *common), log=QUIET)
+    lines = []
+    zero = "{" + f"{corpora['tir']}: 1, {corpora['eng']}: 0" + "}"
+    train(debug_config(corpora["tir"], mixed, *common, "--data.mixture", zero), log=lines.append)
+    assert any("mixture tir 1 + eng 0 (validation only)" in line for line in lines), lines
+    a, b = read_metrics(alone / "metrics.jsonl"), read_metrics(mixed / "metrics.jsonl")
+    assert [r["loss"] for r in a] == [r["loss"] for r in b] and len(b) == 4
+    evals = [r for r in b if "val_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    for r, only in zip(evals, [r for r in a if "val_loss" in r], strict=True):
+        assert set(r["val_losses"]) == {"tir", "eng"} and r["val_losses"]["eng"] > 0
+        assert r["val_loss"] == r["val_losses"]["tir"] == only["val_loss"]
+    if sampling == "sequential":  # the saved position counts Tigrinya's windows only
+        assert read_state(list_checkpoints(mixed)[-1])["data"]["datasets"] == ["tir"]
+
+
+def test_mixture_weights_below_zero_or_all_zero_are_one_line(corpora, tmp_path):
+    for mixture, message in (
+        (f"{{{corpora['tir']}: 1, {corpora['eng']}: -0.1}}", "weights must be numbers >= 0"),
+        (f"{{{corpora['tir']}: 0, {corpora['eng']}: 0}}", "weights are all 0"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            debug_config(corpora["tir"], tmp_path / "x", "--data.mixture", mixture)

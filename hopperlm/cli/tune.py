@@ -4,6 +4,7 @@ forecast the recipe's final loss from narrower proxies trained at its tokens per
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 import time
@@ -39,7 +40,14 @@ class SweepPlan:
 
 def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
     """Tune optim.lr on a narrow (or shallow) proxy of a μP recipe and write the recipe with the best one
-    (train/sweep.py)."""
+    (train/sweep.py); with --mixture, the replay ratio of a continued-pretraining recipe (train/mixture_sweep.py)."""
+    if args.mixture:
+        cmd_mixture_sweep(args, overrides)
+        return
+    if not args.lr:
+        raise ConfigError(
+            "sweep: give --lr A,B,C (the learning rates to tune) or --mixture DATASET=r1,r2,... (the replay ratio)"
+        )
     plan = plan_sweep(args, overrides)
     # one sweep per folder for its whole life: a second one into it is refused before it writes anything
     with hold_folder(plan.out, what="--out", log=log):
@@ -215,18 +223,140 @@ def forecast_big_run(
     return path
 
 
+def max_forgetting(text: str | None) -> float | None:
+    """--max-forgetting 3% or 0.03 -> 0.03."""
+    if text is None:
+        return None
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = math.nan
+    if not -1 < value < 10:  # (a negative limit asks the replayed loss to fall below the base's)
+        raise ConfigError(
+            f"--max-forgetting {text!r}: write the replayed language's allowed rise over the base's loss, e.g. 3% "
+            "or 0.03"
+        )
+    return value
+
+
+def cmd_mixture_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
+    """The replay ratio of a continued-pretraining recipe on μP proxies of its base (train/mixture_sweep.py),
+    fitted by observe/mixture_law.py: OUT/mixture.json and, with --max-forgetting, OUT/RECIPE.tuned.yaml."""
+    from hopperlm.train import mixture_sweep
+
+    given = [flag for flag, value in (("--lr", args.lr), ("--dim", args.dim), ("--depth", args.depth),
+             ("--max-steps", args.max_steps), ("--max-hours", args.max_hours)) if value is not None]  # fmt: skip
+    if given:
+        raise ConfigError(
+            f"sweep --mixture: drop {', '.join(given)}: its runs take the recipe's LR and budget, its proxies the "
+            "--widths"
+        )
+    if not args.widths:
+        raise ConfigError(
+            "sweep --mixture needs --widths W1,W2,W3 (at least 3 proxy widths, narrower than the base)"
+        )
+    try:
+        widths = sorted({int(w) for w in args.widths.split(",") if w.strip()})
+    except ValueError:
+        raise ConfigError(
+            f"--widths {args.widths!r}: write widths separated by commas, e.g. 64,128,256"
+        ) from None
+    recipe = resolve_recipe(args.config)
+    plan = mixture_sweep.plan_mixture(
+        recipe, list(overrides), spec=args.mixture, widths=widths,
+        seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None, base_lr=args.base_lr,
+        base_tokens_per_param=args.base_tokens_per_param, max_rise=max_forgetting(args.max_forgetting),
+        target_tokens=args.target_tokens, out=Path(args.out or f"runs/sweep-{recipe.stem}"),
+        config=lambda extra: run_config(str(recipe), extra),
+    )  # fmt: skip
+    with hold_folder(plan.out, what="--out", log=log):
+        if not args.resume and any(p.name != LOCK_NAME for p in plan.out.iterdir()):
+            raise ConfigError(
+                f"{plan.out} exists and is not empty; choose another --out (a sweep never overwrites runs), or "
+                "add --resume to go on with a sweep stopped there"
+            )
+        run_mixture_sweep(args, plan)
+
+
+def run_mixture_sweep(args: argparse.Namespace, plan) -> None:
+    """The bases, the continued pretraining, the table, the law and (with a limit) the tuned recipe."""
+    from hopperlm.observe import mixture_law
+    from hopperlm.train import mixture_sweep, sweep
+
+    replay = plan.names[plan.replay]
+    log(f"sweep --mixture: {plan.recipe.name}: {replay} at {', '.join(map(mixture_sweep.ratio_text, plan.ratios))} "
+        f"of the mixture, widths {', '.join(map(str, plan.widths))}, seeds {', '.join(map(str, plan.seeds))}; bases "
+        f"at lr {sweep.lr_text(plan.base_lr)} and {plan.base_tokens_per_param:g} tokens per parameter, continued at "
+        f"lr {sweep.lr_text(plan.lr)} for {plan.tokens:,} tokens; {args.jobs} at a time -> {plan.out}")  # fmt: skip
+    bases = sweep.train_runs(plan.recipe, plan.overrides, mixture_sweep.base_runs(plan), jobs=args.jobs, log=log,
+                             resume=args.resume)  # fmt: skip
+    stopped_by_ctrl_c(sweep.interrupted_line(bases, resume_command()))
+    base_rows = mixture_sweep.base_rows(plan, bases)
+    runs = sweep.train_runs(plan.recipe, plan.overrides, mixture_sweep.continued_runs(plan), jobs=args.jobs,
+                            log=log, resume=args.resume)  # fmt: skip
+    stopped_by_ctrl_c(sweep.interrupted_line(runs, resume_command()))
+    rows = mixture_sweep.result_rows(plan, runs, base_rows)
+    log("")
+    for line in mixture_sweep.table(rows, plan):
+        log(line)
+    forecast = mixture_law.fit(rows, base_rows, replay=replay, targets=plan.targets, grid=plan.ratios,
+                               target_params=plan.target_params, tokens=plan.tokens, max_rise=plan.max_rise)  # fmt: skip
+    for line in forecast.table():
+        log(line)
+    if plan.max_rise is not None and forecast.recommended is None:
+        raise ConfigError(
+            f"--max-forgetting {plan.max_rise:.1%}: no ratio of the grid keeps {replay}'s predicted rise within it at "
+            f"{plan.target_params:,} parameters; the smallest, {forecast.closest['replay_rise']:+.2%}, is at ratio "
+            f"{mixture_sweep.ratio_text(forecast.closest['ratio'])}: add larger ratios or allow more forgetting"
+        )
+    saved = plan.out / "mixture.json"
+    forecast.save(saved)
+    if plan.max_rise is None:
+        log(f"the law and its runs: {saved}; add --max-forgetting (e.g. 3%) for the ratio to train with")
+        return
+    command = "hopperlm " + " ".join(sys.argv[1:])
+    note = mixture_sweep.recommendation_note(plan, forecast, command=command, saved=saved,
+                                             date=time.strftime("%Y-%m-%d"))  # fmt: skip
+    tuned = plan.out / f"{plan.recipe.stem}.tuned.yaml"
+    write_atomic(tuned, mixture_sweep.tuned_mixture_text(plan.recipe.read_text(), plan, forecast, note=note,
+                                                         saved=saved))  # fmt: skip
+    log(f"recommended: {replay} at {mixture_sweep.ratio_text(forecast.recommended)} of the mixture (predicted rise "
+        f"at most {plan.max_rise:.1%}); the recipe with it: {tuned} ({saved})")  # fmt: skip
+
+
 def add_sweep_parser(verbs, common: argparse.ArgumentParser, recipe: str) -> None:
     p = add_verb(
         verbs,
         common,
         "sweep",
         cmd_sweep,
-        "tune optim.lr of a mup recipe on a narrow proxy; write the tuned recipe",
+        "tune optim.lr of a mup recipe on a narrow proxy (or, with --mixture, the replay ratio of continued "
+        "pretraining); write the tuned recipe",
         overrides="the recipe (every run), e.g. --train.eval_every 50",
         config=recipe,
     )
+    p.add_argument("--lr", help="learning rates, comma-separated (at least 3, e.g. 1e-3,2e-3,4e-3)")
     p.add_argument(
-        "--lr", required=True, help="learning rates, comma-separated (at least 3, e.g. 1e-3,2e-3,4e-3)"
+        "--mixture",
+        metavar="DATASET=R1,R2,...",
+        help="instead of --lr: the replay ratio of a continued-pretraining recipe, DATASET's share of data.mixture "
+        "(at least 3 in [0, 1)), on μP proxies of its base at --widths",
+    )
+    p.add_argument(
+        "--base-lr",
+        type=number(float, low=0, low_open=True),
+        help="--mixture: the LR the base's proxies are pretrained at (on DATASET alone)",
+    )
+    p.add_argument(
+        "--base-tokens-per-param",
+        type=number(float, low=0, low_open=True),
+        default=20.0,
+        help="--mixture: the base proxies' pretraining tokens per parameter (default 20)",
+    )
+    p.add_argument(
+        "--max-forgetting",
+        help="--mixture: DATASET's loss may rise at most this much over the base's (e.g. 3%%); writes the tuned "
+        "recipe with the ratio that minimises the new language's predicted loss within it",
     )
     p.add_argument("--dim", type=int_at_least(1), help="the proxy's width (default: the recipe's)")
     p.add_argument(
@@ -254,7 +384,8 @@ def add_sweep_parser(verbs, common: argparse.ArgumentParser, recipe: str) -> Non
     p.add_argument(
         "--widths",
         help="then train the recipe at these narrower widths (at least 3, comma-separated) at the best LR and "
-        "the recipe's tokens per parameter, and forecast its final loss (train.forecast_from in the tuned recipe)",
+        "the recipe's tokens per parameter, and forecast its final loss (train.forecast_from in the tuned recipe); "
+        "with --mixture: the widths of the base's proxies",
     )
     p.add_argument(
         "--target-tokens",

@@ -28,7 +28,12 @@ class DataConfig:
     packing: bool = False
     """Attention never crosses a document boundary inside a window and RoPE positions restart per document."""
     mixture: dict[str, float] | None = None
-    """Several prepared datasets with weights, e.g. {data/tir: 0.7, data/eng: 0.3}; each has its own val loss."""
+    """Several prepared datasets with weights, e.g. {data/tir: 0.7, data/eng: 0.3}; each has its own val loss. A
+    weight of 0 makes a dataset a validation set only: evaluated (e.g. to watch a language being forgotten), never
+    trained on."""
+    mixture_forecast: str | None = None
+    """A prediction of this run's final validation loss on each dataset of data.mixture (the mixture.json that
+    `hopperlm sweep --mixture` writes); the banner prints it and the run's end compares it with its own."""
     prefetch: int | None = None
     """Micro-batches a background thread prepares ahead; null = 2 on CUDA, 0 on CPU."""
 
@@ -37,6 +42,17 @@ class DataConfig:
             raise ConfigError(f"data.prefetch={self.prefetch} must be >= 0")
         if self.mixture is not None and not self.mixture:
             raise ConfigError("data.mixture is empty; give {path: weight, ...} or null")
+        for path, weight in (self.mixture or {}).items():
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
+                raise ConfigError(
+                    f"data.mixture weight of {path} is {weight!r}; weights must be numbers >= 0 (0: a validation "
+                    "set only, never trained on)"
+                )
+        if self.mixture and not any(w > 0 for w in self.mixture.values()):
+            raise ConfigError(
+                "data.mixture weights are all 0: nothing would be trained on; give at least one dataset a positive "
+                "weight"
+            )
 
 
 @dataclass

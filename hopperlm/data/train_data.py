@@ -41,9 +41,7 @@ def resolve_datasets(cfg: DataConfig) -> list[Dataset]:
             "data.path is not set; point it at a `hopperlm prepare` output, e.g. --data.path DIR"
         )
     datasets, names = [], set()
-    for path, weight in entries:
-        if weight <= 0:
-            raise ConfigError(f"data.mixture weight of {path} is {weight}; weights must be positive")
+    for path, weight in entries:  # (DataConfig checked the weights: >= 0, one of them positive)
         name = Path(path).name or str(path)
         while name in names:  # two folders with the same base name: keep the labels apart
             name += "'"
@@ -60,8 +58,14 @@ def resolve_datasets(cfg: DataConfig) -> list[Dataset]:
     return datasets
 
 
+def trained(datasets: list[Dataset]) -> list[Dataset]:
+    """The datasets training draws from: those of positive weight (a weight of 0 is a validation set only)."""
+    return [d for d in datasets if d.weight > 0]
+
+
 def open_train_shards(datasets: list[Dataset], seq_len: int, verify: bool) -> list[TokenShards]:
-    """The train split of every dataset, each checked to hold at least one window."""
+    """The train split of every dataset given (`trained(...)`: never a 0-weight one's), each checked to hold at
+    least one window."""
     shards = [TokenShards(d.path, "train", verify=verify) for d in datasets]
     for s in shards:
         s.check_window(seq_len)
@@ -76,7 +80,12 @@ def describe(cfg: DataConfig, device: torch.device, dropout: float) -> str:
         order = "sequential epochs" + ("" if cfg.shuffle else " in file order")
     parts = [f"{order} read in-process from memory-mapped shards"]
     if cfg.mixture:
-        parts.append("mixture " + " + ".join(f"{Path(p).name} {w:g}" for p, w in cfg.mixture.items()))
+        parts.append(
+            "mixture "
+            + " + ".join(
+                f"{Path(p).name} {w:g}" + ("" if w else " (validation only)") for p, w in cfg.mixture.items()
+            )
+        )
     if cfg.packing:
         parts.append(f"packing with {describe_backend(device, dropout)}")
     prefetch = default_prefetch(cfg, device)
@@ -103,10 +112,13 @@ def open_val_sets(datasets: list[Dataset], seq_len: int, max_windows: int, verif
 
 
 def combined_val_loss(losses: dict[str, float], sets: list[ValSet]) -> float:
-    """The mixture's validation loss: the per-dataset losses weighted like the training mixture."""
+    """The mixture's validation loss: the per-dataset losses weighted like the training mixture (a 0-weight
+    validation set counts for nothing; where no trained dataset has a val split, the plain mean)."""
     if len(sets) == 1:
         return losses[sets[0].name]
     total = sum(s.weight for s in sets)
+    if total <= 0:
+        return sum(losses[s.name] for s in sets) / len(sets)
     return sum(losses[s.name] * s.weight for s in sets) / total
 
 

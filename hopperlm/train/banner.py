@@ -27,7 +27,7 @@ def predicted_tokens_per_s(plan: Plan, flops_per_token: int) -> tuple[float, flo
 
 
 def print_banner(
-    log, *, run_dir, resume_from, step, hw, plan: Plan, model_cfg, tc, manifest, fpt, predicted
+    log, *, run_dir, resume_from, step, hw, plan: Plan, model_cfg, tc, manifest, fpt, predicted, data=None
 ) -> None:
     counts = count_params(model_cfg)
     planned = []
@@ -78,6 +78,11 @@ def print_banner(
         log(bought + "; the first log step measures the real speed")
     if tc.forecast_from:
         log(proxy_forecast_line(tc, params=counts["total"], tokens_per_step=plan.tokens_per_step))
+    if data is not None and data.mixture_forecast:  # `sweep --mixture`'s prediction of both losses
+        from hopperlm.observe.mixture_law import banner_line
+
+        tokens = tc.max_tokens or (tc.max_steps * plan.tokens_per_step if tc.max_steps else None)
+        log(banner_line(data, params=counts["total"], tokens=tokens))
     warning = long_step_warning(plan, tc, tok_s)
     if warning:
         log(warning)

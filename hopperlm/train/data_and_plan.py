@@ -15,7 +15,14 @@ from hopperlm.config import Config, ModelConfig
 from hopperlm.data.batches import BatchLayout, BatchSource, train_batches
 from hopperlm.data.sft import open_sft_data
 from hopperlm.data.tokenizer import Tokenizer, load_tokenizer
-from hopperlm.data.train_data import Dataset, ValSet, open_train_shards, open_val_sets, resolve_datasets
+from hopperlm.data.train_data import (
+    Dataset,
+    ValSet,
+    open_train_shards,
+    open_val_sets,
+    resolve_datasets,
+    trained,
+)
 from hopperlm.errors import ConfigError, DataError
 from hopperlm.hardware import Hardware
 from hopperlm.interop.inference import sft_tokenizer_path
@@ -106,13 +113,14 @@ def open_run_data(cfg: Config, run_dir: Path, log: Callable[[str], None], *, wri
         data = RunData(sft.datasets, sft.val_sets, sft_batches, sft.tokenizer)
     else:
         datasets = resolve_datasets(cfg.data)  # data.path, or data.mixture's datasets
-        shards = open_train_shards(datasets, tc.seq_len, cfg.data.verify)
+        drawn = trained(datasets)  # a 0-weight dataset is validated on, never trained on
+        shards = open_train_shards(drawn, tc.seq_len, cfg.data.verify)
         val_sets = open_val_sets(datasets, tc.seq_len, tc.eval_windows, cfg.data.verify)
 
         def pretraining_batches(layout: BatchLayout, *, pin: bool, prefetch: int) -> BatchSource:
             return train_batches(
                 cfg.data,
-                datasets,
+                drawn,
                 shards,
                 seq_len=tc.seq_len,
                 layout=layout,

@@ -28,6 +28,7 @@ from hopperlm.data.train_data import combined_val_loss
 from hopperlm.model.transformer import count_params
 from hopperlm.observe.log_cadence import LogCadence
 from hopperlm.observe.metrics import Interval, human_count, mfu, peak_memory_gb
+from hopperlm.observe.mixture_law import end_line
 from hopperlm.parallel.preemption import CTRL_C, Preemption
 from hopperlm.parallel.runtime import session
 from hopperlm.schedule import budget_progress, counted_warmup_steps, lr_at, muon_schedule_at
@@ -265,7 +266,7 @@ def validate(run: Run, interval: Interval) -> dict[str, float]:
     seconds = time.perf_counter() - start
     interval.exclude(seconds)
     evaluated(run, seconds)  # a wall-clock budget reserves as long for the final evaluation
-    s.val_loss = combined_val_loss(losses, val_sets)
+    s.val_loss, s.val_losses = combined_val_loss(losses, val_sets), losses
     s.best_val = s.val_loss if s.best_val is None else min(s.best_val, s.val_loss)
     return losses
 
@@ -306,6 +307,11 @@ def finish(
         f"done: {stopped_by} after {s.step:,} steps, {human_count(s.tokens)} tokens, {total:.1f} s{evaluation}"
         + (f" | val loss {s.val_loss:.4f} (best {s.best_val:.4f})" if s.val_loss is not None else "")
     )
+    if run.cfg.data.mixture_forecast and s.val_losses and not stopped_by.startswith("signal"):
+        # (observe/mixture_law.py: what `sweep --mixture` predicted for this run, beside what it measured)
+        line = end_line(run.cfg.data, s.val_losses, params=count_params(run.model_cfg)["total"])
+        if line:
+            run.log(line)
     result = TrainResult(run.run_dir, s.step, s.tokens, total, s.val_loss, s.best_val, stopped_by)
     run.observer.finish(result)  # result.json, the report
     # how much of a scheduler's warning the exit took (a Ctrl-C's last line is the resume line)

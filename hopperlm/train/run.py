@@ -201,6 +201,7 @@ def start_run(run: Run) -> None:
         manifest=run.data.manifest,
         fpt=run.flops_per_token,
         predicted=run.predicted,
+        data=cfg.data,
     )
     log(room_line)
     state.schedule_budget = schedule_budget(cfg.train, run.schedule, cfg.optim.lr, state=state, log=log)

@@ -55,6 +55,8 @@ class TrainState:
     run_record: dict[str, Any] = field(default_factory=dict)  # config, data tokenizer: saved, never restored
     # not saved: each process's first log step compares its measured speed with the prediction, a resumed one too
     preflight_checked: bool = False
+    # not saved: each dataset's loss at this process's last evaluation (the run's end sets a forecast beside it)
+    val_losses: dict[str, float] | None = None
     elapsed_before: float = 0.0  # restored: seconds of training before this process (the clock starts there)
     saved_budget: dict[str, Any] | None = None  # restored: the budget the checkpoint's schedule was laid over
 

@@ -64,6 +64,12 @@ class SweepRun:
     error: str | None = None
     threads: int | None = None  # OMP_NUM_THREADS of its process: a CPU run's losses depend on it
     step: int | None = None  # the step it ended at (stopped by Ctrl-C: the step it saved)
+    label: str | None = None  # how the log names it (default: its LR and seed)
+    extra: list[str] | None = None  # its own overrides beside the sweep's (a mixture sweep's data and base)
+
+    @property
+    def name(self) -> str:
+        return self.label or f"lr {lr_text(self.lr)} seed {self.seed}"
 
     @property
     def interrupted(self) -> bool:
@@ -166,17 +172,29 @@ def run_sweep(
     runs = [
         SweepRun(lr, seed, str(out_dir / f"lr-{lr_text(lr)}-seed-{seed}")) for lr in lrs for seed in seeds
     ]
+    return train_runs(recipe, overrides, runs, jobs=jobs, log=log, resume=resume)
+
+
+def train_runs(
+    recipe: Path,
+    overrides: list[str],
+    runs: list[SweepRun],
+    *,
+    jobs: int = 1,
+    log: Callable[[str], None] = print,
+    resume: bool = False,
+) -> list[SweepRun]:
+    """Train each of `runs` (the recipe with `overrides`, the run's own `extra`, its LR and seed) as a `hopperlm
+    train` process, `jobs` at a time; run_sweep's `resume` and Ctrl-C."""
     choice = threads_beside_load(os.cpu_count() or 1, jobs=jobs, what="the sweep")  # as `train` chooses
     threads = choice.count
     log(f"sweep: threads per run: {choice.why}")
 
     def train(run: SweepRun) -> SweepRun:
         if resume and finished_before(run):
-            log(
-                f"sweep: lr {lr_text(run.lr)} seed {run.seed}: val {run.final_val_loss:.4f} (finished before)"
-            )
+            log(f"sweep: {run.name}: val {run.final_val_loss:.4f} (finished before)")
             return run
-        cmd = [sys.executable, "-m", "hopperlm", "train", str(recipe), *overrides, *lr_overrides(run.lr),
+        cmd = [sys.executable, "-m", "hopperlm", "train", str(recipe), *overrides, *(run.extra or []), *lr_overrides(run.lr),
                "--train.seed", str(run.seed), "--run.out_dir", run.run_dir, "--log.report", "false",
                *(["--resume", "auto"] if resume else [])]  # fmt: skip
         run.threads = threads
@@ -185,7 +203,7 @@ def run_sweep(
         if proc is None:
             run.error = NOT_STARTED
             return run
-        stdout, stderr = wait_reporting(proc, Path(run.run_dir), f"lr {lr_text(run.lr)} seed {run.seed}", log)
+        stdout, stderr = wait_reporting(proc, Path(run.run_dir), run.name, log)
         interrupt.ended(proc)
         run.seconds = round(time.monotonic() - t0, 1)
         Path(run.run_dir).mkdir(parents=True, exist_ok=True)
@@ -193,7 +211,7 @@ def run_sweep(
         with open(Path(run.run_dir) / "sweep.log", "a" if resume else "w") as f:
             f.write(stdout + stderr)
         read_result(run, stdout + stderr, proc.returncode)
-        log(f"sweep: lr {lr_text(run.lr)} seed {run.seed}: {run_state(run)} ({run.seconds:.0f} s)")
+        log(f"sweep: {run.name}: {run_state(run)} ({run.seconds:.0f} s)")
         return run
 
     with SweepInterrupt(log) as interrupt, ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -239,7 +257,7 @@ def interrupted_line(runs: list[SweepRun], again: str) -> str | None:
     saved = [r for r in runs if r.stopped_by == "signal SIGINT"]
     waiting = sum(r.error == NOT_STARTED for r in runs)
     done = sum(not r.interrupted and r.final_val_loss is not None for r in runs)
-    where = ", ".join(f"lr {lr_text(r.lr)} seed {r.seed} at step {r.step}" for r in saved)
+    where = ", ".join(f"{r.name} at step {r.step}" for r in saved)
     return (
         f"sweep: stopped by Ctrl-C: {done} of {len(runs)} runs finished, {len(saved)} saved mid-run"
         f"{f' ({where})' if where else ''}, {waiting} not started; resume with: {again}"
