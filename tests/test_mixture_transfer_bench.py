@@ -1,0 +1,46 @@
+"""bench/mixture_transfer.py, issue 69's pre-registered check of `sweep --mixture` at 4x the parameters, in its
+smoke mode: every step of the plan at toy sizes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_mixture_transfer_benchmark_runs_in_smoke_mode(tmp_path):
+    """bench/mixture_transfer.py --smoke: the plan's steps at toy sizes (tokenizer cut and extended, English bases,
+    the sweep, the big runs, the check), its rows as the issue names them."""
+    out = tmp_path / "mt.json"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "mixture_transfer.py"), "--smoke", "--work",
+                           str(tmp_path / "w"), "--save", str(out)], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    keys = {
+        "width",
+        "params",
+        "ratio",
+        "seed",
+        "target_loss",
+        "replay_loss",
+        "replay_rise",
+        "tokens",
+        "epochs_of_target",
+    }
+    assert all(set(r) == keys for r in record["rows"])
+    smoke = record["plan"]
+    widths = sorted({r["width"] for r in record["rows"]})
+    assert widths == [*smoke["proxy_widths"], smoke["big_width"]]
+    assert len(record["rows"]) == len(widths) * len(smoke["grid"]) * len(smoke["seeds"])
+    assert (
+        len({r["tokens"] for r in record["rows"]}) == 1
+    )  # every run the big run's tokens (its epochs of Tigrinya)
+    check = record["check"]
+    assert check["recommended"] in smoke["grid"] and set(check["baselines"]) == set(smoke["baselines"])
+    assert set(check["targets_met"]) == {"ratio_within_one_step", "regret", "rise_at_recommended", "median_error",
+                                         "coverage", "spearman"}  # fmt: skip
+    assert "targets met:" in done.stdout
