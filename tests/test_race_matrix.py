@@ -99,6 +99,7 @@ def test_the_proxy_is_mostly_matrices_and_trains_three_tokens_per_parameter():
     assert hopperlm(64)["model"]["parametrization"] == "mup"
 
 
+@pytest.mark.slow
 def test_the_race_runs_end_to_end_in_smoke_mode(tmp_path):
     out = tmp_path / "race.json"
     race.main(["--smoke", "--cache", str(tmp_path / "cache"), "--save", str(out)])
