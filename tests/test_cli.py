@@ -162,7 +162,10 @@ def test_help_points_to_the_config_keys_and_no_verb_line_is_cut(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "sweep tune optim.lr of a mup recipe on a narrow proxy; write the tuned recipe" in text
+    assert (
+        "sweep tune optim.lr of a mup recipe on a narrow proxy (or, with --mixture, the replay ratio of continued "
+        "pretraining); write the tuned recipe" in text
+    )
     assert "device self-test (~30 s on a CPU)" in text
 
 
