@@ -4,6 +4,7 @@ forecast the recipe's final loss from narrower proxies trained at its tokens per
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import shlex
 import sys
@@ -49,14 +50,21 @@ def cmd_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
             "sweep: give --lr A,B,C (the learning rates to tune) or --mixture DATASET=r1,r2,... (the replay ratio)"
         )
     plan = plan_sweep(args, overrides)
-    # one sweep per folder for its whole life: a second one into it is refused before it writes anything
-    with hold_folder(plan.out, what="--out", log=log):
-        if not args.resume and any(p.name != LOCK_NAME for p in plan.out.iterdir()):
+    with sweep_folder(plan.out, resume=args.resume):
+        run_planned_sweep(args, plan)
+
+
+@contextlib.contextmanager
+def sweep_folder(out: Path, *, resume: bool):
+    """One sweep per folder for its whole life: held while it runs, and a second one into a folder with runs is
+    refused before it writes anything (unless it resumes them)."""
+    with hold_folder(out, what="--out", log=log):
+        if not resume and any(p.name != LOCK_NAME for p in out.iterdir()):
             raise ConfigError(
-                f"{plan.out} exists and is not empty; choose another --out (a sweep never overwrites runs), or "
+                f"{out} exists and is not empty; choose another --out (a sweep never overwrites runs), or "
                 "add --resume to go on with a sweep stopped there"
             )
-        run_planned_sweep(args, plan)
+        yield
 
 
 def stopped_by_ctrl_c(line: str | None) -> None:
@@ -269,12 +277,7 @@ def cmd_mixture_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
         target_tokens=args.target_tokens, out=Path(args.out or f"runs/sweep-{recipe.stem}"),
         config=lambda extra: run_config(str(recipe), extra),
     )  # fmt: skip
-    with hold_folder(plan.out, what="--out", log=log):
-        if not args.resume and any(p.name != LOCK_NAME for p in plan.out.iterdir()):
-            raise ConfigError(
-                f"{plan.out} exists and is not empty; choose another --out (a sweep never overwrites runs), or "
-                "add --resume to go on with a sweep stopped there"
-            )
+    with sweep_folder(plan.out, resume=args.resume):
         run_mixture_sweep(args, plan)
 
 
