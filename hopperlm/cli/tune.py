@@ -67,6 +67,14 @@ def sweep_folder(out: Path, *, resume: bool):
         yield
 
 
+def parsed_widths(text: str) -> list[int]:
+    """--widths W1,W2,...: the widths, sorted and distinct (ConfigError: one line, for anything not a number)."""
+    try:
+        return sorted({int(w) for w in text.split(",") if w.strip()})
+    except ValueError:
+        raise ConfigError(f"--widths {text!r}: write widths separated by commas, e.g. 64,128,256") from None
+
+
 def stopped_by_ctrl_c(line: str | None) -> None:
     """A Ctrl-C stopped the sweep's runs (each saved its step): the line that says how to go on, exit 130."""
     if line is not None:
@@ -180,12 +188,7 @@ def forecast_widths(args: argparse.Namespace, recipe: Path, overrides: list[str]
     from hopperlm.observe.width_forecast import MIN_WIDTHS
     from hopperlm.train import sweep
 
-    try:
-        widths = sorted({int(w) for w in args.widths.split(",") if w.strip()})
-    except ValueError:
-        raise ConfigError(
-            f"--widths {args.widths!r}: write widths separated by commas, e.g. 64,128,256"
-        ) from None
+    widths = parsed_widths(args.widths)
     target = run_config(str(recipe), overrides)  # the big run as the recipe says, not the LR sweep's budget
     if len(widths) < MIN_WIDTHS or widths[-1] >= target.model.dim:
         raise ConfigError(
@@ -263,12 +266,7 @@ def cmd_mixture_sweep(args: argparse.Namespace, overrides: list[str]) -> None:
         raise ConfigError(
             "sweep --mixture needs --widths W1,W2,W3 (at least 3 proxy widths, narrower than the base)"
         )
-    try:
-        widths = sorted({int(w) for w in args.widths.split(",") if w.strip()})
-    except ValueError:
-        raise ConfigError(
-            f"--widths {args.widths!r}: write widths separated by commas, e.g. 64,128,256"
-        ) from None
+    widths = parsed_widths(args.widths)
     recipe = resolve_recipe(args.config)
     plan = mixture_sweep.plan_mixture(
         recipe, list(overrides), spec=args.mixture, widths=widths,
