@@ -28,7 +28,6 @@ from hopperlm.data.train_data import combined_val_loss
 from hopperlm.model.transformer import count_params
 from hopperlm.observe.log_cadence import LogCadence
 from hopperlm.observe.metrics import Interval, human_count, mfu, peak_memory_gb
-from hopperlm.observe.mixture_law import end_line
 from hopperlm.parallel.preemption import CTRL_C, Preemption
 from hopperlm.parallel.runtime import session
 from hopperlm.schedule import budget_progress, counted_warmup_steps, lr_at, muon_schedule_at
@@ -308,7 +307,10 @@ def finish(
         + (f" | val loss {s.val_loss:.4f} (best {s.best_val:.4f})" if s.val_loss is not None else "")
     )
     if run.cfg.data.mixture_forecast and s.val_losses and not stopped_by.startswith("signal"):
-        # (observe/mixture_law.py: what `sweep --mixture` predicted for this run, beside what it measured)
+        # (observe/mixture_law.py: what `sweep --mixture` predicted for this run, beside what it measured;
+        # imported here, as the banner does, so that a run without a forecast never loads it)
+        from hopperlm.observe.mixture_law import end_line
+
         line = end_line(run.cfg.data, s.val_losses, params=count_params(run.model_cfg)["total"])
         if line:
             run.log(line)
