@@ -82,6 +82,14 @@ PLAN = {
     "tuning_runs_width_64": 16,
     "budget": "<= 4 h on 2 cores, two runs side by side on one thread each",
 }
+# changes after PLAN was committed, each with its reason and what it cost; PLAN itself is as it was committed
+AMENDMENTS = [
+    "2026-11-28, restarted from its first run at the commit that runs Muon's Newton–Schulz in fp32 on a CPU (the "
+    "plan's choice there since; bf16 before). Reason: speed, not results: in bf16 a width-128 Muon step spent "
+    "~2.4 s in Newton–Schulz (~1 h a run), so the width-128 part would have taken ~11 h of 2 cores. The 17 "
+    "width-64 tuning runs made under 42051dc (nanoGPT 7, nanochat 4, hopperlm 6) are discarded, not reused; "
+    "their losses had been seen (nanoGPT start 4.7727, nanochat 4.4007, hopperlm 4.1334). PLAN is unchanged",
+]
 TUNING_RUNS = PLAN["tuning_runs_width_64"]
 SEARCH_STEPS = (2.0, 1.0, 0.5)  # log2 of the step: 4x, 2x, sqrt 2
 EDGE_GROWTH = 3
@@ -412,6 +420,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = run_race(race, PARTS[-1] if args.part == "all" else args.part, 200 if args.smoke else DRAWS)
     nanochat_at = {w: {k: round(v, 6) for k, v in nanochat_rules(w, N_LAYERS, VOCAB).items()} for w in WIDTHS}
     result = {"command": bench_command("race_matrix.py", argv), "plan": PLAN, "plan_commit": plan_commit(),
+              "amendments": AMENDMENTS,
               "nanochat_commit": NANOCHAT_COMMIT, "nanochat_rules": nanochat_at,
               "nanochat_left_out": NANOCHAT_LEFT_OUT, "part": args.part, "vocab": VOCAB,
               "bench_wall_s": round(time.perf_counter() - start, 1), **result}  # fmt: skip

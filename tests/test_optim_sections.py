@@ -263,6 +263,8 @@ def test_a_run_saved_under_the_old_keys_resumes_bitwise(shakespeare_bytes, tmp_p
     assert out.returncode == 0, out.stdout + out.stderr
     said = out.stdout.splitlines()[0]
     assert "config.yaml was saved by an earlier hopperlm; read with " in said, said
+    # its checkpoint has no Newton–Schulz precision: it trained bf16, as every Muon run then did, and keeps it
+    assert "Newton–Schulz in bf16, as the checkpoint trained" in out.stdout
     assert "optim.schedule -> schedule.name" in said and "optim.muon_ns -> muon.ns" in said, said
     expected, got = read_metrics(OLD / "full-metrics.jsonl"), read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in got] == list(range(1, 13))

@@ -214,6 +214,28 @@ def test_the_plan_says_where_a_bad_step_is_caught(name, fused, where):
     assert f"non-finite step is {where}" in plan.reasons["optimizer"]
 
 
+@pytest.mark.parametrize("machine, kept, chosen, said", [
+    ("cpu", None, "fp32", "Newton–Schulz in fp32 (bf16 matrix products run 30-90x slower"),
+    ("H100 80GB", None, "bf16", None),  # torch.optim.Muon's precision, nothing to say
+    ("cpu", "bf16", "bf16", "Newton–Schulz in bf16, as the checkpoint trained"),
+])  # fmt: skip
+def test_muons_newton_schulz_precision_is_the_devices_or_the_checkpoints(machine, kept, chosen, said):
+    """A CPU orthogonalises in fp32 (its bf16 GEMMs are 30-90x slower), CUDA in bf16; a resume keeps its
+    checkpoint's, and the optimizer the step builds runs what the plan chose."""
+    cfg = config_from_dict({"model": {"preset": "debug", "vocab_size": 256}, "optim": {"name": "muon"},
+                            "train": {"max_steps": 1, "seq_len": 32}})  # fmt: skip
+    hw = detect_for("cpu") if machine == "cpu" else simulated(machine)
+    plan = make_plan(cfg, cfg.model, hw, kept_muon_ns=kept)
+    assert plan.muon_ns == chosen
+    assert (
+        (said in plan.reasons["optimizer"]) if said else "Newton–Schulz in" not in plan.reasons["optimizer"]
+    )
+    if machine == "cpu":
+        model = build_model(dataclasses.replace(cfg.model, vocab_size=256), seed=0)
+        pair = build_optimizer(model, cfg.optim, False, "muon", cfg.muon, ns_precision=plan.muon_ns)
+        assert pair.optimizers[0].ns_precision == chosen
+
+
 def test_a_step_of_minutes_on_a_cpu_is_announced(shakespeare_bytes, tmp_path, monkeypatch):
     """The preflight says, before the wait, that one step will take minutes (here: a machine that would
     compute 10 tokens/s), with the predicted time and what to change."""

@@ -70,8 +70,9 @@ Resume = bool | Literal["latest", "auto"] | str | Path
 @dataclass
 class ResumePoint:
     """The checkpoint a run starts from and its state.json. The plan is made before the model exists, so the
-    two things it keeps from the checkpoint are read here: the micro-batch (the data of step s depends on it)
-    and the attention kernel (two kernels round differently). Everything else is restored by `load`."""
+    things it keeps from the checkpoint are read here: the micro-batch (the data of step s depends on it), the
+    attention kernel and Muon's Newton–Schulz precision (each pair rounds differently). Everything else is
+    restored by `load`."""
 
     path: Path
     saved: dict[str, Any]
@@ -85,6 +86,11 @@ class ResumePoint:
     @property
     def attention(self) -> str | None:
         return self.saved.get("attention")  # (older checkpoints: none)
+
+    @property
+    def muon_ns(self) -> str:
+        """Muon's Newton–Schulz precision: older checkpoints have none and trained bf16 on every device."""
+        return self.saved.get("muon_ns", "bf16")
 
     @property
     def threads(self) -> int | None:

@@ -26,6 +26,7 @@ from hopperlm.plan.choices import (
     choose_fused_projections,
     choose_kernels,
     choose_lora,
+    choose_muon_ns,
     choose_optimizer,
     choose_precision,
     choose_threads,
@@ -172,11 +173,12 @@ def make_plan(
     *,
     attention_probe: AttentionProbe | None = None,
     kept_attention: str | None = None,
+    kept_muon_ns: str | None = None,
 ) -> Plan:
     """Every choice for this run, with reasons. `finder` measures the micro-batch on a real GPU; without it
     (CPU, simulated hardware) the memory estimate decides. `attention_probe` times cuDNN against flash on a
     real Hopper GPU (plan/attention_probe.py); without it flash stays; `kept_attention` (a resumed run's, from its
-    checkpoint) is kept without probing. `world`: the ranks of a torchrun
+    checkpoint) is kept without probing, as is `kept_muon_ns` (Muon's Newton–Schulz precision). `world`: the ranks of a torchrun
     launch.
     train/data_and_plan.py's `plan_run` is the one caller that `train` and `diagnose` share."""
     tc = cfg.train
@@ -201,6 +203,7 @@ def make_plan(
     kernels = choose_kernels(tc, hw, compiled=compile_on, why=why)
     fused_projections = choose_fused_projections(tc, cfg.lora, fp8=fp8, kernels=kernels, why=why)
     optimizer, fused = choose_optimizer(cfg.optim, cuda, why)
+    muon_ns = choose_muon_ns(optimizer, cuda, why, kept=kept_muon_ns)
     threads = choose_threads(tc, hw, why)
     pin = tc.pin_memory if tc.pin_memory is not None else cuda
     why["data"] = describe_data(cfg.data, hw.device, model_cfg.dropout) + (
@@ -248,6 +251,7 @@ def make_plan(
         fused_projections=fused_projections,
         kernels=kernels,
         optimizer=optimizer,
+        muon_ns=muon_ns,
         lora=lora,
         strategy=strategy,
         world_size=world.size,

@@ -60,6 +60,8 @@ class Plan:
     fused_projections: bool = False  # q/k/v and gate/up as one GEMM each (speed/fused_projections.py)
     kernels: Kernels = "compiler"  # the elementwise kernels' author: inductor or Liger (speed/liger.py)
     optimizer: OptimizerName = "adamw"
+    # Muon's Newton–Schulz precision (train/muon.py): bf16 on CUDA, fp32 on a CPU; a resume keeps its checkpoint's
+    muon_ns: Literal["bf16", "fp32"] = "bf16"
     lora: str = "none"  # "none", or what is adapted and how the base is stored
     micro_batch: int = 0  # per rank
     grad_accum: int = 1

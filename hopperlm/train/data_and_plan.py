@@ -150,13 +150,14 @@ def plan_run(
     measure: bool = True,
     rt: Runtime | None = None,
     kept_attention: str | None = None,
+    kept_muon_ns: str | None = None,
 ) -> Plan:
     """The plan of `train` and `diagnose`. On a GPU with train.micro_batch unset (and `measure`), the micro-batch
     is measured with real training steps of the run's own model (LoRA/QLoRA included) and cached in
     `cache_dir`; under torchrun every rank measures on its own, without DDP, and the smallest answer holds
     (`rt`). On a GPU (and `measure`) the attention kernel is timed too: cuDNN against flash, about a second,
     the case least kind to cuDNN over the ranks deciding for all (plan/attention_probe.py); a resumed run keeps
-    its checkpoint's kernel instead (`kept_attention`)."""
+    its checkpoint's kernel instead (`kept_attention`), and its Newton–Schulz precision (`kept_muon_ns`)."""
     probe = measure_attention if measure and hw.device_type == "cuda" else None
     if rt is not None:
         probe = rt.agreed_attention_probe(probe)
@@ -184,4 +185,13 @@ def plan_run(
         )
         if rt is not None:
             finder = rt.agreed_finder(finder)
-    return make_plan(cfg, model_cfg, hw, finder, world, attention_probe=probe, kept_attention=kept_attention)
+    return make_plan(
+        cfg,
+        model_cfg,
+        hw,
+        finder,
+        world,
+        attention_probe=probe,
+        kept_attention=kept_attention,
+        kept_muon_ns=kept_muon_ns,
+    )

@@ -35,6 +35,8 @@ POLAR_EXPRESS = (
     (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
 )
 POLAR_EXPRESS_SAFETY = 1.02
+# Newton–Schulz's precisions (the plan chooses: plan/choices.py's muon_ns_for)
+NS_PRECISIONS = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def newton_schulz(
@@ -44,13 +46,15 @@ def newton_schulz(
     eps: float,
     schedule: tuple[tuple[float, float, float], ...] | None = None,
     safety: float = POLAR_EXPRESS_SAFETY,
+    dtype: torch.dtype = torch.bfloat16,
 ):
-    """torch.optim.Muon's quintic Newton–Schulz orthogonalisation, in bf16, of a batch of same-shape matrices
+    """torch.optim.Muon's quintic Newton–Schulz orthogonalisation, in `dtype` (torch's bf16 by default), of a
+    batch of same-shape matrices
     (N, A, B): each matrix is normalised by its own Frobenius norm and a tall one is iterated transposed (the
     Gram matrix is then the smaller side's). `schedule`: one (a, b, c) per iteration instead of `coefficients`
     `steps` times (Polar Express, whose input is divided by `safety` x its norm, so that rounding cannot leave a
     singular value above 1)."""
-    x = g.bfloat16()
+    x = g.to(dtype)
     tall = g.size(-2) > g.size(-1)
     if tall:
         x = x.mT
@@ -97,7 +101,8 @@ def adjusted_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float
 
 class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's update (Nesterov momentum by lerp, bf16 Newton–Schulz, shape-adjusted LR, decoupled
-    weight decay), computed a bucket of same-shape matrices at a time.
+    weight decay), computed a bucket of same-shape matrices at a time. `ns_precision` "fp32": Newton–Schulz in
+    fp32 instead (what the plan gives a CPU run: plan/choices.py's muon_ns_for).
 
     `found_inf`: set it to a float tensor on the device (1: skip this step), as for torch's fused AdamW; a
     skipped step leaves every parameter and momentum bit for bit as it was, whatever the gradients hold, and
@@ -126,6 +131,7 @@ class Muon(torch.optim.Optimizer):
         normuon_beta2: float | None = None,
         cautious: bool = False,
         ns_safety: float = POLAR_EXPRESS_SAFETY,
+        ns_precision: str = "bf16",
     ) -> None:
         if isinstance(lr, torch.Tensor) or lr < 0.0:
             raise ValueError(f"Muon's learning rate must be a float >= 0, not {lr}")
@@ -135,6 +141,8 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"Muon's adjust_lr_fn {adjust_lr_fn!r} is not one of {ADJUST_LR_FNS}")
         if len(ns_coefficients) != 3 or not 0 < ns_steps < 100:
             raise ValueError("Muon needs 3 Newton–Schulz coefficients and 1 to 99 steps")
+        if ns_precision not in NS_PRECISIONS:
+            raise ValueError(f"Muon's ns_precision {ns_precision!r} is not one of {tuple(NS_PRECISIONS)}")
         # exactly torch.optim.Muon's group keys: load_state_dict replaces a group by the saved one, so a key
         # of our own would vanish on loading torch's checkpoint (compile_ns is therefore not a group key)
         defaults = {
@@ -153,6 +161,7 @@ class Muon(torch.optim.Optimizer):
             None if ns_schedule is None else tuple(tuple(map(float, abc)) for abc in ns_schedule)
         )
         self.ns_safety = ns_safety
+        self.ns_precision = ns_precision
         self.normuon_beta2 = normuon_beta2
         self.cautious = cautious
         self.decay_factor = 1.0
@@ -163,7 +172,8 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"Muon takes 2-D parameters only, not one of shape {tuple(p.shape)}")
 
     def __getstate__(self) -> dict:  # (copy.deepcopy, pickle)
-        extras = ("compile_ns", "ns_schedule", "ns_safety", "normuon_beta2", "cautious", "decay_factor")
+        extras = ("compile_ns", "ns_schedule", "ns_safety", "ns_precision", "normuon_beta2", "cautious",
+                  "decay_factor")  # fmt: skip
         return {**super().__getstate__(), **{k: getattr(self, k) for k in extras}}
 
     def __setstate__(self, state: dict) -> None:
@@ -214,7 +224,7 @@ class Muon(torch.optim.Optimizer):
         buf.lerp_(grad, 1 - momentum)
         torch._foreach_copy_(bufs, buf.unbind(0))
         update = grad.lerp_(buf, momentum) if group["nesterov"] else buf
-        ortho = self._orthogonalise(update, group)  # (N, A, B) bf16
+        ortho = self._orthogonalise(update, group)  # (N, A, B) bf16 (fp32 where ns_precision says)
         if self.normuon_beta2 is not None:
             ortho = self._normuon(params, ortho, skip)  # (N, A, B) fp32
 
@@ -258,5 +268,9 @@ class Muon(torch.optim.Optimizer):
         compiled = self.compile_ns and update.device.type == "cuda"
         orthogonalise = compiled_newton_schulz() if compiled else newton_schulz
         coefficients = tuple(group["ns_coefficients"])
-        safety = getattr(self, "ns_safety", POLAR_EXPRESS_SAFETY)  # one deep-copied before the key existed
-        return orthogonalise(update, coefficients, group["ns_steps"], group["eps"], self.ns_schedule, safety)
+        # (getattr: one deep-copied before these keys existed ran bf16 with the default safety)
+        safety = getattr(self, "ns_safety", POLAR_EXPRESS_SAFETY)
+        dtype = NS_PRECISIONS[getattr(self, "ns_precision", "bf16")]
+        return orthogonalise(
+            update, coefficients, group["ns_steps"], group["eps"], self.ns_schedule, safety, dtype
+        )

@@ -8,6 +8,7 @@ import torch.nn as nn
 
 from hopperlm.config import MuonConfig, OptimConfig
 from hopperlm.model.qlora import require_bitsandbytes
+from hopperlm.plan.choices import muon_ns_for
 from hopperlm.schedule import MuonSchedule
 from hopperlm.train.muon import POLAR_EXPRESS, Muon
 from hopperlm.train.param_groups import optimizer_groups
@@ -19,11 +20,13 @@ def build_optimizer(
     fused: bool,
     name: str = "adamw",
     muon: MuonConfig | None = None,
+    ns_precision: str | None = None,
 ) -> torch.optim.Optimizer | OptimizerPair:
     """The optimizer the plan chose (`name`): AdamW (fused on CUDA when `fused`), torchao's 8-bit AdamW,
     bitsandbytes' paged 8-bit AdamW, or Muon on the blocks' matrices (with `muon`, its section; default
     MuonConfig()) and AdamW for the rest. Its groups come from train/param_groups.py: the parametrization's
-    factors and the recipe's optim.groups."""
+    factors and the recipe's optim.groups. `ns_precision`: Muon's Newton–Schulz precision, the plan's
+    (plan.muon_ns); None: the one the model's device runs fast (plan/choices.py's muon_ns_for)."""
     betas = tuple(cfg.betas)
     muon = (muon or MuonConfig()) if name == "muon" else None
     groups = optimizer_groups(model, cfg, muon)
@@ -48,6 +51,7 @@ def build_optimizer(
         normuon_beta2=muon.normuon_beta2 if muon.normuon else None,
         cautious=muon.cautious_weight_decay,
         ns_safety=muon.ns_safety,
+        ns_precision=ns_precision or muon_ns_for(next(model.parameters()).device.type),
     )
     return OptimizerPair(built, adamw)
 

@@ -98,7 +98,7 @@ def build_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
     """The checkpoint to start from, the data, the plan, the model and its step, the restored state and the run
     directory."""
     run_dir, log = Path(cfg.run.out_dir), rt.log
-    start = find_resume(resume, run_dir, rt)  # (the micro-batch and the attention kernel are kept from it)
+    start = find_resume(resume, run_dir, rt)  # (the micro-batch, attention kernel and NS precision are kept)
     kept = keep_checkpoint_threads(keep_checkpoint_batch(cfg.train, start, rt), start, rt)
     cfg = cfg if kept is cfg.train else dataclasses.replace(cfg, train=kept)
     hw = detect_for(cfg.train.device)
@@ -114,6 +114,7 @@ def build_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         log=log,
         rt=rt,
         kept_attention=start.attention if start is not None else None,
+        kept_muon_ns=start.muon_ns if start is not None else None,
     )
     plan.apply_runtime_settings(log)
 
@@ -139,6 +140,7 @@ def build_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         plan.grad_accum,
         fp8,
         attention=plan.attention,
+        muon_ns=plan.muon_ns,
         guard=guard,
         batches=batches,
         clock_budget=ClockBudget.for_run(cfg.train),

@@ -5,6 +5,7 @@
     micro_batch, grad_accum     per rank: the plan's, until an out-of-memory error halves them
     fp8                         the float8 backend in effect (the plan's, or "off" after a start-up failure)
     attention                   the plan's SDPA kernel (a resume keeps it: kernels round differently)
+    muon_ns                     the plan's Newton–Schulz precision for Muon (a resume keeps it, as attention)
     schedule_budget             the budget the LR schedule is laid over (a resume may keep the original one)
     clock                       seconds of training across resumes (what train.max_hours counts)
     clock_budget                how train.max_hours is kept: the final evaluation's reserve, a warm-up
@@ -41,6 +42,7 @@ class TrainState:
     grad_accum: int
     fp8: str
     attention: str = "auto"
+    muon_ns: str = "bf16"  # Muon's Newton–Schulz precision (a resume keeps it: the two round differently)
     # torch's CPU threads in effect (a resume keeps them: they change the rounding)
     threads: int | None = None
     step: int = 0
@@ -72,6 +74,7 @@ class TrainState:
             "grad_accum": self.grad_accum,
             "fp8": self.fp8,
             "attention": self.attention,
+            "muon_ns": self.muon_ns,
             "threads": self.threads,
             "world_size": world_size,
             "schedule_budget": {k: getattr(self.schedule_budget, k) for k in BUDGET_KEYS},

@@ -127,7 +127,9 @@ def build_step(
     parallel = parallelize(
         model, plan, rt or current(), log, fp8_all_gather=plan.fp8_all_gather and fp8 != "off"
     )
-    optimizer = build_optimizer(model, optim, plan.fused_adamw, plan.optimizer, muon)
+    optimizer = build_optimizer(
+        model, optim, plan.fused_adamw, plan.optimizer, muon, ns_precision=plan.muon_ns
+    )
     parts = make_step_parts(
         model,
         parallel,
