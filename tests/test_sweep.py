@@ -12,7 +12,8 @@ import yaml
 
 from hopperlm.cli import main
 from hopperlm.config import load_config
-from hopperlm.train.sweep import SweepRun, best_lr, set_key, tuned_recipe_text
+from hopperlm.train.recipe_edit import set_key, tuned_recipe_text
+from hopperlm.train.sweep import SweepRun, best_lr
 
 REPO = Path(__file__).resolve().parents[1]
 # RECIPE is mup; PLAIN is standard until a sweep's overrides make it mup

@@ -115,7 +115,7 @@ def run_planned_sweep(args: argparse.Namespace, plan: SweepPlan) -> None:
     """The sweep itself, into the folder `cmd_sweep` holds: the runs, sweep.json, the plots, the tuned recipe,
     and with --widths the forecast's proxies."""
     from hopperlm.observe.plot import plot_runs
-    from hopperlm.train import sweep
+    from hopperlm.train import recipe_edit, sweep
 
     recipe, cfg, extra, proxy, lrs, seeds, widths, out = (
         plan.recipe, plan.cfg, plan.extra, plan.proxy, plan.lrs, plan.seeds, plan.widths, plan.out
@@ -166,7 +166,7 @@ def run_planned_sweep(args: argparse.Namespace, plan: SweepPlan) -> None:
         tuned=tuned,
         out=out,
     )
-    text = sweep.tuned_recipe_text(recipe.read_text(), lr=best, overrides=kept, note=note)
+    text = recipe_edit.tuned_recipe_text(recipe.read_text(), lr=best, overrides=kept, note=note)
     write_atomic(tuned, text)  # kept whatever the forecast's runs do
     ran = run_config(str(recipe), [*extra, *proxy, *sweep.lr_overrides(best)]).to_dict()
     again = run_config(str(tuned), [*proxy, *left_out]).to_dict()
@@ -177,7 +177,9 @@ def run_planned_sweep(args: argparse.Namespace, plan: SweepPlan) -> None:
         saved = forecast_big_run(
             recipe, plan.overrides, widths, lr=best, seeds=seeds, out=out, jobs=args.jobs, resume=args.resume
         )
-        text = sweep.set_key(text, "train", "forecast_from", str(saved.resolve()), comment=f"`{command}`")
+        text = recipe_edit.set_key(
+            text, "train", "forecast_from", str(saved.resolve()), comment=f"`{command}`"
+        )
         tuned = write_atomic(tuned, text)
     log(f"best lr {sweep.lr_text(best)}; the recipe with it: {tuned} ({out}/sweep.json, {out}/plots)")
 

@@ -34,7 +34,7 @@ from hopperlm.config import Config, ModelConfig, load_config
 from hopperlm.data.tokenizer import load_tokenizer
 from hopperlm.data.train_data import Dataset, resolve_datasets
 from hopperlm.errors import ConfigError
-from hopperlm.train import sweep
+from hopperlm.train import recipe_edit, sweep
 from hopperlm.train.initial_model import base_tokenizer, check_tokenizer_fits
 from hopperlm.train.sweep import SweepRun
 
@@ -400,16 +400,16 @@ def tuned_mixture_text(text: str, plan: MixturePlan, forecast, *, note: str, sav
     from ruamel.yaml.comments import CommentedMap
 
     kept, _ = sweep.split_overrides(plan.overrides)
-    yaml, doc = sweep.round_trip(text)
-    for section, key, written in sweep.override_items(kept):
-        sweep.set_value(doc, section, key, sweep.override_value(yaml, written))
+    yaml, doc = recipe_edit.round_trip(text)
+    for section, key, written in recipe_edit.override_items(kept):
+        recipe_edit.set_value(doc, section, key, recipe_edit.override_value(yaml, written))
     weights = mixture_at(plan.mixture, plan.replay, forecast.recommended)
     written = (doc.get("data") or {}).get("mixture")
     if isinstance(written, CommentedMap) and {str(k) for k in written} == set(weights):
         for key in written:  # the same datasets: their weights replaced in place, their comments kept
             written[key] = weights[str(key)]
         weights = written
-    sweep.set_value(doc, "data", "mixture", CommentedMap(weights) if weights is not written else written,
+    recipe_edit.set_value(doc, "data", "mixture", CommentedMap(weights) if weights is not written else written,
                     comment=note, indent=yaml.map_indent)  # fmt: skip
-    sweep.set_value(doc, "data", "mixture_forecast", str(saved.resolve()))
-    return sweep.dump(yaml, doc)
+    recipe_edit.set_value(doc, "data", "mixture_forecast", str(saved.resolve()))
+    return recipe_edit.dump(yaml, doc)
