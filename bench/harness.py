@@ -5,7 +5,8 @@ table (torchtitan's scripts/loss_compare.py, nanochat's scaling script that skip
                   child `hopperlm train` with its CPU seconds; train_here(cfg): in a pool worker, one thread
     run config    run_config(model=, data=, optim=, train=, ...): the YAML a user would write
     data          prepare_data(out, sources, **options): token shards, once per folder
-    finished run  done(run_dir, cfg) / mark_done / start_run: the one rule, by the config's digest
+    finished run  done(run_dir, cfg) / mark_done / start_run: the one rule, by the config's digest;
+                  start_or_resume: a long run cut off mid-way goes on from its checkpoint
     metrics       metrics(run_dir), val_losses(run_dir): through observe/metrics.py's read_metrics
     grid edge     at_grid_edge(grid, best): the one rule for "the optimum may lie beyond the grid"
     results       save_result(result, path) (provenance.py), bench_command(script, argv)
@@ -42,6 +43,7 @@ __all__ = [
     "run_config",
     "save_result",
     "start_run",
+    "start_or_resume",
     "train_here",
     "train_process",
     "val_losses",
@@ -149,6 +151,20 @@ def mark_done(run_dir: Path, cfg: dict) -> None:
 def start_run(run_dir: Path) -> None:
     """Clear a run's folder before it trains: a run cut off mid-way, or of another config, starts again."""
     shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def start_or_resume(run_dir: Path, cfg: dict) -> bool:
+    """Before a run of `cfg` trains into `run_dir`: True where the folder holds a checkpoint of a run of the same
+    config cut off mid-way (a marker beside the folder, written when it started, says which config), so it goes on
+    from there (`--resume`; hopperlm resumes exactly); else the folder is cleared and marked for `cfg` (False)."""
+    started = run_dir.with_name(run_dir.name + ".started")
+    same = started.is_file() and started.read_text().strip() == config_digest(cfg)
+    if same and any((run_dir / "checkpoints").glob("step_*")):
+        return True
+    start_run(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    started.write_text(config_digest(cfg) + "\n")
+    return False
 
 
 # ---- metrics ---------------------------------------------------------------------------------------------

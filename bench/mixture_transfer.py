@@ -48,7 +48,7 @@ from harness import (
     mark_done,
     prepare_data,
     save_result,
-    start_run,
+    start_or_resume,
     train_process,
 )
 
@@ -185,13 +185,12 @@ def recipe(spec: dict, data: dict[str, Path], big_base: Path, tokens: int) -> di
 
 def train_logged(spec_path: Path, overrides: list[str], run_dir: Path, what: dict, threads: int = 1) -> Path:
     """`hopperlm train SPEC OVERRIDES` into `run_dir` on `threads` threads, unless it finished before
-    (harness.done)."""
+    (harness.done); one cut off after a checkpoint goes on from it (harness.start_or_resume)."""
     if done(run_dir, what):
         return run_dir
-    start_run(run_dir)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    resume = ["--resume"] if start_or_resume(run_dir, what) else []
     log = run_dir.with_suffix(".log")
-    code, _ = train_process(spec_path, *overrides, "--run.out_dir", str(run_dir), cwd=Path.cwd(), log=log,
+    code, _ = train_process(spec_path, *overrides, "--run.out_dir", str(run_dir), *resume, cwd=Path.cwd(), log=log,
                             env={**os.environ, "OMP_NUM_THREADS": str(threads)})  # fmt: skip
     if code:
         sys.exit(f"{run_dir} failed:\n{log.read_text()[-3000:]}")
@@ -215,8 +214,10 @@ def big_base(spec: dict, data: dict[str, Path], work: Path) -> Path:
     steps = base_steps(
         model_params(probe.model, probe.data), spec["base"]["tokens_per_param"], spec["batch"]["batch_tokens"]
     )
+    # checkpoints every sixteenth of the run (about 4 minutes of two cores): a base cut off goes on from there
     overrides = [*base_overrides(model, mixture, replay, width=model.dim, steps=steps), "--optim.lr",
-                 repr(spec["base"]["lr"]), "--train.seed", str(spec["base"]["seed"])]  # fmt: skip
+                 repr(spec["base"]["lr"]), "--train.seed", str(spec["base"]["seed"]),
+                 "--checkpoint.every", str(max(50, steps // 16))]  # fmt: skip
     # both cores: nothing else can train until the sweep can read the big base's shape
     what = {"template": template.read_text(), "args": overrides}
     return train_logged(template, overrides, work / "bases" / "big", what, threads=2)

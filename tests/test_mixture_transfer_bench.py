@@ -44,3 +44,18 @@ def test_the_mixture_transfer_benchmark_runs_in_smoke_mode(tmp_path):
     assert set(check["targets_met"]) == {"ratio_within_one_step", "regret", "rise_at_recommended", "median_error",
                                          "coverage", "spearman"}  # fmt: skip
     assert "targets met:" in done.stdout
+
+
+def test_a_long_run_cut_off_after_a_checkpoint_goes_on_and_any_other_starts_again(tmp_path):
+    """harness.start_or_resume, which the mixture check's big base (an hour of two cores) trains under: the same
+    config with a checkpoint resumes; another config, or no checkpoint, clears the folder and starts."""
+    from harness import start_or_resume
+
+    run, cfg = tmp_path / "bases" / "big", {"args": ["--train.max_steps", "100"]}
+    assert start_or_resume(run, cfg) is False  # nothing there: started, and marked for cfg
+    (run / "checkpoints" / "step_000050").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("{}\n")
+    assert start_or_resume(run, cfg) is True and (run / "metrics.jsonl").is_file()  # cut off: goes on
+    assert start_or_resume(run, {"args": ["--train.max_steps", "200"]}) is False  # another config
+    assert not run.exists() or not any(run.iterdir())  # ... its folder cleared
+    assert start_or_resume(run, cfg) is False  # and the first config, marked over, starts again too
