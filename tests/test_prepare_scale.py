@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from shared_data import DATA_DIR
 
-import hopperlm.data.prepare as prep
+import hopperlm.data.prepare_folder as prepare_folder
 import hopperlm.data.sources as sources
 from hopperlm.data.prepare import PrepareOptions, prepare
 from hopperlm.data.shards import index_name
@@ -52,15 +52,15 @@ def comparable(manifest: dict) -> dict:
 # a real kill -9 mid-run (the work since the last save is lost), at the same point on a fast or a slow machine
 KILLED_AT_SAVE = """
 import os, signal, sys
-import hopperlm.data.prepare as prepare
+import hopperlm.data.prepare_folder as prepare_folder
 from hopperlm.cli import main
-save, calls, kill_at = prepare._save_state, [0], int(sys.argv[1])
+save, calls, kill_at = prepare_folder.save_state, [0], int(sys.argv[1])
 def save_or_die(*args):
     calls[0] += 1
     if calls[0] == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
     save(*args)
-prepare._save_state = save_or_die
+prepare_folder.save_state = save_or_die
 main(sys.argv[2:])
 """
 
@@ -126,7 +126,7 @@ def test_crash_after_any_save_resumes_identically(tmp_path, monkeypatch, split):
     monkeypatch.setattr(sources, "UNIT_BYTES", 60_000)
     options = PrepareOptions(shard_tokens=70_000, split=split, val_fraction=0.2, dedup=True)
     reference = prepare(inputs, tmp_path / "reference", options, progress=False)
-    real_save, saves = prep._save_state, []
+    real_save, saves = prepare_folder.save_state, []
 
     def counting_save(*args):
         real_save(*args)
@@ -134,7 +134,7 @@ def test_crash_after_any_save_resumes_identically(tmp_path, monkeypatch, split):
         if len(saves) == crash_at:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(prep, "_save_state", counting_save)
+    monkeypatch.setattr(prepare_folder, "save_state", counting_save)
     crash_at, out = 1, tmp_path / "out"
     while True:
         saves.clear()

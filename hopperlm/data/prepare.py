@@ -17,7 +17,6 @@ uninterrupted run. Only a complete `OUT.partial/` is renamed to OUT, so nothing 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from datetime import datetime, timezone
@@ -33,6 +32,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from hopperlm.data import prepare_folder
 from hopperlm.data.encoding import (
     Encoded,
     EncodeOptions,
@@ -55,19 +55,13 @@ from hopperlm.data.shards import (  # noqa: F401 - read_manifest/shard_dtype are
 )
 from hopperlm.data.sources import decode_unit, find_sources, iter_units, source_bytes
 from hopperlm.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, train_bpe
-from hopperlm.diskspace import DiskError, check_room, disk_error
 from hopperlm.errors import DataError, HopperError
-from hopperlm.files import file_sha256, swap_in, tree_bytes
+from hopperlm.files import file_sha256
 from hopperlm.folder_lock import hold_folder
 
-PROGRESS_FILE = "progress.json"
-SEEN_FILE = "seen.u64"  # 64-bit document hashes for dedup, appended at each save
 COPY_TOKENS = 4 << 20  # tokens per memmap copy when moving the tail of train into val
 SAVE_SECONDS = 2.0
 MAX_REPORTS = 100  # bad-UTF-8 reports kept in the manifest (all are counted)
-# input bytes per token, to size the shards before the work: the byte tokenizer's is 1; subword tokenizers
-# average about 4 on English (GPT-2, Llama), less on other scripts, so 2 leaves room for those
-BYTES_PER_TOKEN = {"byte": 1.0, "other": 2.0}
 
 
 BYTES_PER_WORKER = (
@@ -88,78 +82,10 @@ def choose_workers(nbytes: int, byte_tokenizer: bool, cores: int) -> tuple[int, 
     return n, f"{nbytes / 1e6:,.1f} MB of input: one per {BYTES_PER_WORKER // 1_000_000} MB{capped}"
 
 
-# ---- the output directory ----------------------------------------------------------------------------------
-
-
-def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"--out {out_dir} is a file; choose a directory path")
-    if not out_dir.is_dir():
-        return
-    if (out_dir / MANIFEST).is_file():
-        if not overwrite:
-            raise DataError(
-                f"{out_dir} already holds prepared data; pass --overwrite or choose another --out"
-            )
-    elif any(out_dir.iterdir()):
-        raise DataError(
-            f"{out_dir} exists, is not empty and holds no prepared data (no {MANIFEST}); "
-            "choose another --out (prepare never deletes files it did not write)"
-        )
-
-
-def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
-    """Swap the finished dir into place; the old data (if any) goes only after the new is in place."""
-    _check_out_dir(out_dir, overwrite)  # again: something may have appeared while we worked
-    swap_in(tmp, out_dir)  # (an existing out_dir is empty or holds prepared data: checked just above)
-
-
 def _progress_bar(enabled: bool) -> Progress:
     """Bytes read, MB/s and ETA; rich falls back to plain output when stdout is not a terminal."""
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
     return Progress(*columns, TimeRemainingColumn(), disable=not enabled)
-
-
-# ---- resumable state ---------------------------------------------------------------------------------------
-
-
-def _fingerprint(sources, options: dict) -> dict:
-    """What must be unchanged for a saved partial prepare to be continued."""
-    files = []
-    for s in sources:
-        st = os.stat(s.path) if s.kind != "hub" else None
-        files.append(
-            [s.kind, str(Path(s.path).resolve()) if st else s.path, st and st.st_size, st and st.st_mtime_ns]
-        )
-    return {"sources": files, "options": options}
-
-
-def _save_state(work: Path, state: dict, train: ShardWriter, val: ShardWriter, new_seen: list[int]) -> None:
-    state["shards"] = {"train": train.state(), "val": val.state()}
-    if new_seen:
-        with open(work / SEEN_FILE, "ab") as f:
-            f.write(np.array(new_seen, dtype="<u8").tobytes())
-        state["seen"] += len(new_seen)
-        new_seen.clear()
-    tmp = work / f"{PROGRESS_FILE}.tmp"
-    tmp.write_text(json.dumps(state))
-    tmp.replace(work / PROGRESS_FILE)  # atomic: a kill leaves the previous state or this one
-
-
-def _load_state(work: Path, fingerprint: dict, log) -> dict | None:
-    """The saved state of an interrupted prepare of the same inputs and options, else None (and a clean dir)."""
-    path = work / PROGRESS_FILE
-    if not work.is_dir():
-        return None
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError):
-        state = None
-    if state is not None and state.get("fingerprint") == fingerprint:
-        return state
-    log(f"prepare: {work} holds an interrupted prepare of other inputs or options; starting afresh")
-    shutil.rmtree(work)
-    return None
 
 
 # ---- the pipeline ------------------------------------------------------------------------------------------
@@ -185,16 +111,16 @@ def prepare(
     tokenizer, val_fraction, split = options.tokenizer, options.val_fraction, options.split
     sources = find_sources(inputs)
     out_dir = Path(out_dir)
-    _check_out_dir(out_dir, overwrite)
+    prepare_folder.check_out_dir(out_dir, overwrite)
     total_bytes = sum(source_bytes(s) for s in sources)
     tok_identity = "bpe" if tokenizer == "bpe" else load_tokenizer(tokenizer).identity()
-    fingerprint = _fingerprint(sources, options.fingerprint(tok_identity))
+    fingerprint = prepare_folder.fingerprint(sources, options.fingerprint(tok_identity))
     work = out_dir.parent / f"{out_dir.name}.partial"
-    _check_room(out_dir, work, total_bytes=total_bytes, options=options, log=log)
+    prepare_folder.check_room_for(out_dir, work, total_bytes=total_bytes, options=options, log=log)
     # one writer: a second prepare writing the same OUT.partial would corrupt it (folder_lock.py)
     with hold_folder(out_dir, what="--out", beside=True, log=log):
         try:
-            state = _load_state(work, fingerprint, log)
+            state = prepare_folder.load_state(work, fingerprint, log)
             bytes_before = 0 if state is None else state["bytes"]
             t0 = time.perf_counter()  # the first byte read (BPE training or tokenizing) to the published OUT
             try:
@@ -221,7 +147,7 @@ def prepare(
                         log=log,
                     )
                 manifest = _finish(work, state, tok, sources, split, val_fraction, train, val, inputs)
-                _publish(work, out_dir, overwrite)
+                prepare_folder.publish(work, out_dir, overwrite)
             except HopperError:
                 shutil.rmtree(work, ignore_errors=True)  # bad input or options: nothing worth resuming
                 raise
@@ -229,7 +155,7 @@ def prepare(
             log(f"prepare: interrupted; run the same command again to continue from {work}")
             raise
         except Exception as e:  # a full disk, a quota: the work so far is kept, the same command continues it
-            full = _disk_full(e, work, out_dir)
+            full = prepare_folder.disk_full(e, work, out_dir)
             if full is None:
                 raise
             raise full from e
@@ -241,19 +167,6 @@ def prepare(
     if dropped:
         log(f"prepare: {dropped}")
     return manifest
-
-
-def _check_room(out_dir: Path, work: Path, *, total_bytes: int, options: PrepareOptions, log) -> None:
-    """Before any work: a DiskError when the shards will not fit on out_dir's disk, a warning when they only
-    just fit (a resumed prepare needs only what `work` does not hold yet)."""
-    needed = shard_bytes_estimate(total_bytes, options.tokenizer, options) - tree_bytes(work)
-    check_room(
-        what=f"the shards of {total_bytes / 1e6:,.1f} MB of input",
-        where=out_dir.parent,
-        needed=needed,
-        fix="free space there or choose another --out",
-        warn=log,
-    )
 
 
 def _tokenizer_and_state(
@@ -343,24 +256,12 @@ def _write_shards(
             work, sources, encode_options, workers, state, train, val, lambda n: bar.advance(task, n), log
         )
         state["phase"] = "encoded"
-        _save_state(work, state, train, val, [])
+        prepare_folder.save_state(work, state, train, val, [])
     if options.split == "tail" and options.val_fraction > 0:
         _move_tail(work, state, train, val, int(train.tokens * (1 - options.val_fraction)))
     train.close()
     val.close()
     return train, val
-
-
-def _disk_full(e: Exception, work: Path, out_dir: Path) -> DiskError | None:
-    """A DiskError for a prepare stopped by a full disk or a quota, saying that the work so far is kept in
-    `work` and how to continue; None for any other error."""
-    return disk_error(
-        e,
-        what="prepared shards",
-        where=work,
-        fix=f"the work so far is kept in {work}; free space (or move {out_dir.parent} to a larger disk) "
-        "and run the same command again to continue",
-    )
 
 
 def _summary(
@@ -386,14 +287,6 @@ def _summary(
         f"{read / 1e6:,.1f} MB of input in {seconds:.1f} s = {read / 1e6 / max(seconds, 1e-9):.1f} MB/s "
         f"(first byte read to finished folder{bpe})"
     )
-
-
-def shard_bytes_estimate(total_bytes: int, tokenizer: str, options: PrepareOptions) -> int:
-    """About how many bytes the shards of `total_bytes` of input take (uint16 ids; a vocabulary above 65,536
-    would double it), with their document index and room for the tail moved into val."""
-    per_token = BYTES_PER_TOKEN["byte" if tokenizer == "byte" else "other"]
-    tokens = total_bytes / per_token
-    return int(tokens * 2 * (1 + options.val_fraction) + (1 << 20))
 
 
 def _dropped(filters: dict) -> str:
@@ -433,7 +326,7 @@ def _encode_all(work, sources, options, workers, state, train, val, advance, log
 
     seen: set[int] = set()
     if opts["dedup"] and state["seen"]:
-        raw = np.fromfile(work / SEEN_FILE, dtype="<u8", count=state["seen"])
+        raw = np.fromfile(work / prepare_folder.SEEN_FILE, dtype="<u8", count=state["seen"])
         seen.update(raw.tolist())
     new_seen: list[int] = []
     pool = start_pool(workers, sources, options) if workers > 1 else None
@@ -451,12 +344,12 @@ def _encode_all(work, sources, options, workers, state, train, val, advance, log
             advance(encoded.unit.size)
             shards_now = len(train.shards) + len(val.shards)
             if shards_now != shards_before or time.monotonic() - last_save > SAVE_SECONDS:
-                _save_state(work, state, train, val, new_seen)
+                prepare_folder.save_state(work, state, train, val, new_seen)
                 last_save, shards_before = time.monotonic(), shards_now
     finally:
         if pool is not None:
             pool.terminate()
-    _save_state(work, state, train, val, new_seen)
+    prepare_folder.save_state(work, state, train, val, new_seen)
 
 
 def _append(encoded: Encoded, sources, state, seen, new_seen, train, val, log) -> None:
@@ -533,11 +426,11 @@ def _move_tail(work: Path, state: dict, train: ShardWriter, val: ShardWriter, bo
                 kept.append(shard)
             start = end
         state["phase"], state["train_after_tail"] = "tail-copied", kept
-        _save_state(work, state, train, val, [])
+        prepare_folder.save_state(work, state, train, val, [])
     if state["phase"] == "tail-copied":
         train.reopen(state["train_after_tail"])
         state["phase"] = "tail-done"
-        _save_state(work, state, train, val, [])
+        prepare_folder.save_state(work, state, train, val, [])
 
 
 def _finish(work, state, tok, sources, split, val_fraction, train, val, inputs) -> dict:
@@ -553,7 +446,11 @@ def _finish(work, state, tok, sources, split, val_fraction, train, val, inputs) 
         )
     if train.tokens == 0:
         raise DataError("the corpus is too small: no tokens left for train; add text or lower --val-fraction")
-    for name in (PROGRESS_FILE, SEEN_FILE, f"{PROGRESS_FILE}.tmp"):
+    for name in (
+        prepare_folder.PROGRESS_FILE,
+        prepare_folder.SEEN_FILE,
+        f"{prepare_folder.PROGRESS_FILE}.tmp",
+    ):
         (work / name).unlink(missing_ok=True)
     options = state["fingerprint"]["options"]
     fmt = DocumentFormat.from_json(state["doc_format"])
