@@ -2,6 +2,7 @@
 resumed run equals an uninterrupted one bitwise; a second Ctrl-C exits at once, saying what it throws away."""
 
 import json
+import math
 import re
 import shlex
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from test_mixture_sweep import SWEEP, tiny  # noqa: F401 - the mixture sweep's tiny base, data and recipe (a fixture)
 from test_sweep import RECIPE  # the sweep tests' tiny μP recipe (tests/ is on the path: its conftest)
 
 from hopperlm.checkpoint.layout import checkpoint_dir, latest_checkpoint, list_checkpoints
@@ -144,3 +146,42 @@ def test_ctrl_c_stops_a_sweep_with_its_runs_saved_and_its_resume_finishes_it(sha
     assert f"resuming from {saved}" in (first / "sweep.log").read_text()
     rows = json.loads((out / "sweep.json").read_text())["rows"]
     assert [(r["stopped_by"], r["final_val_loss"] is not None) for r in rows] == [("max_steps", True)] * 3
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_mixture_sweep_with_its_runs_saved_and_its_resume_finishes_it(tiny, tmp_path):  # noqa: F811
+    """`sweep --mixture`, stopped while continuing its proxies' bases: the run in progress saves its step, none
+    starts after it, one line gives the sweep's own command with --resume, and that command resumes the run from
+    its checkpoint and finishes the sweep (the law fitted, mixture.json written)."""
+    out = tmp_path / "sweep"
+    # continued runs of 120 steps, so the Ctrl-C lands in one (the bases stay the tiny ones: a few steps each)
+    args = ["sweep", tiny["recipe"], *SWEEP, "--out", out, "--train.max_tokens", str(120 * 128)]
+    proc = popen(*args)
+    deadline = time.time() + 600
+    while proc.poll() is None and time.time() < deadline:
+        found = sorted(out.glob("width-*/ratio-*/seed-*/metrics.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)  # to the sweep alone: it forwards it to its run, once
+    stdout, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err
+    interrupted = [p.parent for p in out.glob("width-*/ratio-*/seed-*/result.json")
+                   if json.loads(p.read_text())["stopped_by"] == "signal SIGINT"]  # fmt: skip
+    assert len(interrupted) == 1
+    saved = latest_checkpoint(interrupted[0])
+    assert saved is not None and 3 <= int(saved.name.split("_")[1]) < 120
+    assert len(list(out.glob("width-*/ratio-*/seed-*"))) == 1  # no run started after the Ctrl-C
+    command = shlex.join(["hopperlm", *map(str, args), "--resume"])
+    last = stdout.splitlines()[-1]
+    assert last.startswith(
+        "sweep: stopped by Ctrl-C: 0 of 9 runs finished, 1 saved mid-run ("
+    ) and last.endswith(f", 8 not started; resume with: {command}"), last
+    assert not (out / "mixture.json").exists()
+
+    resumed = popen(*shlex.split(command)[1:])
+    stdout, err = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, err
+    assert f"resuming from {saved}" in (interrupted[0] / "sweep.log").read_text()
+    rows = json.loads((out / "mixture.json").read_text())["rows"]
+    assert len(rows) == 9 and all(math.isfinite(r["target_loss"]) for r in rows)
