@@ -250,9 +250,9 @@ def muon_ns_for(device_type: str) -> Literal["bf16", "fp32"]:
 
 
 def choose_muon_ns(optimizer: str, cuda: bool, why: dict, kept: str | None = None) -> Literal["bf16", "fp32"]:
-    """Muon's Newton–Schulz precision (plan.muon_ns): bf16 on CUDA, fp32 on a CPU (train/muon.py's
-    ns_precision_for); `kept`, a resumed run's, from its checkpoint (older ones trained bf16 everywhere): the
-    two round differently and a resume must be exact."""
+    """Muon's Newton–Schulz precision (plan.muon_ns): bf16 on CUDA, fp32 on a CPU (muon_ns_for); `kept`, a
+    resumed run's, from its checkpoint (older ones trained bf16 everywhere): the two round differently and a
+    resume must be exact."""
     if kept is not None:
         if optimizer == "muon":
             why["optimizer"] += (

@@ -178,8 +178,8 @@ def make_plan(
     """Every choice for this run, with reasons. `finder` measures the micro-batch on a real GPU; without it
     (CPU, simulated hardware) the memory estimate decides. `attention_probe` times cuDNN against flash on a
     real Hopper GPU (plan/attention_probe.py); without it flash stays; `kept_attention` (a resumed run's, from its
-    checkpoint) is kept without probing, as is `kept_muon_ns` (Muon's Newton–Schulz precision). `world`: the ranks of a torchrun
-    launch.
+    checkpoint) is kept without probing, as is `kept_muon_ns` (Muon's Newton–Schulz precision). `world`: the
+    ranks of a torchrun launch.
     train/data_and_plan.py's `plan_run` is the one caller that `train` and `diagnose` share."""
     tc = cfg.train
     world = world or World()

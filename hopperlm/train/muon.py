@@ -49,8 +49,7 @@ def newton_schulz(
     dtype: torch.dtype = torch.bfloat16,
 ):
     """torch.optim.Muon's quintic Newton–Schulz orthogonalisation, in `dtype` (torch's bf16 by default), of a
-    batch of same-shape matrices
-    (N, A, B): each matrix is normalised by its own Frobenius norm and a tall one is iterated transposed (the
+    batch of same-shape matrices (N, A, B): each matrix is normalised by its own Frobenius norm and a tall one is iterated transposed (the
     Gram matrix is then the smaller side's). `schedule`: one (a, b, c) per iteration instead of `coefficients`
     `steps` times (Polar Express, whose input is divided by `safety` x its norm, so that rounding cannot leave a
     singular value above 1)."""
