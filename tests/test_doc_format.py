@@ -12,7 +12,7 @@ import torch
 from hf_tiny import finetune_config
 from shared_data import DATA_DIR
 
-import hopperlm.data.prepare as prep
+import hopperlm.data.prepare_folder as prepare_folder
 import hopperlm.data.sources as sources
 from hopperlm.data.chat import choose_template
 from hopperlm.data.loader import RandomWindows, TokenShards
@@ -179,7 +179,7 @@ def test_resumed_prepare_in_the_tokenizer_format_is_identical(tmp_path, monkeypa
     monkeypatch.setattr(sources, "UNIT_BYTES", 30_000)
     options = PrepareOptions(tokenizer=str(TINYLLAMA), shard_tokens=40_000, split="docs", val_fraction=0.2)
     reference = prepare(inputs, tmp_path / "reference", options, progress=False)
-    real_save, saves = prep._save_state, []
+    real_save, saves = prepare_folder.save_state, []
 
     def crashing_save(*args):
         real_save(*args)
@@ -187,7 +187,7 @@ def test_resumed_prepare_in_the_tokenizer_format_is_identical(tmp_path, monkeypa
         if len(saves) in (2, 5):
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(prep, "_save_state", crashing_save)
+    monkeypatch.setattr(prepare_folder, "save_state", crashing_save)
     for _ in range(2):
         with pytest.raises(KeyboardInterrupt):
             prepare(inputs, tmp_path / "out", options, progress=False)
