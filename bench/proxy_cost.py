@@ -22,7 +22,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from hopperlm.bench import Row, batch_source, hopperlm_case, measure
+from hopperlm.bench import Row, batch_source, measure
+from hopperlm.bench_rows import hopperlm_case
 from hopperlm.config import ModelConfig, load_config
 from hopperlm.hardware import detect
 from hopperlm.model.transformer import count_params, flops_per_token

@@ -36,6 +36,7 @@ LAYERS = {
     "hopperlm.train": 5,  # running it, judging it
     "hopperlm.eval": 5,
     "hopperlm.bench": 5,
+    "hopperlm.bench_rows": 5,  # the rows `hopperlm bench` times (bench.py runs them)
     "hopperlm.cli": 6,  # one verb per job
     "hopperlm.__main__": 6,
 }

@@ -366,7 +366,8 @@ def test_a_bench_killed_mid_table_keeps_the_rows_it_finished(tmp_path):
 
 
 def test_bench_rows_selects_rows_and_refuses_unknown_ones(tmp_path):
-    from hopperlm.bench import bench_model_config, cases_for
+    from hopperlm.bench import bench_model_config
+    from hopperlm.bench_rows import cases_for
     from hopperlm.hardware import detect_for
 
     hw = detect_for("cpu")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hopperlm.bench import hopperlm_case
+from hopperlm.bench_rows import hopperlm_case
 from hopperlm.config import ModelConfig, config_from_dict, load_config
 from hopperlm.data.loader import Batch, RandomWindows, TokenShards
 from hopperlm.hardware import detect_for, simulated
@@ -183,7 +183,13 @@ def test_only_train_step_steps():
     """Backward passes and optimizer updates happen in train/step.py only (the bench's transformers
     baseline, a float8 start-up probe, the LR-range finder's own trial and the mixture law's curve fit, whose
     L-BFGS steps a handful of law coefficients, not a model, aside)."""
-    allowed = {"train/step.py", "bench.py", "speed/__init__.py", "train/optim.py", "observe/mixture_law.py"}
+    allowed = {
+        "train/step.py",
+        "bench_rows.py",
+        "speed/__init__.py",
+        "train/optim.py",
+        "observe/mixture_law.py",
+    }
     found = []
     for path in PACKAGE.rglob("*.py"):
         rel = path.relative_to(PACKAGE).as_posix()

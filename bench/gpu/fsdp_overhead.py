@@ -20,7 +20,8 @@ import sys
 
 import torch
 
-from hopperlm.bench import Case, Row, batch_source, bench_model_config, measure
+from hopperlm.bench import Row, batch_source, bench_model_config, measure
+from hopperlm.bench_rows import Case
 from hopperlm.config import config_from_dict
 from hopperlm.data.loader import Batch
 from hopperlm.files import write_atomic

@@ -171,7 +171,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     import dataclasses
     import json
 
-    from hopperlm.bench import DEFAULT_PRESETS, ROW_NAMES, format_table, run_bench
+    from hopperlm.bench import DEFAULT_PRESETS, format_table, run_bench
+    from hopperlm.bench_rows import ROW_NAMES
     from hopperlm.config.presets import PRESETS
     from hopperlm.files import write_atomic
     from hopperlm.hardware import detect_for
