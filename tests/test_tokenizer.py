@@ -14,8 +14,8 @@ from hopperlm.data.tokenizer import (
     HFTokenizer,
     SentencePieceTokenizer,
     load_tokenizer,
-    train_bpe,
 )
+from hopperlm.data.tokenizer_train import train_bpe
 from hopperlm.errors import DataError
 
 TOK_DIR = DATA_DIR / "tokenizers"

@@ -54,7 +54,8 @@ from hopperlm.data.shards import (  # noqa: F401 - read_manifest/shard_dtype are
     shard_dtype,
 )
 from hopperlm.data.sources import decode_unit, find_sources, iter_units, source_bytes
-from hopperlm.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, train_bpe
+from hopperlm.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from hopperlm.data.tokenizer_train import train_bpe
 from hopperlm.errors import DataError, HopperError
 from hopperlm.files import file_sha256
 from hopperlm.folder_lock import hold_folder

@@ -1,7 +1,7 @@
 """One small interface over the three kinds of tokenizer hopperlm trains with.
 
 - ``byte``: raw UTF-8 bytes (ids 0..255) plus an EOS id 256; needs no file, good for char-level demos.
-- ``hf``: a Hugging Face ``tokenizer.json`` run by the Rust ``tokenizers`` library (what `train_bpe` makes).
+- ``hf``: a Hugging Face ``tokenizer.json`` run by the Rust ``tokenizers`` library (what `tokenizer_train.train_bpe` makes).
 - ``sentencepiece``: a ``*.model`` file (Llama-2 style).
 
 Each tokenizer knows its own identity (kind, vocabulary, special ids and the sha256 of its file bytes), so a
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +38,6 @@ TOKENIZER_FILES = (HF_FILE, *COMPANION_FILES)
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")
 BOS_CANDIDATES = ("<s>", "<|begin_of_text|>")
 BPE_EOS = "<|endoftext|>"
-MAX_VOCAB = 1_000_000
 
 
 _SAID: set[str] = set()  # notes already printed by this process: each is said once, however often it loads
@@ -485,29 +483,3 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
     if path.suffix == ".model":
         return SentencePieceTokenizer.from_file(path)
     raise DataError(f"tokenizer {path} is neither a .json nor a .model file; {expected}")
-
-
-def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
-    """Train a byte-level BPE (GPT-2 style) from an iterator, so the corpus is streamed, never held in memory.
-
-    The vocabulary starts from all 256 byte symbols, so any text encodes losslessly; "<|endoftext|>" is EOS.
-    """
-    from tokenizers import Tokenizer as RustTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    if not 258 <= vocab_size <= MAX_VOCAB:
-        raise DataError(
-            f"--vocab-size {vocab_size} is out of range; byte-level BPE needs 258..{MAX_VOCAB:,} "
-            "(256 bytes + EOS + at least one merge)"
-        )
-    tok = RustTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[BPE_EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return HFTokenizer(tok.to_str().encode("utf-8"), name=f"bpe-{vocab_size}")

@@ -32,18 +32,19 @@ from pathlib import Path
 from hopperlm.data.sources import decode_unit, find_sources, iter_units
 from hopperlm.data.sp_convert import extend_sentencepiece, sentencepiece_to_hf, splits
 from hopperlm.data.tokenizer import (
+    BPE_EOS,
     HF_FILE,
     SP_FILE,
     HFTokenizer,
     SentencePieceTokenizer,
     Tokenizer,
     load_tokenizer,
-    train_bpe,
 )
 from hopperlm.errors import DataError
 
 PROTECTED_RANGES = "\u0000-\u024f\u2000-\u206f"  # ASCII, Latin-1, Latin Extended-A/B, general punctuation
 SPACE_MARK = "\u2581"  # SentencePiece's "▁"
+MAX_VOCAB = 1_000_000
 TRAIN_HEADROOM = 4000  # learn this many more merges than asked: some are already in the base vocabulary
 
 
@@ -52,6 +53,32 @@ def corpus_texts(inputs: list, text_field: str = "text") -> Iterator[str]:
     sources = find_sources(inputs)
     for unit in iter_units(sources):
         yield from (t for t in decode_unit(unit, sources[unit.source], text_field, "reject").texts if t)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Train a byte-level BPE (GPT-2 style) from an iterator, so the corpus is streamed, never held in memory.
+
+    The vocabulary starts from all 256 byte symbols, so any text encodes losslessly; "<|endoftext|>" is EOS.
+    """
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if not 258 <= vocab_size <= MAX_VOCAB:
+        raise DataError(
+            f"--vocab-size {vocab_size} is out of range; byte-level BPE needs 258..{MAX_VOCAB:,} "
+            "(256 bytes + EOS + at least one merge)"
+        )
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BPE_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return HFTokenizer(tok.to_str().encode("utf-8"), name=f"bpe-{vocab_size}")
 
 
 def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int) -> HFTokenizer:
