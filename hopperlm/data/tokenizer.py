@@ -1,7 +1,8 @@
 """One small interface over the three kinds of tokenizer hopperlm trains with.
 
 - ``byte``: raw UTF-8 bytes (ids 0..255) plus an EOS id 256; needs no file, good for char-level demos.
-- ``hf``: a Hugging Face ``tokenizer.json`` run by the Rust ``tokenizers`` library (what `tokenizer_train.train_bpe` makes).
+- ``hf``: a Hugging Face ``tokenizer.json`` run by the Rust ``tokenizers`` library (what
+  `tokenizer_train.train_bpe` makes).
 - ``sentencepiece``: a ``*.model`` file (Llama-2 style).
 
 Each tokenizer knows its own identity (kind, vocabulary, special ids and the sha256 of its file bytes), so a
