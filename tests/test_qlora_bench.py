@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import qlora  # bench/gpu is on pytest's pythonpath (pyproject.toml)
+import qlora_rows
 import torch
 
 from hopperlm.observe.memory_snapshot import BEFORE, summarize_snapshot
@@ -19,11 +20,11 @@ def test_hopperlm_and_transformers_learn_the_same_next_tokens():
     transformers' causal-LM loss with labels=input_ids, which shifts inside."""
     from hopperlm.model.loss import IGNORE_INDEX, standard_cross_entropy
 
-    tokens = qlora.random_tokens(50, 9)
-    batch = qlora.next_token_batch(tokens)
+    tokens = qlora_rows.random_tokens(50, 9)
+    batch = qlora_rows.next_token_batch(tokens)
     assert torch.equal(batch.x, tokens)
     assert torch.equal(batch.y[:, :-1], tokens[:, 1:]) and (batch.y[:, -1] == IGNORE_INDEX).all()
-    assert torch.equal(tokens, qlora.random_tokens(50, 9))  # one draw for every row
+    assert torch.equal(tokens, qlora_rows.random_tokens(50, 9))  # one draw for every row
 
     loss_utils = pytest.importorskip("transformers.loss.loss_utils")
     logits = torch.randn(1, 9, 50)
@@ -136,14 +137,14 @@ BUDGET = "hopperlm-qlora-compile-budget"
 def test_the_experiments_change_what_they_say_and_fail_loudly_otherwise():
     import torch._functorch.config as functorch_config
 
-    with qlora.experiment_config(BUDGET):
+    with qlora_rows.experiment_config(BUDGET):
         assert functorch_config.activation_memory_budget == 0.5
     assert functorch_config.activation_memory_budget == 1.0
     # a compile experiment whose hook was never called (the step built without hopperlm.speed.apply_compile)
     # is an error, never a silent measurement of the unchanged compile
     with (
         pytest.raises(RuntimeError, match="did not call"),
-        qlora.compile_experiment("hopperlm-qlora-compile-eager-ac"),
+        qlora_rows.compile_experiment("hopperlm-qlora-compile-eager-ac"),
     ):
         pass
 
