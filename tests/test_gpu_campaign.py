@@ -189,7 +189,7 @@ def test_a_failing_stage_is_recorded_and_the_campaign_goes_on(tmp_path):
 
 
 def test_the_qlora_collector_accepts_exactly_the_cases_asked_for(tmp_path):
-    from campaign import collect_qlora
+    from campaign_collect import collect_qlora
     from qlora import summarize
 
     def row(case, repeat=1):
