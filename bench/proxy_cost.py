@@ -1,7 +1,7 @@
-"""What a proxy of a recipe costs per step against the recipe: FLOPs per token (flops_per_token, 6N + 12LdT) and
-one optimizer step timed here through the step training runs (hopperlm/bench_rows.py's hopperlm_case and
-bench.py's measure, which call train/step.py's train_step), for the recipe, its width-D proxy at the recipe's depth (what μP alone
-allows) and its width-D, L-block proxy (what CompleteP allows: `hopperlm sweep RECIPE --dim D --depth L`).
+"""What a proxy of a recipe costs per step against the recipe: FLOPs per token (flops_per_token, 6N + 12LdT) and one
+optimizer step timed here through the step training runs (hopperlm/bench_rows.py's hopperlm_case and bench.py's
+measure, which call train/step.py's train_step), for the recipe, its width-D proxy at the recipe's depth (what μP
+alone allows) and its width-D, L-block proxy (what CompleteP allows: `hopperlm sweep RECIPE --dim D --depth L`).
 
     python3 bench/proxy_cost.py --save bench/results/DATE-proxy-cost-cpu.json     # owt-350m-h100 at 256 x 4
     python3 bench/proxy_cost.py --smoke                                           # seconds: CI runs it
