@@ -333,6 +333,13 @@ def flops_to_target(rows: list[dict], mine: str, baseline: str) -> dict:
     base = by_lr(baseline)
     base_lr = min(base, key=lambda lr: mean_loss(base[lr]))
     target = mean_loss(base[base_lr])
+    if not math.isfinite(
+        target
+    ):  # a failed run at every LR: there is no loss to reach, not one reached at once
+        failed = sorted(r["seed"] for r in base[base_lr] if r["final_val_loss"] is None)
+        return {"hopperlm_recipe": mine, "baseline": baseline, "baseline_lr": base_lr,
+                "failed": f"{baseline} has failed runs (seeds {failed}): its mean final loss, the target, is not "
+                          "finite", "ratio_reached": None, "ratio_interpolated": None, "reached_at_shortest": False}  # fmt: skip
     base_flops = statistics.fmean(r["flops"] for r in base[base_lr])
     ours = by_lr(mine)
     lr = min(ours, key=lambda x: mean_loss(ours[x]))
@@ -354,6 +361,7 @@ def flops_to_target(rows: list[dict], mine: str, baseline: str) -> dict:
         "target_val_loss": round(target, 4), "baseline_flops": base_flops, "hopperlm_lr": lr,
         "budgets": [{"budget_share": s, "flops": f, "mean_final_val_loss": round(v, 4)} for f, v, s in budgets],
         "hopperlm_flops": flops,
+        "reached_at_shortest": reached == 0,  # then the ratio is an upper bound: no shorter budget was run
         "ratio_reached": None if flops is None else round(flops / base_flops, 3),
         "ratio_interpolated": None if interpolated is None else round(interpolated / base_flops, 3),
     }  # fmt: skip

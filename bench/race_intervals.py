@@ -8,6 +8,8 @@ computes the ratio anew, both LRs re-chosen on the draw. Two ways, both reported
                noise the recipes share cancels, as in the race's own paired rule);
   independent  each recipe's seeds drawn on their own (its LRs and budgets still share them): wider, and the
                one a claim is held to.
+With `exact`, and at most EXACT_LIMIT resamplings, every resampling is taken once instead of random draws
+(4 seeds: 256 paired, 65,536 independent for two recipes): the exact bootstrap distribution, with no draw noise.
 The interval is the draws' 5th to 95th percentile. A draw in which hopperlm's budgets never reach the target counts as an infinite ratio,
 so an interval whose upper end is infinite says the target was missed in more than 5% of the draws.
 
@@ -21,6 +23,7 @@ recomputes the intervals of a finished race's results file (its rows and its tim
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -31,6 +34,7 @@ from harness import bench_command, save_result
 
 LEVEL = 0.9  # the interval's coverage
 DRAWS = 2000
+EXACT_LIMIT = 100_000  # resamplings enumerated whole under `exact` (4 seeds, two recipes: 65,536)
 
 
 def resampled(rows: list[dict], picks_of: Callable[[str], list[int]]) -> list[dict]:
@@ -55,6 +59,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
 
+def seed_picks(seeds: list[int], recipes: list[str], *, paired: bool, draws: int | None, rng_seed: int = 0):
+    """Each resampling as {recipe: the seeds picked for it}: `draws` random ones, or (draws None) every one."""
+    if draws is None:
+        one = [list(c) for c in itertools.product(seeds, repeat=len(seeds))]
+        if paired:
+            yield from (dict.fromkeys(recipes, c) for c in one)
+        else:
+            yield from (
+                dict(zip(recipes, cs, strict=True)) for cs in itertools.product(one, repeat=len(recipes))
+            )
+        return
+    rng = random.Random(rng_seed)
+    for _ in range(draws):
+        if paired:
+            yield dict.fromkeys(recipes, [rng.choice(seeds) for _ in seeds])
+        else:
+            yield {recipe: [rng.choice(seeds) for _ in seeds] for recipe in recipes}
+
+
 def seed_bootstrap(
     rows: list[dict],
     ratio_of: Callable[[list[dict]], dict],
@@ -63,26 +86,26 @@ def seed_bootstrap(
     level: float = LEVEL,
     paired: bool = True,
     rng_seed: int = 0,
+    exact: bool = False,
 ) -> dict:
     """The intervals of `ratio_of(rows)`'s `ratio_reached` and `ratio_interpolated` (flops_to_target's) over
-    `draws` resamplings of the seeds (`paired`: one draw for every recipe; else one per recipe); each draw's ratio
-    recomputed whole, so each recipe's best LR is re-chosen."""
+    `draws` resamplings of the seeds (`paired`: one draw for every recipe; else one per recipe), or over every
+    resampling (`exact`, where there are at most EXACT_LIMIT); each draw's ratio recomputed whole, so each
+    recipe's best LR is re-chosen."""
     seeds = sorted({r["seed"] for r in rows})
     recipes = sorted({r["recipe"] for r in rows})
-    rng = random.Random(rng_seed)
+    enumerated = exact and len(seeds) ** (len(seeds) * (1 if paired else len(recipes))) <= EXACT_LIMIT
     got: dict[str, list[float]] = {"reached": [], "interpolated": []}
-    for _ in range(draws):
-        if paired:
-            shared = [rng.choice(seeds) for _ in seeds]
-            picks = dict.fromkeys(recipes, shared)
-        else:
-            picks = {recipe: [rng.choice(seeds) for _ in seeds] for recipe in recipes}
+    for picks in seed_picks(
+        seeds, recipes, paired=paired, draws=None if enumerated else draws, rng_seed=rng_seed
+    ):
         ratio = ratio_of(resampled(rows, picks.__getitem__))
         for kind in got:
             value = ratio[f"ratio_{kind}"]
             got[kind].append(math.inf if value is None else value)
     tail = (1 - level) / 2
-    out = {"draws": draws, "level": level, "seeds": seeds, "paired": paired}
+    draws = len(got["reached"])
+    out = {"draws": draws, "level": level, "seeds": seeds, "paired": paired, "exact": enumerated}
     for kind, values in got.items():
         low, high = percentile(values, tail), percentile(values, 1 - tail)
         out[f"interval_{kind}"] = [round(low, 3), None if math.isinf(high) else round(high, 3)]
@@ -97,7 +120,11 @@ def at_most(interval: list[float | None], bars: tuple[float, ...] = (0.25, 0.33,
 
 
 def intervals_of(
-    result: dict, flops_to_target: Callable[[list[dict], str, str], dict], *, draws: int = DRAWS
+    result: dict,
+    flops_to_target: Callable[[list[dict], str, str], dict],
+    *,
+    draws: int = DRAWS,
+    exact: bool = False,
 ):
     """Each time_to_target block of a race's results file with its bootstrap intervals (`flops_to_target`:
     race_3tpp.py's, which the race's ratios came from)."""
@@ -109,8 +136,8 @@ def intervals_of(
             return flops_to_target(rows, mine, baseline)
 
         rows = [r for r in result["rows"] if r["recipe"] in (mine, baseline)]
-        paired = seed_bootstrap(rows, ratio_of, draws=draws, paired=True)
-        independent = seed_bootstrap(rows, ratio_of, draws=draws, paired=False)
+        paired = seed_bootstrap(rows, ratio_of, draws=draws, paired=True, exact=exact)
+        independent = seed_bootstrap(rows, ratio_of, draws=draws, paired=False, exact=exact)
         out[baseline] = {
             "hopperlm_recipe": mine,
             "ratio_reached": block["ratio_reached"],

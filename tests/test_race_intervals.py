@@ -82,3 +82,35 @@ def test_the_old_race_is_restated_with_its_intervals(tmp_path):
         and saved["time_to_target"]["nanogpt"]["independent"]["draws"] == 2000
     )
     assert saved["time_to_target"]["nanogpt"]["ratio_interpolated"] == pytest.approx(0.28)
+
+
+def test_exact_takes_every_resampling_of_four_seeds_once():
+    table = rows("nanogpt", 1e-3, (4.8, 5.2, 4.9, 5.1)) + rows("hopperlm", 4e-3, (4.5, 4.6, 4.4, 4.5))
+    table += rows("hopperlm", 4e-3, (5.2, 5.0, 5.1, 4.9), share=0.3)
+    paired = ri.seed_bootstrap(table, ratio_of, paired=True, exact=True)
+    independent = ri.seed_bootstrap(table, ratio_of, paired=False, exact=True)
+    assert (paired["draws"], paired["exact"]) == (4**4, True) and (
+        independent["draws"],
+        independent["exact"],
+    ) == (
+        4**8,
+        True,
+    )
+    assert independent == ri.seed_bootstrap(table, ratio_of, paired=False, exact=True, rng_seed=7)  # no draws
+    drawn = ri.seed_bootstrap(table, ratio_of, paired=False, draws=300)
+    assert drawn["exact"] is False and drawn["draws"] == 300
+    many = [{**r, "seed": r["seed"] + 4 * k} for k in range(3) for r in table]  # 12 seeds: 12**24, drawn
+    assert ri.seed_bootstrap(many, ratio_of, paired=False, draws=50, exact=True)["exact"] is False
+
+
+def test_a_failed_baseline_run_gives_no_target_and_a_target_reached_at_once_is_an_upper_bound():
+    table = rows("nanogpt", 1e-3, (5.0, None, 5.0, 5.0)) + rows("hopperlm", 4e-3, (4.5,) * 4)
+    table += rows("hopperlm", 4e-3, (4.9,) * 4, share=0.3)
+    failed = ratio_of(table)
+    assert failed["ratio_reached"] is None and "seeds [1]" in failed["failed"]  # not "reached" by everything
+    table = rows("nanogpt", 1e-3, (5.0,) * 4) + rows("hopperlm", 4e-3, (4.5,) * 4)
+    table += rows("hopperlm", 4e-3, (4.9,) * 4, share=0.3)
+    block = ratio_of(table)
+    assert (
+        block["reached_at_shortest"] and block["ratio_reached"] == 0.3
+    )  # at most 0.3: nothing shorter was run

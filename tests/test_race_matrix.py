@@ -56,12 +56,32 @@ def test_a_best_inside_its_grid_grows_nothing():
     assert s.run(None, steps=(1.0,)) == {"lr": 1.0} and s.tuning_runs == 4  # 0, -1, +1, then +2
 
 
+def test_a_baseline_tuned_on_fewer_runs_than_hopperlm_goes_on_to_its_count():
+    """The edge rule gave hopperlm more runs than a baseline whose best sat inside its grid: the baseline's search
+    goes on (nothing trained twice) until it has at least as many."""
+    ours, theirs = Bowl({"lr": 20.0}), Bowl({"wd": 1.0})
+    searches = {"hopperlm": search(ours, ("lr",)), "nanogpt": search(theirs, ("lr", "wd"))}
+    bests = {name: s.run(3, steps=(1.0,)) for name, s in searches.items()}
+    assert searches["hopperlm"].tuning_runs == 6 and searches["nanogpt"].tuning_runs == 3
+    bests = race.as_many_runs_as_hopperlm(searches, bests, (1.0,), race.EDGE_GROWTH)
+    assert searches["nanogpt"].tuning_runs >= 6 and len(theirs.trained) == searches["nanogpt"].tuning_runs
+    assert bests["nanogpt"] == {"wd": 1.0} and bests["hopperlm"] == {"lr": 4.0}  # found on the runs it lacked
+
+
 def test_the_lr_axis_moves_every_lr_together():
     bowl = Bowl({"matrix": 1.0, "embedding": 3.0, "unembedding": 1.0})
     s = search(bowl, (), start={"embedding": 2.0}, moves={"lr": ("matrix", "embedding", "unembedding")})
     best = s.run(None, steps=(1.0,))
     assert best == {"matrix": 1.0, "embedding": 3.0, "unembedding": 1.0}
     assert all(p["embedding"] - p.get("matrix", 0.0) == 2.0 for p in bowl.trained[1:])
+
+
+def test_a_failed_race_run_loses_the_decision_and_two_tie():
+    below = {"independent": {"interval_interpolated": [0.7, 0.9]}}
+    assert race.decide({"hopperlm to nanochat": below})["winner"] == "hopperlm"
+    assert race.decide({"hopperlm to nanochat": below}, {"hopperlm"})["winner"] == "nanochat"
+    assert race.decide({}, {"nanochat"})["winner"] == "hopperlm"
+    assert race.decide({"hopperlm to nanochat": below}, {"hopperlm", "nanochat"})["winner"] == "tie"
 
 
 def test_nanochats_rules_give_its_own_small_run_its_own_weight_decay():
