@@ -19,6 +19,8 @@ ratio) cell, with L-BFGS in torch (positive numbers as logs, alpha in (0, 2), de
 
 Intervals: the 5-95% range of the predictions refitted on bootstrap resamples of the seeds within each cell, each
 side widened by the fit's RMS residual on the proxies (added in quadrature): the seeds' noise and the law's misfit.
+The replayed language's loss is the base line's times (1 + rise): its interval is the rise's, each side then
+widened by the base line's own RMS residual (added, not in quadrature).
 The recommendation is made on the swept grid of ratios, from the central predictions.
 """
 
