@@ -188,6 +188,21 @@ def test_a_failing_stage_is_recorded_and_the_campaign_goes_on(tmp_path):
     assert not any(n.startswith("work/") for n in names)
 
 
+def test_the_race_collector_says_a_failed_time_to_target_and_fails_the_stage(tmp_path):
+    from campaign_collect import collect_race
+
+    failed = {
+        "failed": "nanochat has failed runs (seeds [1])",
+        "ratio_reached": None,
+        "ratio_interpolated": None,
+    }
+    rows = [{"final_val_loss": 3.9}, {"final_val_loss": None}]
+    (tmp_path / "race-r.json").write_text(json.dumps({"width": 256, "rows": rows,
+                                                      "time_to_target_intervals": {"nanochat": failed}}))  # fmt: skip
+    ok, key, _ = collect_race("race-r", tmp_path, "", 0, False)
+    assert not ok and "hopperlm to nanochat's loss: none (nanochat has failed runs (seeds [1]))" in key
+
+
 def test_the_qlora_collector_accepts_exactly_the_cases_asked_for(tmp_path):
     from campaign_collect import collect_qlora
     from qlora import summarize

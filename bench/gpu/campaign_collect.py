@@ -285,6 +285,9 @@ def collect_race(stage: str, raw: Path, log: str, rc: int, smoke: bool) -> tuple
     ok = rc == 0 and bool(rows) and all(r["final_val_loss"] is not None for r in rows) and bool(intervals)
     key = [f"{len(rows)} runs at width {record.get('width')}"]
     for baseline, t in intervals.items():
+        if t.get("failed"):
+            key.append(f"hopperlm to {baseline}'s loss: none ({t['failed']})")
+            continue
         key.append(f"hopperlm to {baseline}'s loss: {t['ratio_interpolated']}x its FLOPs, 90% interval "
                    f"{t['independent']['interval_interpolated']}")  # fmt: skip
     return ok, "; ".join(key), {"rows": len(rows), "time_to_target_intervals": intervals}
