@@ -333,9 +333,8 @@ def flops_to_target(rows: list[dict], mine: str, baseline: str) -> dict:
     base = by_lr(baseline)
     base_lr = min(base, key=lambda lr: mean_loss(base[lr]))
     target = mean_loss(base[base_lr])
-    if not math.isfinite(
-        target
-    ):  # a failed run at every LR: there is no loss to reach, not one reached at once
+    # a failed run at every LR: there is no loss to reach (an infinite one would be "reached" at once)
+    if not math.isfinite(target):
         failed = sorted(r["seed"] for r in base[base_lr] if r["final_val_loss"] is None)
         return {"hopperlm_recipe": mine, "baseline": baseline, "baseline_lr": base_lr,
                 "failed": f"{baseline} has failed runs (seeds {failed}): its mean final loss, the target, is not "
