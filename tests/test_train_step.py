@@ -242,6 +242,36 @@ def test_muons_newton_schulz_precision_is_the_devices_or_the_checkpoints(machine
         assert pair.optimizers[0].ns_precision == chosen
 
 
+def test_a_resume_on_another_kind_of_device_takes_that_devices_newton_schulz(shakespeare_bytes, tmp_path):
+    """Kept where the checkpoint trained on this kind of device (or does not say: older ones); from a GPU's
+    checkpoint a CPU resume is not bitwise anyway, so the CPU's own fp32 runs (bf16 there is 30-90x slower)."""
+    from hopperlm.checkpoint.checkpointer import ResumePoint
+    from hopperlm.train.run import checkpoint_muon_ns
+
+    said = []
+    gpu = ResumePoint(tmp_path, {"muon_ns": "bf16", "device_type": "cuda"})
+    assert checkpoint_muon_ns(gpu, "cuda", "muon", said.append) == "bf16" and not said
+    assert checkpoint_muon_ns(gpu, "cpu", "muon", said.append) is None
+    assert (
+        len(said) == 1 and "trained on cuda (Newton–Schulz in bf16); on cpu no resume is bitwise" in said[0]
+    )
+    assert (
+        checkpoint_muon_ns(ResumePoint(tmp_path, {}), "cpu", "muon", said.append) == "bf16"
+    )  # older: as saved
+    assert checkpoint_muon_ns(None, "cpu", "muon", said.append) is None and len(said) == 1
+    args = [
+        "--data.path",
+        str(shakespeare_bytes),
+        "--run.out_dir",
+        str(tmp_path / "run"),
+        "--train.max_steps",
+        "1",
+    ]
+    train(load_config(DEBUG, args), log=lambda line: None)
+    saved = json.loads(next((tmp_path / "run" / "checkpoints").glob("step_*/state.json")).read_text())
+    assert saved["device_type"] == "cpu"
+
+
 def test_a_step_of_minutes_on_a_cpu_is_announced(shakespeare_bytes, tmp_path, monkeypatch):
     """The preflight says, before the wait, that one step will take minutes (here: a machine that would
     compute 10 tokens/s), with the predicted time and what to change."""

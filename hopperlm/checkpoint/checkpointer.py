@@ -93,6 +93,11 @@ class ResumePoint:
         return self.saved.get("muon_ns", "bf16")
 
     @property
+    def device_type(self) -> str | None:
+        """The kind of device the run trained on ("cuda", "cpu"; older checkpoints: none)."""
+        return self.saved.get("device_type")
+
+    @property
     def threads(self) -> int | None:
         """torch's CPU threads the run trained with (older checkpoints: none)."""
         return self.saved.get("threads")

@@ -114,7 +114,7 @@ def build_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         log=log,
         rt=rt,
         kept_attention=start.attention if start is not None else None,
-        kept_muon_ns=start.muon_ns if start is not None else None,
+        kept_muon_ns=checkpoint_muon_ns(start, hw.device.type, cfg.optim.name, log),
     )
     plan.apply_runtime_settings(log)
 
@@ -141,6 +141,7 @@ def build_run(cfg: Config, resume: Resume, rt: Runtime) -> Run:
         fp8,
         attention=plan.attention,
         muon_ns=plan.muon_ns,
+        device_type=plan.device.type,
         guard=guard,
         batches=batches,
         clock_budget=ClockBudget.for_run(cfg.train),
@@ -265,6 +266,19 @@ def schedule_budget(
         f"{lr(chosen):.3g} (schedule.resume_horizon {other} for the other choice)"
     )
     return chosen
+
+
+def checkpoint_muon_ns(start: ResumePoint | None, device_type: str, optimizer: str, log) -> str | None:
+    """The checkpoint's Newton–Schulz precision where it trained on this kind of device (or does not say: older
+    checkpoints, bf16 on every device), so the resume rounds as the run did. From another kind of device no
+    resume is bitwise, so none is kept and the plan picks this device's (a GPU's bf16 on a CPU runs 30-90x
+    slower than its fp32)."""
+    if start is None or start.device_type in (None, device_type):
+        return start.muon_ns if start is not None else None
+    if optimizer == "muon":
+        log(f"resume: the checkpoint trained on {start.device_type} (Newton–Schulz in {start.muon_ns}); on "
+            f"{device_type} no resume is bitwise, so Muon's Newton–Schulz runs in this device's precision")  # fmt: skip
+    return None
 
 
 def keep_checkpoint_batch(tc: TrainConfig, start: ResumePoint | None, rt: Runtime) -> TrainConfig:

@@ -43,6 +43,9 @@ class TrainState:
     fp8: str
     attention: str = "auto"
     muon_ns: str = "bf16"  # Muon's Newton–Schulz precision (a resume keeps it: the two round differently)
+    device_type: str | None = (
+        None  # "cuda" or "cpu": a resume on another kind keeps none of the above roundings
+    )
     # torch's CPU threads in effect (a resume keeps them: they change the rounding)
     threads: int | None = None
     step: int = 0
@@ -75,6 +78,7 @@ class TrainState:
             "fp8": self.fp8,
             "attention": self.attention,
             "muon_ns": self.muon_ns,
+            "device_type": self.device_type,
             "threads": self.threads,
             "world_size": world_size,
             "schedule_budget": {k: getattr(self.schedule_budget, k) for k in BUDGET_KEYS},
