@@ -487,8 +487,8 @@ def main(argv: list[str] | None = None) -> dict:
     saved = sweep(spec, path, work / "sweep")
     big = big_runs(spec, path, data, base, work, tokens)
     forecast = MixtureForecast(**saved)
-    big_base_replay = final_losses(base)["eng"]
-    result = check(spec, forecast, big, saved["rows"], big_base_replay)
+    base_losses = final_losses(base)  # the big base's own losses, before continued pretraining
+    result = check(spec, forecast, big, saved["rows"], base_losses["eng"])
     keep = (
         "width",
         "params",
@@ -504,7 +504,7 @@ def main(argv: list[str] | None = None) -> dict:
         "command": bench_command("mixture_transfer.py", argv), "smoke": args.smoke, "plan": spec,
         "plan_commit": PLAN_COMMIT, "amendments": AMENDMENTS,
         "rows": [{k: r[k] for k in keep} for r in [*saved["rows"], *big]], "bases": saved["bases"],
-        "big_base_replay_loss": json.loads((base / "metrics.jsonl").read_text().splitlines()[-1]).get("val_losses"),
+        "big_base_replay_loss": base_losses,
         "law": {k: saved[k] for k in ("laws", "rms", "base_line", "n_ref", "target_params", "tokens")},
         "predictions": forecast.predictions, "check": result, "minutes": round((time.perf_counter() - start) / 60, 1),
     }  # fmt: skip
