@@ -210,7 +210,7 @@ def train_logged(spec_path: Path, overrides: list[str], run_dir: Path, what: dic
     if done(run_dir, what):
         return run_dir
     resume = ["--resume"] if start_or_resume(run_dir, what) else []
-    log = run_dir.with_suffix(".log")
+    log = run_dir.parent / f"{run_dir.name}.log"  # (not with_suffix: "ratio-0.05-seed-1" has a dot)
     code, _ = train_process(spec_path, *overrides, "--run.out_dir", str(run_dir), *resume, cwd=Path.cwd(), log=log,
                             env={**os.environ, "OMP_NUM_THREADS": str(threads)})  # fmt: skip
     if code:

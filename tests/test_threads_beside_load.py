@@ -38,7 +38,7 @@ def sweep_threads(tmp_path, jobs: int) -> tuple[list[int], list[str]]:
     """The OMP_NUM_THREADS each sweep run would start with (no run starts: start() is stubbed), and the log."""
     lines, envs = [], []
 
-    def start(self, cmd, env):
+    def start(self, cmd, env, warm=None):
         envs.append(env["OMP_NUM_THREADS"])
         return None  # as after a Ctrl-C: the run is not started
 

@@ -41,6 +41,7 @@ from hopperlm.plan.choices import threads_beside_load
 from hopperlm.train.recipe_edit import override_items
 from hopperlm.train.sweep_interrupt import SweepInterrupt
 from hopperlm.train.sweep_progress import wait_reporting
+from hopperlm.train.warm_start import starter_for
 
 MIN_LRS = 3  # fewer cannot show that the best lies inside the grid
 
@@ -181,6 +182,7 @@ def train_runs(
     choice = threads_beside_load(os.cpu_count() or 1, jobs=jobs, what="the sweep")  # as `train` chooses
     threads = choice.count
     log(f"sweep: threads per run: {choice.why}")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
 
     def train(run: SweepRun) -> SweepRun:
         if resume and finished_before(run):
@@ -191,7 +193,7 @@ def train_runs(
                *(["--resume", "auto"] if resume else [])]  # fmt: skip
         run.threads = threads
         t0 = time.monotonic()
-        proc = interrupt.start(cmd, {**os.environ, "OMP_NUM_THREADS": str(threads)})
+        proc = interrupt.start(cmd, env, warm=lambda: starter_for(env, lambda line: log(f"sweep: {line}")))
         if proc is None:
             run.error = NOT_STARTED
             return run

@@ -29,13 +29,19 @@ class SweepInterrupt:
         self._lock = threading.Lock()  # the runs start in worker threads; the handler runs in the main one
         self._previous = None
 
-    def start(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen | None:
-        """The run's process (its own session: the terminal's Ctrl-C reaches it only through the sweep), or
-        None once Ctrl-C came."""
+    def start(
+        self, cmd: list[str], env: dict[str, str], warm: Callable | None = None
+    ) -> subprocess.Popen | None:
+        """The run's process (its own session: the terminal's Ctrl-C reaches it only through the sweep), forked
+        from the starter `warm()` gives (train/warm_start.py) where it can be, or None once Ctrl-C came."""
+        # the starter's imports (once) are not made under the lock the Ctrl-C handler takes
+        starter = warm() if warm is not None and not self.requested else None
         with self._lock:
             if self.requested:
                 return None
-            proc = subprocess.Popen(
+            # cmd is `python -m hopperlm ARGV`: the starter forks ARGV where it can, else a fresh process
+            proc = starter.start(cmd[3:], env) if starter is not None else None
+            proc = proc or subprocess.Popen(
                 cmd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -1,0 +1,143 @@
+"""train/warm_start.py: a run forked from a starter that imported torch once is the run a fresh `python -m hopperlm`
+process is (the same losses to the bit, the same exit codes and error lines, signals by its pid), and wherever it
+cannot be one, the caller is told to start a fresh process."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hopperlm.train import warm_start
+from hopperlm.train.warm_start import WarmStarter, starter_for
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = """model:
+  preset: null
+  dim: 32
+  n_layers: 1
+  n_heads: 2
+  max_seq_len: 32
+data:
+  path: {data}
+optim:
+  lr: 3.0e-3
+train:
+  seq_len: 32
+  micro_batch: 4
+  max_steps: {steps}
+  eval_every: 0
+  eval_windows: 2
+  log_every: 2
+  device: cpu
+checkpoint:
+  every: {every}
+log:
+  report: false
+  tensorboard: false
+"""
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def starter():
+    warm, why = WarmStarter.launch(ENV)
+    assert warm is not None, why
+    yield warm
+    warm.close()
+
+
+def recipe(tmp_path, data, steps=6, every=0) -> Path:
+    path = tmp_path / f"r{steps}.yaml"
+    path.write_text(RECIPE.format(data=data, steps=steps, every=every))
+    return path
+
+
+def losses(run_dir: Path) -> list:
+    return [json.loads(line).get("loss") for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_warm_run_trains_to_the_same_losses_as_a_fresh_process(starter, shakespeare_bytes, tmp_path):
+    path = recipe(tmp_path, shakespeare_bytes)
+    cold = subprocess.run([sys.executable, "-m", "hopperlm", "train", str(path), "--run.out_dir", str(tmp_path / "cold")],
+                          capture_output=True, text=True, env=ENV, cwd=tmp_path)  # fmt: skip
+    proc = starter.start(["train", str(path), "--run.out_dir", str(tmp_path / "warm")], ENV, str(tmp_path))
+    stdout, stderr = proc.communicate(timeout=120)
+    assert cold.returncode == 0 and proc.returncode == 0, stderr[-2000:]
+    assert proc.cpu_s is not None and proc.cpu_s > 0  # its own CPU, as the starter's wait4 saw it
+    warm_result = json.loads((tmp_path / "warm" / "result.json").read_text())
+    cold_result = json.loads((tmp_path / "cold" / "result.json").read_text())
+    assert (
+        warm_result["val_loss"] == cold_result["val_loss"]
+    )  # to the bit: the same process, minus its imports
+    assert losses(tmp_path / "warm") == losses(tmp_path / "cold")
+    assert "done: max_steps after 6 steps" in stdout and "done: max_steps after 6 steps" in cold.stdout
+    # the command it records is the one a fresh process records
+    assert json.loads((tmp_path / "warm" / "result.json").read_text()).keys() == cold_result.keys()
+
+
+def test_bad_input_exits_as_a_fresh_process_does(starter, tmp_path):
+    argv = ["train", str(tmp_path / "missing.yaml")]
+    cold = subprocess.run([sys.executable, "-m", "hopperlm", *argv], capture_output=True, text=True, env=ENV)
+    proc = starter.start(argv, ENV, str(tmp_path))
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == cold.returncode == 2
+    assert stderr.strip().splitlines()[-1] == cold.stderr.strip().splitlines()[-1]
+    assert "missing.yaml" in stderr and not list(starter.folder.glob("[0-9]*"))  # its files go once read
+
+
+@pytest.mark.slow
+def test_signals_reach_the_run_by_its_pid(starter, shakespeare_bytes, tmp_path):
+    """SIGINT: the run saves its step and stops, as a fresh one does; SIGKILL: Popen's -9."""
+    path = recipe(tmp_path, shakespeare_bytes, steps=100_000, every=10_000)
+    proc = starter.start(["train", str(path), "--run.out_dir", str(tmp_path / "int")], ENV, str(tmp_path))
+    wait_for(lambda: (tmp_path / "int" / "metrics.jsonl").exists())
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    result = json.loads((tmp_path / "int" / "result.json").read_text())
+    assert (
+        result["stopped_by"] == "signal SIGINT" and proc.returncode == 130
+    )  # as `hopperlm train` exits on Ctrl-C
+    killed = starter.start(["train", str(path), "--run.out_dir", str(tmp_path / "kill")], ENV, str(tmp_path))
+    wait_for(lambda: (tmp_path / "kill" / "metrics.jsonl").exists())
+    killed.send_signal(signal.SIGKILL)
+    assert killed.wait(timeout=60) == -signal.SIGKILL
+
+
+def test_another_environment_or_a_lost_starter_means_a_fresh_process(tmp_path):
+    warm, why = WarmStarter.launch(ENV)
+    assert warm is not None, why
+    assert (
+        warm.start(["--version"], {**ENV, "OMP_NUM_THREADS": "2"}) is None
+    )  # torch read the other at import
+    version = warm.start(["--version"], ENV)
+    assert version.wait(timeout=60) == 0 and "hopperlm" in version.communicate()[0]
+    warm.proc.kill()
+    warm.reader.join(timeout=30)
+    assert warm.start(["--version"], ENV) is None
+    warm.close()
+
+
+def test_where_runs_cannot_start_warm_one_line_says_why(monkeypatch):
+    import torch
+
+    said = []
+    monkeypatch.setattr(warm_start, "_shared", {})
+    monkeypatch.setenv("HOPPERLM_WARM_START", "0")
+    assert starter_for(ENV, said.append) is None and starter_for(ENV, said.append) is None
+    assert said == ["warm starts: off, each run starts a fresh process: HOPPERLM_WARM_START=0"]  # once
+    monkeypatch.delenv("HOPPERLM_WARM_START")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "a CUDA device is present" in warm_start.cold_reason()
+
+
+def wait_for(ready, timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
