@@ -17,7 +17,7 @@ Validation: held-out Tigrinya lines (prepare's docs split: never trained on) and
 replay_rise, tokens, epochs_of_target}, proxies' and big runs' alike.
 
     python3 bench/mixture_transfer.py --save bench/results/DATE-mixture-transfer-cpu.json   (~2 h 15 min, 2 cores)
-    python3 bench/mixture_transfer.py --smoke                                              (CI: about a minute)
+    python3 bench/mixture_transfer.py --smoke                                              (CI: about 30 s)
 
 The budget, estimated before any run from 30-step timing runs (one thread each, the machine's two cores shared with
 another benchmark): 14.6K tokens per CPU-second at width 64, 6.7K at 128, 1.7K at 320. The big base (9.1M

@@ -77,8 +77,11 @@ def test_a_warm_run_trains_to_the_same_losses_as_a_fresh_process(starter, shakes
     )  # to the bit: the same process, minus its imports
     assert losses(tmp_path / "warm") == losses(tmp_path / "cold")
     assert "done: max_steps after 6 steps" in stdout and "done: max_steps after 6 steps" in cold.stdout
-    # the command it records is the one a fresh process records
-    assert json.loads((tmp_path / "warm" / "result.json").read_text()).keys() == cold_result.keys()
+    # it read its arguments as a fresh process does: the same config, but for the folder it was given
+    warm_config = (tmp_path / "warm" / "config.yaml").read_text().replace(str(tmp_path / "warm"), "OUT")
+    assert warm_config == (tmp_path / "cold" / "config.yaml").read_text().replace(
+        str(tmp_path / "cold"), "OUT"
+    )
 
 
 def test_bad_input_exits_as_a_fresh_process_does(starter, tmp_path):
@@ -88,7 +91,7 @@ def test_bad_input_exits_as_a_fresh_process_does(starter, tmp_path):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == cold.returncode == 2
     assert stderr.strip().splitlines()[-1] == cold.stderr.strip().splitlines()[-1]
-    assert "missing.yaml" in stderr and not list(starter.folder.glob("[0-9]*"))  # its files go once read
+    assert "missing.yaml" in stderr and not proc.stderr_path.exists()  # its files go once read
 
 
 @pytest.mark.slow
@@ -123,6 +126,26 @@ def test_another_environment_or_a_lost_starter_means_a_fresh_process(tmp_path):
     warm.close()
 
 
+@pytest.mark.slow
+def test_a_run_outlives_a_lost_starter_and_ends_as_failed_not_hung(shakespeare_bytes, tmp_path):
+    """The starter killed mid-run: the run goes on, is watched by its pid (a zombie nobody reaps counts as
+    ended), is signalled directly, and ends with status 1 (its real status died with the starter)."""
+    warm, why = WarmStarter.launch(ENV)
+    assert warm is not None, why
+    path = recipe(tmp_path, shakespeare_bytes, steps=100_000, every=10_000)
+    proc = warm.start(["train", str(path), "--run.out_dir", str(tmp_path / "run")], ENV, str(tmp_path))
+    wait_for(lambda: (tmp_path / "run" / "metrics.jsonl").exists())
+    warm.proc.kill()
+    warm.reader.join(timeout=30)
+    assert warm.gone.is_set() and proc.poll() is None and warm_start.alive(proc.pid)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.3)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == 1
+    assert warm.start(["--version"], ENV) is None  # nothing asked of a starter that is gone: start fresh
+    warm.close()
+
+
 def test_where_runs_cannot_start_warm_one_line_says_why(monkeypatch):
     import torch
 
@@ -141,3 +164,17 @@ def wait_for(ready, timeout: float = 120.0) -> None:
     while not ready():
         assert time.monotonic() < end, "timed out"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    "body, code",
+    [("pass", 0), ("sys.exit(3)", 3), ("sys.exit('no such file')", 1), ("raise ValueError('x')", 1),
+     ("raise KeyboardInterrupt", -signal.SIGINT)],
+)  # fmt: skip
+def test_a_child_exits_with_the_status_the_interpreter_would_give(body, code):
+    """run_and_exit, the forked child's exit, against the interpreter's own for the same body."""
+    fresh = subprocess.run([sys.executable, "-c", f"import sys\n{body}"], capture_output=True, text=True)
+    script = f"import sys\nfrom hopperlm.train.warm_start import run_and_exit\ndef run():\n    {body}\nrun_and_exit(run)"
+    ours = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert ours.returncode == fresh.returncode == code
+    assert (ours.stderr.strip().splitlines() or [""])[-1] == (fresh.stderr.strip().splitlines() or [""])[-1]

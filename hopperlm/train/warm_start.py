@@ -28,83 +28,94 @@ import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 # what a `train` imports before its first step; torch._dynamo is the optimizer's, the costliest after torch itself
 PRELOAD = ("torch", "torch._dynamo", "hopperlm.cli", "hopperlm.train.loop")
-READY_TIMEOUT_S = (
-    300.0  # the starter's imports (seconds; minutes on a loaded machine before we call it broken)
-)
-REAP_EVERY_S = (
-    0.05  # how often the starter looks for children that exited (a run's end is seen this late at most)
-)
+READY_TIMEOUT_S = 300.0  # the starter's imports: minutes on a loaded machine before we call it broken
+FORK_TIMEOUT_S = 30.0  # a fork's reply comes in milliseconds; past this the starter is taken as gone
+REAP_EVERY_S = 0.05  # how often the starter looks for children that exited (a run's end is seen this late)
+WATCH_EVERY_S = 0.2  # how often a run whose starter is gone is looked for
 OFF = "HOPPERLM_WARM_START"
 
 
 # ---- the starter process -----------------------------------------------------------------------------------
-def exit_code(exc: SystemExit) -> int:
-    """The exit status Python gives a SystemExit (a message goes to stderr, status 1)."""
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)
-    return 1
+def become_run(request: dict, reply, preamble: bytes) -> None:
+    """In the forked child: become `python -m hopperlm ARGV` in its own session, with its output in the
+    request's files (beginning with what the starter's imports printed, as a fresh process prints it); never
+    returns (run_and_exit)."""
+    os.setsid()  # a session of its own, as Popen(start_new_session=True) gives a fresh run
+    reply.close()
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # (over the starter's request pipe)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
+    os.write(2, preamble)
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.chdir(request["cwd"])
+    from hopperlm.cli import main
+
+    sys.argv = [str(Path(main.__code__.co_filename).parent.parent / "__main__.py"), *request["argv"]]
+    run_and_exit(lambda: main(request["argv"]))
 
 
-def run_child(request: dict, channels: tuple[int, ...]) -> None:
-    """In the forked child: become `python -m hopperlm ARGV` in its own session, output into the request's files;
-    never returns (os._exit after Python's exit functions, as an interpreter's exit runs them)."""
-    code = 1
+def run_and_exit(run: Callable[[], None]) -> None:
+    """`run`, then the exit a forked child makes (as multiprocessing's fork children do): its status as the
+    interpreter would give it (SystemExit's code, a traceback and 1 for an error, death by SIGINT for an
+    uncaught Ctrl-C), non-daemon threads joined, exit functions run, output flushed, then os._exit: a fresh
+    interpreter's module teardown (about 0.9 s with torch loaded) has nothing left to write."""
+    code, interrupted = 1, False
     try:
-        os.setsid()  # a session of its own, as Popen(start_new_session=True) gives a fresh run
-        for fd in channels:
-            os.close(fd)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(out, fd)
-            os.close(out)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.chdir(request["cwd"])
-        from hopperlm.cli import main
-
-        sys.argv = [str(Path(main.__code__.co_filename).parent.parent / "__main__.py"), *request["argv"]]
-        try:
-            main(request["argv"])
-            code = 0
-        except SystemExit as exc:
-            code = exit_code(exc)
-        except BaseException:  # an uncaught error: its traceback and status 1, as the interpreter would
-            traceback.print_exc()
-            code = 1
+        run()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        interrupted = True
+    except BaseException:
+        traceback.print_exc()
+    try:
+        threading._shutdown()  # (private, as multiprocessing calls it: joins the non-daemon threads)
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):  # a closed or broken stream: nothing more can be said
                 stream.flush()
+        if interrupted:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(code)
 
 
 def serve() -> None:
     """The starter: import PRELOAD, say ready, then fork a child per request line on stdin and report each pid
-    and each exit (status, CPU seconds) on stdout, until stdin closes (its children then go on alone)."""
+    and each exit (status, CPU seconds) on stdout, signal a child on request, until stdin closes (its children
+    then go on alone)."""
     for name in PRELOAD:
         importlib.import_module(name)
-    sys.stdout.flush()  # (anything an import printed must not reach a child's output)
+    sys.stdout.flush()
+    sys.stderr.flush()
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing a library prints can reach the replies
-    if threading.active_count() != 1:  # a fork copies only the forking thread: locks others held stay held
+    preamble = import_output()
+    # Python threads only: a fork copies just the forking thread, and a lock another one held stays held. (numpy's
+    # OpenBLAS pool stops itself around a fork: pthread_atfork)
+    if threading.active_count() != 1:
         reply.write(
             json.dumps({"ready": False, "why": f"{threading.active_count()} threads after its imports"})
             + "\n"
@@ -125,11 +136,29 @@ def serve() -> None:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
-            pid = os.fork()
+            if "signal" in request:  # only a child not yet reaped: its pid is still its own
+                if request["pid"] in children:
+                    os.kill(request["pid"], request["signal"])
+                continue
+            with warnings.catch_warnings():  # Python 3.12's note on OpenBLAS's threads (above)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
             if pid == 0:
-                run_child(request, (stdin, reply.fileno()))
+                become_run(request, reply, preamble)
             children.add(pid)
             reply.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
+
+
+def import_output() -> bytes:
+    """What the imports printed to stderr (the starter's stderr is a file the caller made, write-only here: read
+    it again by its /proc name), for each child to begin with."""
+    if not stat.S_ISREG(os.fstat(2).st_mode):
+        return b""
+    try:
+        with open("/proc/self/fd/2", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def reap(children: set[int], reply) -> None:
@@ -159,25 +188,36 @@ class WarmProcess:
         self.ended = threading.Event()
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):  # it has just exited
+        """Through the starter, which signals the pid only while it is still its unreaped child (a pid taken
+        by another process after the run ended is never signalled); directly once the starter is gone."""
+        if self.returncode is not None or self.pid <= 0:
+            return
+        if not self.starter.request({"signal": int(sig), "pid": self.pid}) and alive(self.pid):
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
 
     def poll(self) -> int | None:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self.ended.wait(timeout):
-            raise subprocess.TimeoutExpired(self.args, timeout)
+        """Its exit status, as the starter reported it; where the starter is gone, the run is watched by pid and
+        its status is then unknown (1)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.ended.wait(
+            WATCH_EVERY_S if end is None else max(0.0, min(WATCH_EVERY_S, end - time.monotonic()))
+        ):
+            if self.starter.gone.is_set() and not alive(self.pid):
+                self.finish(1, None)
+            elif end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """Its output once it has exited (the files are then removed); TimeoutExpired as Popen's."""
         self.wait(timeout)
-        out = [
-            p.read_text(errors="replace") if p.exists() else "" for p in (self.stdout_path, self.stderr_path)
-        ]
-        for p in (self.stdout_path, self.stderr_path):
+        paths = (self.stdout_path, self.stderr_path)
+        out = [p.read_text(errors="replace") if p.exists() else "" for p in paths]
+        for p in paths:
             p.unlink(missing_ok=True)
         return out[0], out[1]
 
@@ -191,14 +231,12 @@ class WarmStarter:
 
     def __init__(self, env: dict[str, str], proc: subprocess.Popen, folder: Path) -> None:
         self.env, self.proc, self.folder = dict(env), proc, folder
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # the tables below and the request pipe
         self.next_id = 0
         self.started: dict[int, list] = {}  # request id -> [Event, pid]
         self.runs: dict[int, WarmProcess] = {}  # pid -> its run
-        self.exits: dict[
-            int, tuple[int, float]
-        ] = {}  # pid -> (code, cpu_s): an exit read before its pid's reply
-        self.broken = False
+        self.exits: dict[int, tuple[int, float]] = {}  # pid -> (code, cpu_s), read before its run was made
+        self.gone = threading.Event()  # the starter's replies ended: it exited or was killed
         self.reader = threading.Thread(target=self._read, name="warm-start-replies", daemon=True)
         self.reader.start()
 
@@ -219,66 +257,76 @@ class WarmStarter:
             return None, why
         return cls(env, proc, folder), ""
 
+    def request(self, line: dict) -> bool:
+        """Write one request line; False where the starter is gone (nothing was asked of it)."""
+        with self.lock:
+            if self.gone.is_set():
+                return False
+            try:
+                self.proc.stdin.write((json.dumps(line) + "\n").encode())
+                self.proc.stdin.flush()
+            except (OSError, ValueError):  # a broken or closed pipe
+                return False
+            return True
+
     def start(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> WarmProcess | None:
-        """`hopperlm ARGV` forked from the starter, or None where it cannot be (another environment, or the
-        starter is gone): the caller then starts a fresh process."""
-        if self.broken or dict(env) != self.env:
+        """`hopperlm ARGV` forked from the starter, or None where nothing was started (another environment, or
+        the starter is gone): the caller then starts a fresh process. A run asked for but never confirmed (the
+        starter died between) is a failed run, not started again beside one that may be training."""
+        if dict(env) != self.env:
             return None
         with self.lock:
             self.next_id += 1
             rid = self.next_id
-            out, err = self.folder / f"{rid}.out", self.folder / f"{rid}.err"
             waiter = self.started[rid] = [threading.Event(), None]
-            line = {
-                "id": rid,
-                "argv": argv,
-                "cwd": cwd or os.getcwd(),
-                "stdout": str(out),
-                "stderr": str(err),
-            }
-            try:
-                self.proc.stdin.write((json.dumps(line) + "\n").encode())
-                self.proc.stdin.flush()
-            except OSError:
-                self.broken = True
-                return None
-        if not waiter[0].wait(READY_TIMEOUT_S) or waiter[1] is None:
-            self.broken = True
+        out, err = self.folder / f"{rid}.out", self.folder / f"{rid}.err"
+        line = {"id": rid, "argv": argv, "cwd": cwd or os.getcwd(), "stdout": str(out), "stderr": str(err)}
+        if not self.request(line):
+            with self.lock:
+                self.started.pop(rid, None)
             return None
-        run = WarmProcess(self, waiter[1], argv, out, err)
+        waiter[0].wait(FORK_TIMEOUT_S)
         with self.lock:
-            self.runs[run.pid] = run
-            if run.pid in self.exits:  # it ended before we got here
-                run.finish(*self.exits.pop(run.pid))
+            self.started.pop(rid, None)
+            pid = waiter[1]
+            run = WarmProcess(self, pid if pid is not None else -rid, argv, out, err)
+            if pid is None:
+                err.write_text(f"warm start: the starter exited before it said whether `hopperlm {' '.join(argv[:2])}` "
+                               "started; it is counted as failed (run it again, or set HOPPERLM_WARM_START=0)\n")  # fmt: skip
+                run.finish(1, None)
+            else:
+                self.runs[pid] = run
+                if pid in self.exits:  # it ended before we got here
+                    run.finish(*self.exits.pop(pid))
         return run
 
     def _read(self) -> None:
-        """The starter's replies: the pid of each request, then each exit; at its end, the runs it leaves are
-        watched by pid (their exit code is then unknown: 1)."""
-        for raw in self.proc.stdout:
-            reply = json.loads(raw)
+        """The starter's replies: the pid of each request, then each exit. At their end (the starter exited)
+        every waiter is woken; runs still going are then watched by pid (WarmProcess.wait)."""
+        try:
+            for raw in self.proc.stdout:
+                reply = json.loads(raw)
+                with self.lock:
+                    if "id" in reply:
+                        waiter = self.started.get(reply["id"])
+                        if waiter is not None:
+                            waiter[1] = reply["pid"]
+                            waiter[0].set()
+                    elif reply["pid"] in self.runs:
+                        self.runs.pop(reply["pid"]).finish(reply["code"], reply["cpu_s"])
+                    else:
+                        self.exits[reply["pid"]] = (reply["code"], reply["cpu_s"])
+        except (OSError, ValueError, KeyError):  # a reply cut short: the starter is as good as gone
+            pass
+        finally:
             with self.lock:
-                if "id" in reply:
-                    waiter = self.started.pop(reply["id"])
-                    waiter[1] = reply["pid"]
+                self.gone.set()
+                for waiter in self.started.values():
                     waiter[0].set()
-                elif reply["pid"] in self.runs:
-                    self.runs.pop(reply["pid"]).finish(reply["code"], reply["cpu_s"])
-                else:
-                    self.exits[reply["pid"]] = (reply["code"], reply["cpu_s"])
-        with self.lock:
-            self.broken = True
-            for waiter in self.started.values():
-                waiter[0].set()
-            orphans = list(self.runs.values())
-        for run in orphans:  # reparented when the starter died: alive until kill(pid, 0) fails
-            while alive(run.pid):
-                time.sleep(0.2)
-            run.finish(1, None)
 
     def close(self) -> None:
         """Close the starter's stdin (it exits; a run still going goes on alone) and remove its folder."""
-        with contextlib.suppress(OSError):
+        with self.lock, contextlib.suppress(OSError):
             self.proc.stdin.close()
         try:
             self.proc.wait(timeout=10)
@@ -288,11 +336,16 @@ class WarmStarter:
 
 
 def alive(pid: int) -> bool:
+    """The process exists and has not exited: a zombie (exited, not yet reaped, e.g. by a parent that never
+    reaps) counts as exited."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        pass
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process has its pid now: ours is gone
+    except (ProcessLookupError, PermissionError):  # gone, or someone else's process has its pid now
         return False
     return True
 
@@ -351,8 +404,8 @@ def cold_reason() -> str | None:
     """Why runs cannot be forked warm here, or None where they can."""
     if os.environ.get(OFF, "").strip() == "0":
         return f"{OFF}=0"
-    if not hasattr(os, "fork"):
-        return "this system has no fork()"
+    if not sys.platform.startswith("linux"):
+        return f"{sys.platform}: forking a process that imported torch is safe on Linux only"
     import torch
 
     if torch.cuda.is_available():
