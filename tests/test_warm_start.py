@@ -4,6 +4,7 @@ cannot be one, the caller is told to start a fresh process."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -77,6 +78,7 @@ def test_a_warm_run_trains_to_the_same_losses_as_a_fresh_process(starter, shakes
     )  # to the bit: the same process, minus its imports
     assert losses(tmp_path / "warm") == losses(tmp_path / "cold")
     assert "done: max_steps after 6 steps" in stdout and "done: max_steps after 6 steps" in cold.stdout
+    assert same_lines(stderr, cold.stderr, tmp_path) and same_lines(stdout, cold.stdout, tmp_path)
     # it read its arguments as a fresh process does: the same config, but for the folder it was given
     warm_config = (tmp_path / "warm" / "config.yaml").read_text().replace(str(tmp_path / "warm"), "OUT")
     assert warm_config == (tmp_path / "cold" / "config.yaml").read_text().replace(
@@ -157,6 +159,18 @@ def test_where_runs_cannot_start_warm_one_line_says_why(monkeypatch):
     monkeypatch.delenv("HOPPERLM_WARM_START")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert "a CUDA device is present" in warm_start.cold_reason()
+
+
+def same_lines(warm: str, cold: str, tmp_path: Path) -> bool:
+    """The same output but for its numbers (times, speeds) and the runs' folders."""
+
+    def norm(text: str, folder: str) -> list[str]:
+        return [
+            re.sub(r"[0-9][0-9.,]*", "N", line.replace(str(tmp_path / folder), "OUT"))
+            for line in text.splitlines()
+        ]
+
+    return norm(warm, "warm") == norm(cold, "cold")
 
 
 def wait_for(ready, timeout: float = 120.0) -> None:

@@ -25,6 +25,7 @@ import contextlib
 import importlib
 import json
 import os
+import runpy
 import select
 import shutil
 import signal
@@ -40,7 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 # what a `train` imports before its first step; torch._dynamo is the optimizer's, the costliest after torch itself
-PRELOAD = ("torch", "torch._dynamo", "hopperlm.cli", "hopperlm.train.loop")
+# (hopperlm.__main__ imported as a module is the CLI without running it)
+PRELOAD = ("torch", "torch._dynamo", "hopperlm.__main__", "hopperlm.train.loop")
 READY_TIMEOUT_S = 300.0  # the starter's imports: minutes on a loaded machine before we call it broken
 FORK_TIMEOUT_S = 30.0  # a fork's reply comes in milliseconds; past this the starter is taken as gone
 REAP_EVERY_S = 0.05  # how often the starter looks for children that exited (a run's end is seen this late)
@@ -65,10 +67,10 @@ def become_run(request: dict, reply, preamble: bytes) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.chdir(request["cwd"])
-    from hopperlm.cli import main
-
-    sys.argv = [str(Path(main.__code__.co_filename).parent.parent / "__main__.py"), *request["argv"]]
-    run_and_exit(lambda: main(request["argv"]))
+    sys.argv = ["hopperlm", *request["argv"]]  # runpy sets [0] to hopperlm/__main__.py, as `python -m` does
+    # preloaded as a module: runpy runs it afresh, without its warning (the CLI it imports stays loaded)
+    sys.modules.pop("hopperlm.__main__", None)
+    run_and_exit(lambda: runpy.run_module("hopperlm", run_name="__main__", alter_sys=True))
 
 
 def run_and_exit(run: Callable[[], None]) -> None:
