@@ -65,8 +65,8 @@ def losses(run_dir: Path) -> list:
 @pytest.mark.slow
 def test_a_warm_run_trains_to_the_same_losses_as_a_fresh_process(starter, shakespeare_bytes, tmp_path):
     path = recipe(tmp_path, shakespeare_bytes)
-    cold = subprocess.run([sys.executable, "-m", "hopperlm", "train", str(path), "--run.out_dir", str(tmp_path / "cold")],
-                          capture_output=True, text=True, env=ENV, cwd=tmp_path)  # fmt: skip
+    argv = [sys.executable, "-m", "hopperlm", "train", str(path), "--run.out_dir", str(tmp_path / "cold")]
+    cold = subprocess.run(argv, capture_output=True, text=True, env=ENV, cwd=tmp_path)
     proc = starter.start(["train", str(path), "--run.out_dir", str(tmp_path / "warm")], ENV, str(tmp_path))
     stdout, stderr = proc.communicate(timeout=120)
     assert cold.returncode == 0 and proc.returncode == 0, stderr[-2000:]
@@ -188,7 +188,8 @@ def wait_for(ready, timeout: float = 120.0) -> None:
 def test_a_child_exits_with_the_status_the_interpreter_would_give(body, code):
     """run_and_exit, the forked child's exit, against the interpreter's own for the same body."""
     fresh = subprocess.run([sys.executable, "-c", f"import sys\n{body}"], capture_output=True, text=True)
-    script = f"import sys\nfrom hopperlm.train.warm_start import run_and_exit\ndef run():\n    {body}\nrun_and_exit(run)"
+    script = f"import sys\nfrom hopperlm.train.warm_start import run_and_exit\ndef run():\n    {body}\n"
+    script += "run_and_exit(run)"
     ours = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert ours.returncode == fresh.returncode == code
     assert (ours.stderr.strip().splitlines() or [""])[-1] == (fresh.stderr.strip().splitlines() or [""])[-1]

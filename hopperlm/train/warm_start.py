@@ -7,11 +7,11 @@ that imports all that once, then forks a child per run: the child is the run, as
 be (its own pid for signals, its own session, its output in files, its exit code, Popen's sign for a signal),
 started in milliseconds.
 
-Only where it is the same as a fresh process: on a machine where torch sees no CUDA device (a process forked from
-one that has touched CUDA cannot use it, and a GPU sweep's runs are long enough not to notice 3 s), for runs whose
-environment is the starter's own (torch reads variables such as OMP_NUM_THREADS when it is imported), from a
-starter that runs no thread of its own when it forks. Anywhere else the caller starts a fresh process;
-HOPPERLM_WARM_START=0 turns warm starts off.
+Only where it is the same as a fresh process: on Linux, on a machine where torch sees no CUDA device (a process
+forked from one that has touched CUDA cannot use it, and a GPU sweep's runs are long enough not to notice 3 s),
+for runs whose environment is the starter's own (torch reads variables such as OMP_NUM_THREADS when it is
+imported), from a starter that runs no Python thread of its own when it forks. Anywhere else the caller starts
+a fresh process; HOPPERLM_WARM_START=0 turns warm starts off.
 
     warm = starter_for(env, log)                       # None where it cannot (one line says why)
     proc = warm.start(["train", "recipe.yaml", ...], env) if warm else None    # None: start a fresh process
@@ -57,11 +57,9 @@ def become_run(request: dict, reply, preamble: bytes) -> None:
     returns (run_and_exit)."""
     os.setsid()  # a session of its own, as Popen(start_new_session=True) gives a fresh run
     reply.close()
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # (over the starter's request pipe)
+    redirect(os.devnull, 0, os.O_RDONLY)  # (over the starter's request pipe)
     for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(out, fd)
-        os.close(out)
+        redirect(path, fd, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.write(2, preamble)
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -71,6 +69,13 @@ def become_run(request: dict, reply, preamble: bytes) -> None:
     # preloaded as a module: runpy runs it afresh, without its warning (the CLI it imports stays loaded)
     sys.modules.pop("hopperlm.__main__", None)
     run_and_exit(lambda: runpy.run_module("hopperlm", run_name="__main__", alter_sys=True))
+
+
+def redirect(path: str, fd: int, flags: int) -> None:
+    """File descriptor `fd` now reads or writes `path`."""
+    opened = os.open(path, flags, 0o644)
+    os.dup2(opened, fd)
+    os.close(opened)
 
 
 def run_and_exit(run: Callable[[], None]) -> None:
@@ -113,7 +118,7 @@ def serve() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     reply = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing a library prints can reach the replies
+    redirect(os.devnull, 1, os.O_WRONLY)  # nothing a library prints can reach the replies
     preamble = import_output()
     # Python threads only: a fork copies just the forking thread, and a lock another one held stays held. (numpy's
     # OpenBLAS pool stops itself around a fork: pthread_atfork)
@@ -293,8 +298,9 @@ class WarmStarter:
             pid = waiter[1]
             run = WarmProcess(self, pid if pid is not None else -rid, argv, out, err)
             if pid is None:
-                err.write_text(f"warm start: the starter exited before it said whether `hopperlm {' '.join(argv[:2])}` "
-                               "started; it is counted as failed (run it again, or set HOPPERLM_WARM_START=0)\n")  # fmt: skip
+                said = f"hopperlm {' '.join(argv[:2])}"
+                err.write_text(f"warm start: the starter exited before it said whether `{said}` started; it is "
+                               "counted as failed (run it again, or set HOPPERLM_WARM_START=0)\n")  # fmt: skip
                 run.finish(1, None)
             else:
                 self.runs[pid] = run
