@@ -2,8 +2,11 @@
 
 python kill_runner.py step N  -- hopperlm args...   die while drawing the batch of step N (mid-step)
 python kill_runner.py save N  -- hopperlm args...   die at the N-th checksum of a checkpoint being written
-python kill_runner.py stall-eval N -- hopperlm args...  the N-th validation first sleeps a minute, as a big
-                                                    model's would (a second Ctrl-C then surely lands in it)
+python kill_runner.py ctrl-c N -- hopperlm args...     Ctrl-C (SIGINT to itself) while step N trains, after
+                                                    its last micro-batch is drawn: the run stops after step N,
+                                                    whose validation first sleeps a minute, as a big model's
+                                                    would (a second Ctrl-C then surely lands in it); a
+                                                    line on stdout says when it starts sleeping
 python kill_runner.py none 0  -- hopperlm args...   no fault
 """
 
@@ -45,16 +48,34 @@ elif mode == "save":
         return real_sha(path)
 
     checkpoint.file_sha256 = sha
-elif mode == "stall-eval":
-    real_evaluate = loop.evaluate
-    evaluations = [0]
+elif mode == "ctrl-c":
+    # The Ctrl-C is sent from inside step N, never between steps: one there (or in a save) would drop the next
+    # step at its first micro-batch and stop without a validation, so nothing would hold the second Ctrl-C
+    # off the save (a test's external signal raced exactly that in CI)
+    real_train_step, real_evaluate = loop.train_step, loop.evaluate
+    steps, pressed = [0], [False]
+
+    def train_step(parts, batch_of, **kw):
+        steps[0] += 1
+        if steps[0] != when:
+            return real_train_step(parts, batch_of, **kw)
+
+        def batch(micro):
+            drawn = batch_of(micro)
+            if micro == kw["grad_accum"] - 1:  # the step's last: no micro-batch boundary left to stop at
+                os.kill(os.getpid(), signal.SIGINT)
+                pressed[0] = True
+            return drawn
+
+        return real_train_step(parts, batch, **kw)
 
     def evaluate(*a, **kw):
-        evaluations[0] += 1
-        if evaluations[0] == when:
+        if pressed[0]:
+            pressed[0] = False
+            print("kill_runner: the stop's validation sleeps a minute", flush=True)  # (the test's cue)
             time.sleep(60)  # a signal's handler runs during the sleep (and may end the process)
         return real_evaluate(*a, **kw)
 
-    loop.evaluate = evaluate
+    loop.train_step, loop.evaluate = train_step, evaluate
 
 main(args)
