@@ -206,6 +206,9 @@ class RunObserver:
             "tokens": result.tokens,
             "elapsed_s": result.elapsed_s,
             "val_loss": result.val_loss,
+            "val_step": getattr(
+                result, "val_step", None
+            ),  # where val_loss was measured (a signal's stop: before)
             "best_val_loss": result.best_val_loss,
             "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         }

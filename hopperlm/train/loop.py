@@ -50,6 +50,7 @@ class TrainResult:
     val_loss: float | None
     best_val_loss: float | None
     stopped_by: str
+    val_step: int | None = None  # the step val_loss was measured at (a signal's stop is not validated)
 
 
 def train(
@@ -194,7 +195,10 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
         return None
     good = [x for x, ok in zip(losses, flags, strict=True) if ok]
     record = {"step": s.step, "tokens": s.tokens, "loss": sum(good) / len(good) if good else float("nan")}
-    if run.data.val_sets and ((tc.eval_every and s.step % tc.eval_every == 0) or stopped_by):
+    # a signal's stop saves first: no validation or lm-eval tasks at its step (a scheduler's warning may be
+    # shorter than they are, and a Ctrl-C waits for nothing but the save); any other stop is validated
+    evaluating = not skip_evaluation_at_signal(run, stopped_by)
+    if evaluating and run.data.val_sets and ((tc.eval_every and s.step % tc.eval_every == 0) or stopped_by):
         val_losses = validate(run, interval)
         record["val_loss"] = s.val_loss
         if len(val_losses) > 1:  # a mixture: each dataset's own loss (e.g. watch English being forgotten)
@@ -202,7 +206,7 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
             run.log("val by dataset: " + " | ".join(f"{k} {v:.4f}" for k, v in val_losses.items()))
         if tc.target_loss is not None and s.val_loss <= tc.target_loss and stopped_by is None:
             stopped_by = "target_loss"
-    if run.eval_tasks is not None and run.eval_tasks.due(s.step, stopped_by):
+    if evaluating and run.eval_tasks is not None and run.eval_tasks.due(s.step, stopped_by):
         # rank 0 runs lm-eval; the others wait at their next collective
         start = time.perf_counter()
         with run.rt.long_phase("lm-eval tasks"):
@@ -244,6 +248,21 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
     return stopped_by
 
 
+def skip_evaluation_at_signal(run: Run, stopped_by: str | None) -> bool:
+    """Whether the run stops by a signal (its step then goes unevaluated); one line says so when the schedule
+    had a validation or lm-eval tasks due at that step."""
+    if stopped_by is None or not stopped_by.startswith("signal"):
+        return False
+    s, every = run.state, run.cfg.train.eval_every
+    due = [what for what, is_due in (
+        ("validation", run.data.val_sets and every and s.step % every == 0),
+        ("lm-eval tasks", run.eval_tasks is not None and run.eval_tasks.due(s.step, None)),
+    ) if is_due]  # fmt: skip
+    if due:
+        run.log(f"step {s.step}: its {' and '.join(due)} skipped: the checkpoint comes first after a signal")
+    return True
+
+
 def validate(run: Run, interval: Interval) -> dict[str, float]:
     """Each validation set's loss; the run's validation loss is their mixture-weighted mean. Its time is left
     out of the interval's rates, and is what a wall-clock budget reserves for the final evaluation."""
@@ -265,7 +284,7 @@ def validate(run: Run, interval: Interval) -> dict[str, float]:
     seconds = time.perf_counter() - start
     interval.exclude(seconds)
     evaluated(run, seconds)  # a wall-clock budget reserves as long for the final evaluation
-    s.val_loss, s.val_losses = combined_val_loss(losses, val_sets), losses
+    s.val_loss, s.val_losses, s.val_step = combined_val_loss(losses, val_sets), losses, s.step
     s.best_val = s.val_loss if s.best_val is None else min(s.best_val, s.val_loss)
     return losses
 
@@ -302,9 +321,10 @@ def finish(
         if stopped_by == "max_hours" and clock.measured
         else ""
     )
+    at = "" if s.val_step == s.step else f" at step {s.val_step}"  # (a signal's stop is not validated)
     run.log(
         f"done: {stopped_by} after {s.step:,} steps, {human_count(s.tokens)} tokens, {total:.1f} s{evaluation}"
-        + (f" | val loss {s.val_loss:.4f} (best {s.best_val:.4f})" if s.val_loss is not None else "")
+        + (f" | val loss {s.val_loss:.4f}{at} (best {s.best_val:.4f})" if s.val_loss is not None else "")
     )
     if run.cfg.data.mixture_forecast and s.val_losses and not stopped_by.startswith("signal"):
         # (observe/mixture_law.py: what `sweep --mixture` predicted for this run, beside what it measured;
@@ -314,7 +334,7 @@ def finish(
         line = end_line(run.cfg.data, s.val_losses, params=count_params(run.model_cfg)["total"])
         if line:
             run.log(line)
-    result = TrainResult(run.run_dir, s.step, s.tokens, total, s.val_loss, s.best_val, stopped_by)
+    result = TrainResult(run.run_dir, s.step, s.tokens, total, s.val_loss, s.best_val, stopped_by, s.val_step)
     run.observer.finish(result)  # result.json, the report
     # how much of a scheduler's warning the exit took (a Ctrl-C's last line is the resume line)
     if preemption is not None and preemption.requested not in (None, CTRL_C):

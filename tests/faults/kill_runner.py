@@ -4,9 +4,9 @@ python kill_runner.py step N  -- hopperlm args...   die while drawing the batch 
 python kill_runner.py save N  -- hopperlm args...   die at the N-th checksum of a checkpoint being written
 python kill_runner.py ctrl-c N -- hopperlm args...     Ctrl-C (SIGINT to itself) while step N trains, after
                                                     its last micro-batch is drawn: the run stops after step N,
-                                                    whose validation first sleeps a minute, as a big model's
-                                                    would (a second Ctrl-C then surely lands in it); a
-                                                    line on stdout says when it starts sleeping
+                                                    and writing its checkpoint first sleeps a minute, as a big
+                                                    model's would take (a second Ctrl-C then surely lands in
+                                                    it); a line on stdout says when the sleep begins
 python kill_runner.py none 0  -- hopperlm args...   no fault
 """
 
@@ -50,9 +50,9 @@ elif mode == "save":
     checkpoint.file_sha256 = sha
 elif mode == "ctrl-c":
     # The Ctrl-C is sent from inside step N, never between steps: one there (or in a save) would drop the next
-    # step at its first micro-batch and stop without a validation, so nothing would hold the second Ctrl-C
-    # off the save (a test's external signal raced exactly that in CI)
-    real_train_step, real_evaluate = loop.train_step, loop.evaluate
+    # step at its first micro-batch and stop at the step before, whose checkpoint may already be written (a
+    # test's external signal raced exactly that in CI)
+    real_train_step, real_sha = loop.train_step, checkpoint.file_sha256
     steps, pressed = [0], [False]
 
     def train_step(parts, batch_of, **kw):
@@ -69,13 +69,13 @@ elif mode == "ctrl-c":
 
         return real_train_step(parts, batch, **kw)
 
-    def evaluate(*a, **kw):
+    def sha(path):
         if pressed[0]:
             pressed[0] = False
-            print("kill_runner: the stop's validation sleeps a minute", flush=True)  # (the test's cue)
+            print("kill_runner: the stop's checkpoint sleeps a minute", flush=True)  # (the test's cue)
             time.sleep(60)  # a signal's handler runs during the sleep (and may end the process)
-        return real_evaluate(*a, **kw)
+        return real_sha(path)
 
-    loop.train_step, loop.evaluate = train_step, evaluate
+    loop.train_step, checkpoint.file_sha256 = train_step, sha
 
 main(args)

@@ -84,6 +84,56 @@ def test_preemption_signal_checkpoints_and_exits(shakespeare_bytes, tmp_path, si
     assert result.step == stopped + 3
 
 
+def signal_during_step(monkeypatch, when: int, sig=signal.SIGTERM) -> None:
+    """The signal arrives while the `when`-th step trains, after its last micro-batch is drawn: the step
+    completes, and the run stops there (as a scheduler's signal lands mid-step more often than between)."""
+    from hopperlm.train import loop
+
+    real, calls = loop.train_step, [0]
+
+    def train_step(parts, batch_of, **kw):
+        calls[0] += 1
+        if calls[0] != when:
+            return real(parts, batch_of, **kw)
+
+        def batch(micro):
+            drawn = batch_of(micro)
+            if micro == kw["grad_accum"] - 1:
+                os.kill(os.getpid(), sig)
+            return drawn
+
+        return real(parts, batch, **kw)
+
+    monkeypatch.setattr(loop, "train_step", train_step)
+
+
+@pytest.mark.parametrize("stop, due", [(7, False), (9, True)])
+def test_a_signal_stop_saves_first_leaving_its_step_unvalidated(
+    shakespeare_bytes, tmp_path, monkeypatch, stop, due
+):
+    """A scheduler's warning may be shorter than a validation (or lm-eval tasks): the step a signal stops at
+    is logged and checkpointed, never evaluated, and one line says when the schedule had a validation due
+    there. The last line and result.json say where the val loss they show was measured."""
+    run = tmp_path / "run"
+    signal_during_step(monkeypatch, stop)
+    lines = []
+    cfg = config(shakespeare_bytes, run, "--train.max_steps", "100", "--train.log_every", "5",
+                 "--train.eval_every", "3", "--checkpoint.every", "0")  # fmt: skip
+    result = train(cfg, log=lines.append)
+    assert result.stopped_by == "signal SIGTERM" and result.step == stop
+    assert latest_checkpoint(run).name == f"step_{stop:06d}"
+    records = read_metrics(run / "metrics.jsonl")
+    assert records[-1]["step"] == stop and "val_loss" not in records[-1]
+    validated = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+    assert list(validated) == [3, 6]
+    skipped = f"step {stop}: its validation skipped: the checkpoint comes first after a signal"
+    assert (skipped in lines) == due, lines
+    done = next(line for line in lines if line.startswith("done: "))
+    assert done.endswith(f"| val loss {validated[6]:.4f} at step 6 (best {result.best_val_loss:.4f})")
+    saved = json.loads((run / "result.json").read_text())
+    assert saved["val_step"] == 6 and saved["val_loss"] == validated[6]
+
+
 def test_second_signal_is_immediate(monkeypatch):
     killed = []
     monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append(sig))
