@@ -45,7 +45,8 @@ from pathlib import Path
 PRELOAD = ("torch", "torch._dynamo", "hopperlm.__main__", "hopperlm.train.loop")
 READY_TIMEOUT_S = 300.0  # the starter's imports: minutes on a loaded machine before we call it broken
 FORK_TIMEOUT_S = 30.0  # a fork's reply comes in milliseconds; past this the starter is taken as gone
-REAP_EVERY_S = 0.05  # how often the starter looks for children that exited (a run's end is seen this late)
+# how often the starter looks for children that exited, while it has any (a run's end is seen this late)
+REAP_EVERY_S = 0.05
 WATCH_EVERY_S = 0.2  # how often a run whose starter is gone is looked for
 OFF = "HOPPERLM_WARM_START"
 
@@ -132,7 +133,8 @@ def serve() -> None:
     children: set[int] = set()
     pending, stdin = b"", 0
     while True:
-        readable, _, _ = select.select([stdin], [], [], REAP_EVERY_S)
+        # (with no child to look for, it sleeps until the next request)
+        readable, _, _ = select.select([stdin], [], [], REAP_EVERY_S if children else None)
         reap(children, reply)
         if not readable:
             continue
