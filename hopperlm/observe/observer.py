@@ -206,9 +206,8 @@ class RunObserver:
             "tokens": result.tokens,
             "elapsed_s": result.elapsed_s,
             "val_loss": result.val_loss,
-            "val_step": getattr(
-                result, "val_step", None
-            ),  # where val_loss was measured (a signal's stop: before)
+            # the step val_loss is from (a signal's stop is validated only where the schedule had it due)
+            "val_step": getattr(result, "val_step", None),
             "best_val_loss": result.best_val_loss,
             "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         }

@@ -50,7 +50,7 @@ class TrainResult:
     val_loss: float | None
     best_val_loss: float | None
     stopped_by: str
-    val_step: int | None = None  # the step val_loss was measured at (a signal's stop is not validated)
+    val_step: int | None = None  # the step val_loss was measured at (a signal's stop may not be validated)
 
 
 def train(
@@ -195,18 +195,19 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
         return None
     good = [x for x, ok in zip(losses, flags, strict=True) if ok]
     record = {"step": s.step, "tokens": s.tokens, "loss": sum(good) / len(good) if good else float("nan")}
-    # a signal's stop saves first: no validation or lm-eval tasks at its step (a scheduler's warning may be
-    # shorter than they are, and a Ctrl-C waits for nothing but the save); any other stop is validated
-    evaluating = not skip_evaluation_at_signal(run, stopped_by)
-    if evaluating and run.data.val_sets and ((tc.eval_every and s.step % tc.eval_every == 0) or stopped_by):
+    # a signal's stop evaluates only what the schedule has due at its step (as the uninterrupted run does there:
+    # the resumed run's records equal its), nothing more: the save comes first (a scheduler's warning may be
+    # shorter than an evaluation); any other stop is validated, and runs its lm-eval tasks
+    ending = None if stopped_by is not None and stopped_by.startswith("signal") else stopped_by
+    if run.data.val_sets and ((tc.eval_every and s.step % tc.eval_every == 0) or ending):
         val_losses = validate(run, interval)
         record["val_loss"] = s.val_loss
         if len(val_losses) > 1:  # a mixture: each dataset's own loss (e.g. watch English being forgotten)
             record["val_losses"] = val_losses
             run.log("val by dataset: " + " | ".join(f"{k} {v:.4f}" for k, v in val_losses.items()))
-        if tc.target_loss is not None and s.val_loss <= tc.target_loss and stopped_by is None:
-            stopped_by = "target_loss"
-    if evaluating and run.eval_tasks is not None and run.eval_tasks.due(s.step, stopped_by):
+        if tc.target_loss is not None and s.val_loss <= tc.target_loss and ending is None:
+            stopped_by = "target_loss"  # (a signal at that step too: the run is done, as it would be without)
+    if run.eval_tasks is not None and run.eval_tasks.due(s.step, ending):
         # rank 0 runs lm-eval; the others wait at their next collective
         start = time.perf_counter()
         with run.rt.long_phase("lm-eval tasks"):
@@ -246,21 +247,6 @@ def log_step(run: Run, pending: list[StepResult], interval: Interval, lr: float,
         )
         s.preflight_checked = True
     return stopped_by
-
-
-def skip_evaluation_at_signal(run: Run, stopped_by: str | None) -> bool:
-    """Whether the run stops by a signal (its step then goes unevaluated); one line says so when the schedule
-    had a validation or lm-eval tasks due at that step."""
-    if stopped_by is None or not stopped_by.startswith("signal"):
-        return False
-    s, every = run.state, run.cfg.train.eval_every
-    due = [what for what, is_due in (
-        ("validation", run.data.val_sets and every and s.step % every == 0),
-        ("lm-eval tasks", run.eval_tasks is not None and run.eval_tasks.due(s.step, None)),
-    ) if is_due]  # fmt: skip
-    if due:
-        run.log(f"step {s.step}: its {' and '.join(due)} skipped: the checkpoint comes first after a signal")
-    return True
 
 
 def validate(run: Run, interval: Interval) -> dict[str, float]:
@@ -321,7 +307,7 @@ def finish(
         if stopped_by == "max_hours" and clock.measured
         else ""
     )
-    at = "" if s.val_step == s.step else f" at step {s.val_step}"  # (a signal's stop is not validated)
+    at = "" if s.val_step == s.step else f" at step {s.val_step}"  # (a signal's stop may not be validated)
     run.log(
         f"done: {stopped_by} after {s.step:,} steps, {human_count(s.tokens)} tokens, {total:.1f} s{evaluation}"
         + (f" | val loss {s.val_loss:.4f}{at} (best {s.best_val:.4f})" if s.val_loss is not None else "")

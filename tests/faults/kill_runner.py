@@ -7,6 +7,8 @@ python kill_runner.py ctrl-c N -- hopperlm args...     Ctrl-C (SIGINT to itself)
                                                     and writing its checkpoint first sleeps a minute, as a big
                                                     model's would take (a second Ctrl-C then surely lands in
                                                     it); a line on stdout says when the sleep begins
+python kill_runner.py sigterm-mid-step N -- hopperlm args...  SIGTERM once micro-batch 1 of step N is drawn (the
+                                                    step is then dropped at micro-batch 2)
 python kill_runner.py none 0  -- hopperlm args...   no fault
 """
 
@@ -14,11 +16,14 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helper below
+from signals_in_steps import signal_inside_step  # noqa: E402
 
 from hopperlm.checkpoint import single as checkpoint  # writes the checksums of a checkpoint
 from hopperlm.cli import main
 from hopperlm.data.loader import RandomWindows
-from hopperlm.train import loop
 
 mode, when = sys.argv[1], int(sys.argv[2])
 args = sys.argv[sys.argv.index("--") + 1 :]
@@ -49,25 +54,9 @@ elif mode == "save":
 
     checkpoint.file_sha256 = sha
 elif mode == "ctrl-c":
-    # The Ctrl-C is sent from inside step N, never between steps: one there (or in a save) would drop the next
-    # step at its first micro-batch and stop at the step before, whose checkpoint may already be written (a
-    # test's external signal raced exactly that in CI)
-    real_train_step, real_sha = loop.train_step, checkpoint.file_sha256
-    steps, pressed = [0], [False]
-
-    def train_step(parts, batch_of, **kw):
-        steps[0] += 1
-        if steps[0] != when:
-            return real_train_step(parts, batch_of, **kw)
-
-        def batch(micro):
-            drawn = batch_of(micro)
-            if micro == kw["grad_accum"] - 1:  # the step's last: no micro-batch boundary left to stop at
-                os.kill(os.getpid(), signal.SIGINT)
-                pressed[0] = True
-            return drawn
-
-        return real_train_step(parts, batch, **kw)
+    pressed = [False]
+    signal_inside_step(when, signal.SIGINT, sent=lambda: pressed.__setitem__(0, True))
+    real_sha = checkpoint.file_sha256
 
     def sha(path):
         if pressed[0]:
@@ -76,6 +65,8 @@ elif mode == "ctrl-c":
             time.sleep(60)  # a signal's handler runs during the sleep (and may end the process)
         return real_sha(path)
 
-    loop.train_step, checkpoint.file_sha256 = train_step, sha
+    checkpoint.file_sha256 = sha
+elif mode == "sigterm-mid-step":
+    signal_inside_step(when, signal.SIGTERM, micro=1)
 
 main(args)

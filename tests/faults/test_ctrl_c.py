@@ -121,7 +121,10 @@ def test_a_second_ctrl_c_exits_at_once_saying_what_is_lost(shakespeare_bytes, tm
 def test_ctrl_c_stops_a_sweep_with_its_runs_saved_and_its_resume_finishes_it(shakespeare_bytes, tmp_path):
     recipe, out = tmp_path / "tiny-mup.yaml", tmp_path / "sweep"
     recipe.write_text(RECIPE.format(data=shakespeare_bytes))
-    args = ["sweep", str(recipe), "--lr", "3e-4,3e-3,1e-2", "--dim", "32", "--max-steps", "60", "--out", str(out)]  # fmt: skip
+    # steps of 8 micro-batches: the 51 steps left after the third line take long enough that the forwarded
+    # Ctrl-C surely lands in the run (it stops at the next micro-batch boundary), however loaded the machine
+    args = ["sweep", str(recipe), "--lr", "3e-4,3e-3,1e-2", "--dim", "32", "--max-steps", "60",
+            "--train.batch_tokens", str(8 * 64 * 8), "--out", str(out)]  # fmt: skip
     proc = popen(*args)
     wait_for_lines(out, 3, proc)
     proc.send_signal(signal.SIGINT)  # to the sweep alone: it forwards it to its run, once

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from signals_in_steps import signal_inside_step  # (tests/ is on the path: its conftest)
 
 from hopperlm.checkpoint import layout, single
 from hopperlm.checkpoint.layout import latest_checkpoint, list_checkpoints
@@ -84,54 +85,52 @@ def test_preemption_signal_checkpoints_and_exits(shakespeare_bytes, tmp_path, si
     assert result.step == stopped + 3
 
 
-def signal_during_step(monkeypatch, when: int, sig=signal.SIGTERM) -> None:
-    """The signal arrives while the `when`-th step trains, after its last micro-batch is drawn: the step
-    completes, and the run stops there (as a scheduler's signal lands mid-step more often than between)."""
-    from hopperlm.train import loop
-
-    real, calls = loop.train_step, [0]
-
-    def train_step(parts, batch_of, **kw):
-        calls[0] += 1
-        if calls[0] != when:
-            return real(parts, batch_of, **kw)
-
-        def batch(micro):
-            drawn = batch_of(micro)
-            if micro == kw["grad_accum"] - 1:
-                os.kill(os.getpid(), sig)
-            return drawn
-
-        return real(parts, batch, **kw)
-
-    monkeypatch.setattr(loop, "train_step", train_step)
+def val_records(run: Path) -> list[tuple]:
+    return [
+        (r["step"], r["loss"], r["lr"], r["grad_norm"], r.get("val_loss"))
+        for r in read_metrics(run / "metrics.jsonl")
+    ]
 
 
 @pytest.mark.parametrize("stop, due", [(7, False), (9, True)])
-def test_a_signal_stop_saves_first_leaving_its_step_unvalidated(
+def test_a_signal_stop_evaluates_only_what_is_due_and_resumes_exactly(
     shakespeare_bytes, tmp_path, monkeypatch, stop, due
 ):
-    """A scheduler's warning may be shorter than a validation (or lm-eval tasks): the step a signal stops at
-    is logged and checkpointed, never evaluated, and one line says when the schedule had a validation due
-    there. The last line and result.json say where the val loss they show was measured."""
-    run = tmp_path / "run"
-    signal_during_step(monkeypatch, stop)
+    """A scheduler's warning may be shorter than a validation (or lm-eval tasks): the step a signal stops at is
+    checkpointed after only what the schedule had due there, as an uninterrupted run evaluates it, so the
+    resumed run's records equal that run's. The last line and result.json say where their val loss is from."""
+    run, whole = tmp_path / "run", tmp_path / "whole"
+    steps = ["--train.log_every", "1", "--train.eval_every", "3", "--checkpoint.every", "0"]
+    signal_inside_step(stop, patch=monkeypatch.setattr)
     lines = []
-    cfg = config(shakespeare_bytes, run, "--train.max_steps", "100", "--train.log_every", "5",
-                 "--train.eval_every", "3", "--checkpoint.every", "0")  # fmt: skip
-    result = train(cfg, log=lines.append)
+    result = train(config(shakespeare_bytes, run, "--train.max_steps", "100", *steps), log=lines.append)
     assert result.stopped_by == "signal SIGTERM" and result.step == stop
     assert latest_checkpoint(run).name == f"step_{stop:06d}"
-    records = read_metrics(run / "metrics.jsonl")
-    assert records[-1]["step"] == stop and "val_loss" not in records[-1]
-    validated = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
-    assert list(validated) == [3, 6]
-    skipped = f"step {stop}: its validation skipped: the checkpoint comes first after a signal"
-    assert (skipped in lines) == due, lines
+    validated = {r[0]: r[4] for r in val_records(run) if r[4] is not None}
+    assert list(validated) == [3, 6, 9][: 2 + due]
+    last = max(validated)
     done = next(line for line in lines if line.startswith("done: "))
-    assert done.endswith(f"| val loss {validated[6]:.4f} at step 6 (best {result.best_val_loss:.4f})")
+    at = "" if due else f" at step {last}"
+    assert done.endswith(f"| val loss {validated[last]:.4f}{at} (best {result.best_val_loss:.4f})"), done
     saved = json.loads((run / "result.json").read_text())
-    assert saved["val_step"] == 6 and saved["val_loss"] == validated[6]
+    assert saved["val_step"] == last and saved["val_loss"] == validated[last]
+
+    monkeypatch.undo()
+    train(config(shakespeare_bytes, run, "--train.max_steps", "12", *steps), resume=True, log=QUIET)
+    train(config(shakespeare_bytes, whole, "--train.max_steps", "12", *steps), log=QUIET)
+    assert val_records(run) == val_records(whole)  # every step's loss, LR, grad norm and val loss, bitwise
+
+
+def test_a_signal_at_the_step_that_reaches_the_target_ends_the_run_there(
+    shakespeare_bytes, tmp_path, monkeypatch
+):
+    """The target is reached at a validation the schedule had due where a signal stopped the run: the run is
+    done, as it would be without the signal (a resume would train past it)."""
+    signal_inside_step(3, patch=monkeypatch.setattr)
+    cfg = config(shakespeare_bytes, tmp_path / "run", "--train.max_steps", "100", "--train.log_every", "1",
+                 "--train.eval_every", "3", "--train.target_loss", "100")  # fmt: skip
+    result = train(cfg, log=QUIET)
+    assert (result.stopped_by, result.step) == ("target_loss", 3)
 
 
 def test_second_signal_is_immediate(monkeypatch):
@@ -259,17 +258,21 @@ def test_signal_mid_step_drops_the_partial_step_and_resumes_exactly(shakespeare_
     long_step = ["--train.micro_batch", "4", "--train.batch_tokens", str(4 * 64 * 128)]
     long_step += ["--data.sampling", "sequential", "--train.eval_every", "0"]
     run = tmp_path / "run"
-    proc = start(shakespeare_bytes, run, "--train.max_steps", "1000", *long_step)
-    wait_for_step(run, 2, proc)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err
-    dropped = [line for line in out.splitlines() if " dropped after " in line]
-    assert dropped and "of 128 micro-batches" in dropped[0], out
+    # the SIGTERM arrives inside step 3, once its micro-batch 1 is drawn (sent from outside, it could land in
+    # the step's last micro-batch, which then completes)
+    runner = [sys.executable, str(Path(__file__).with_name("kill_runner.py")), "sigterm-mid-step", "3", "--"]
+    args = ["train", "configs/debug.yaml", "--data.path", shakespeare_bytes, "--run.out_dir", run,
+            "--train.max_steps", "1000", "--train.log_every", "1", "--checkpoint.every", "0", *long_step]  # fmt: skip
+    proc = subprocess.run([*runner, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    assert "step 3 dropped after 2 of 128 micro-batches; checkpointing step 2" in out.splitlines(), out
     exit_line = [line for line in out.splitlines() if line.startswith("exit ") and "after SIGTERM" in line]
     assert exit_line, out
     stopped = int(latest_checkpoint(run).name.split("_")[1])
-    assert read_metrics(run / "metrics.jsonl")[-1]["step"] == stopped  # no partial step was counted
+    assert (
+        stopped == 2 and read_metrics(run / "metrics.jsonl")[-1]["step"] == 2
+    )  # no partial step was counted
 
     steps = ["--train.log_every", "1", "--checkpoint.every", "0", *long_step]
     train(
