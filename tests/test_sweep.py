@@ -13,7 +13,7 @@ import yaml
 from hopperlm.cli import main
 from hopperlm.config import load_config
 from hopperlm.train.recipe_edit import set_key, tuned_recipe_text
-from hopperlm.train.sweep import SweepRun, best_lr
+from hopperlm.train.sweep import SweepRun, best_lr, finished_before, read_result, run_state
 
 REPO = Path(__file__).resolve().parents[1]
 # RECIPE is mup; PLAIN is standard until a sweep's overrides make it mup
@@ -266,6 +266,24 @@ def test_the_best_lr_averages_seeds_and_a_failed_seed_disqualifies():
     ]  # fmt: skip
     best, means = best_lr(runs)
     assert best == 1e-3 and means[1e-3] == pytest.approx(2.1) and means[4e-3] == float("inf")
+
+
+def test_a_run_stopped_by_a_signal_from_elsewhere_has_no_final_loss(tmp_path):
+    """A run's SIGTERM that was not the sweep's Ctrl-C (a scheduler, a person): its val loss is no final one
+    (a signal's stop is validated only where the schedule has it due) and it is not taken as finished."""
+    result = {"stopped_by": "signal SIGTERM", "step": 7, "val_loss": 2.5, "val_step": 6}
+    (tmp_path / "result.json").write_text(json.dumps(result))
+    run = SweepRun(1e-3, 1, str(tmp_path))
+    read_result(run, "", 0)
+    assert run.final_val_loss is None and not run.interrupted
+    assert (
+        run_state(run) == "failed: stopped by signal SIGTERM at step 7; --resume goes on from its checkpoint"
+    )
+    assert not finished_before(SweepRun(1e-3, 1, str(tmp_path)))
+    result["stopped_by"] = "max_steps"
+    (tmp_path / "result.json").write_text(json.dumps(result))
+    read_result(run := SweepRun(1e-3, 1, str(tmp_path)), "", 0)
+    assert run.final_val_loss == 2.5 and run.error is None
 
 
 def test_the_tuned_recipe_keeps_everything_else_as_written():

@@ -203,6 +203,8 @@ def cmd_demo(args: argparse.Namespace, overrides: list[str]) -> None:
     if cfg.log.report:
         write_report(run_dir)
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
+    if result.val_step not in (None, result.step):  # a signal stopped it between validations
+        val += f" (at step {result.val_step})"
     log(
         f"demo: val loss {val} nats/token after {result.step} steps; {time.perf_counter() - start:.0f} s in all; "
         f"run dir {run_dir}"

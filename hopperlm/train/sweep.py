@@ -232,6 +232,11 @@ def read_result(run: SweepRun, output: str, returncode: int) -> None:
         result = json.loads((Path(run.run_dir) / "result.json").read_text())
         run.stopped_by, run.step = result.get("stopped_by"), result.get("step")
         run.final_val_loss = None if run.interrupted else result.get("val_loss")
+        if not run.interrupted and str(run.stopped_by).startswith("signal"):  # a signal from elsewhere
+            run.final_val_loss = None  # (its val loss is not a final one, perhaps from steps before)
+            run.error = (
+                f"stopped by {run.stopped_by} at step {run.step}; --resume goes on from its checkpoint"
+            )
     except (OSError, ValueError):
         lines = [line for line in output.splitlines() if line.strip()]
         run.error = (lines[-1] if lines else f"exit {returncode}")[:300]
