@@ -145,8 +145,10 @@ def test_a_stopped_rank_ends_the_job_within_its_step_limit(shakespeare_bytes, tm
 
 @pytest.mark.slow
 def test_max_restarts_resumes_to_the_uninterrupted_losses(shakespeare_bytes, tmp_path):
+    # 100 steps: the 75 left after step 25 (about 2 s) keep rank 1 alive until the kill lands, however loaded
+    # the machine (after 50, rank 1 could end first, and the test would find no process to kill)
     whole = subprocess.run(
-        launch(tmp_path / "whole", shakespeare_bytes, 50),
+        launch(tmp_path / "whole", shakespeare_bytes, 100),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -154,7 +156,7 @@ def test_max_restarts_resumes_to_the_uninterrupted_losses(shakespeare_bytes, tmp
     )
     assert whole.returncode == 0, whole.stderr[-2000:]
     run_dir = tmp_path / "restarted"
-    command = launch(run_dir, shakespeare_bytes, 50, "--max-restarts", "1")
+    command = launch(run_dir, shakespeare_bytes, 100, "--max-restarts", "1")
     _, done, *_ = run_with_fault(command, run_dir, signal.SIGKILL, at_step=25, timeout=900, logged=True)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     assert "launch: restart 1 of 1" in done.stdout
