@@ -128,6 +128,25 @@ def test_another_environment_or_a_lost_starter_means_a_fresh_process(tmp_path):
     warm.close()
 
 
+def test_a_caller_killed_without_its_clean_up_leaves_no_folder_behind(tmp_path):
+    """The caller ends without closing the starter (a second Ctrl-C ends a sweep at once; here SIGKILL): the
+    starter sees its requests end, exits and removes the folder of the runs' output."""
+    caller = (
+        "import os, sys; from hopperlm.train.warm_start import WarmStarter\n"
+        "warm, why = WarmStarter.launch({**os.environ, 'OMP_NUM_THREADS': '1'})\n"
+        "run = warm.start(['--version'], warm.env); run.wait(timeout=60)\n"
+        "print(warm.folder, warm.proc.pid, flush=True); sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", caller], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    folder, pid = proc.stdout.readline().split()
+    assert (Path(folder) / "starter.err").is_file()
+    proc.kill()
+    proc.wait(timeout=60)
+    wait_for(lambda: not Path(folder).exists() and not warm_start.alive(int(pid)))
+
+
 @pytest.mark.slow
 def test_a_run_outlives_a_lost_starter_and_ends_as_failed_not_hung(shakespeare_bytes, tmp_path):
     """The starter killed mid-run: the run goes on, is watched by its pid (a zombie nobody reaps counts as

@@ -110,10 +110,11 @@ def run_and_exit(run: Callable[[], None]) -> None:
         os._exit(code)
 
 
-def serve() -> None:
+def serve(folder: Path | None = None) -> None:
     """The starter: import PRELOAD, say ready, then fork a child per request line on stdin and report each pid
     and each exit (status, CPU seconds) on stdout, signal a child on request, until stdin closes (its children
-    then go on alone)."""
+    then go on alone) and it removes `folder`, the caller's: closed, or ended without its own clean-up (a
+    second Ctrl-C), the caller reads nothing there any more."""
     for name in PRELOAD:
         importlib.import_module(name)
     sys.stdout.flush()
@@ -140,6 +141,8 @@ def serve() -> None:
             continue
         chunk = os.read(stdin, 1 << 16)
         if not chunk:
+            if folder is not None:  # (a run still going writes on into its unlinked files)
+                shutil.rmtree(folder, ignore_errors=True)
             return
         pending += chunk
         while b"\n" in pending:
@@ -254,8 +257,14 @@ class WarmStarter:
         """A ready starter with `env`, or None and why not."""
         folder = Path(tempfile.mkdtemp(prefix="hopperlm-warm-"))
         errors = (folder / "starter.err").open("w")
-        proc = subprocess.Popen([sys.executable, "-m", "hopperlm.train.warm_start"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=errors, env=env, start_new_session=True)  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "hopperlm.train.warm_start",
+            str(folder),
+        ]  # (it removes folder at its end)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env,
+                                start_new_session=True)  # fmt: skip
         errors.close()
         ready = read_line(proc.stdout, READY_TIMEOUT_S)
         if not (ready or {}).get("ready"):
@@ -424,4 +433,4 @@ def cold_reason() -> str | None:
 
 
 if __name__ == "__main__":
-    serve()
+    serve(Path(sys.argv[1]) if len(sys.argv) > 1 else None)
