@@ -15,7 +15,7 @@ from hopperlm.cli import main
 from hopperlm.config import load_config
 from hopperlm.observe.metrics import read_metrics
 from hopperlm.observe.plot import MARKERS_UP_TO, draw, load_runs, plot_runs, run_labels
-from hopperlm.observe.report import png_size, summarize
+from hopperlm.observe.report import checkpoint_rows, png_size, summarize, val_at
 from hopperlm.train.loop import train
 
 DEBUG = Path(__file__).resolve().parents[1] / "configs" / "debug.yaml"
@@ -104,6 +104,16 @@ class Tags(HTMLParser):
     def handle_starttag(self, tag, attrs):
         self.tags.append(tag)
         self.srcs += [v for k, v in attrs if k in ("src", "href")]
+
+
+def test_a_checkpoints_val_loss_names_the_step_it_is_from_when_earlier(short_run):
+    run = short_run[0]
+    (row,) = checkpoint_rows(run)  # step 30, validated there (eval_every 10)
+    assert (row["step"], row["val_step"]) == (30, 30) and val_at(row) == f"{row['val_loss']:.4f}"
+    between = {"step": 8, "val_loss": 2.5, "val_step": 6}  # a checkpoint between validations
+    assert val_at(between) == "2.5000 (step 6)"
+    assert val_at({"step": 8, "val_loss": 2.5}) == "2.5000"  # a checkpoint written before val_step was saved
+    assert val_at({"step": 8, "val_loss": None, "val_step": None}) == "-"
 
 
 def test_report_renders_markdown_and_self_contained_html(short_run):

@@ -85,6 +85,14 @@ def summarize(records: list[dict[str, Any]], plan: dict[str, Any] | None) -> lis
     return rows
 
 
+def val_at(row: dict[str, Any]) -> str:
+    """A checkpoint's val loss, with the step it was measured at where that is an earlier one (a checkpoint
+    between validations)."""
+    step = row.get("val_step")
+    earlier = step is not None and row["val_loss"] is not None and step != row["step"]
+    return _fmt(row["val_loss"], ".4f") + (f" (step {step:,})" if earlier else "")
+
+
 def checkpoint_rows(run_dir: Path) -> list[dict[str, Any]]:
     rows = []
     for ckpt in list_checkpoints(run_dir):
@@ -99,6 +107,7 @@ def checkpoint_rows(run_dir: Path) -> list[dict[str, Any]]:
                 "step": state.get("step", ckpt.name),
                 "tokens": state.get("tokens"),
                 "val_loss": state.get("val_loss"),
+                "val_step": state.get("val_step"),  # (older checkpoints have none)
                 "size_mb": size / 1e6,
             }
         )
@@ -206,7 +215,7 @@ def blocks(info: dict[str, Any], pngs: list[Path]) -> list[tuple]:
                 c["name"],
                 c["step"],
                 _fmt(c["tokens"], ","),
-                _fmt(c["val_loss"], ".4f"),
+                val_at(c),
                 f"{c['size_mb']:.1f} MB",
             ]
             for c in info["checkpoints"]

@@ -73,6 +73,7 @@ class TrainState:
             "elapsed_s": self.clock(),
             "best_val_loss": self.best_val,
             "val_loss": self.val_loss,
+            "val_step": self.val_step,  # where val_loss is from (the last validation: this step's, or before)
             "micro_batch": self.micro_batch
             * world_size,  # all ranks together: any world size that divides it
             "grad_accum": self.grad_accum,
