@@ -62,7 +62,7 @@ class TrainState:
     preflight_checked: bool = False
     # not saved: each dataset's loss at this process's last evaluation (the run's end sets a forecast beside it)
     val_losses: dict[str, float] | None = None
-    val_step: int | None = None  # not saved: the step of this process's last evaluation
+    val_step: int | None = None  # the step of this process's last evaluation (in state.json, never restored)
     elapsed_before: float = 0.0  # restored: seconds of training before this process (the clock starts there)
     saved_budget: dict[str, Any] | None = None  # restored: the budget the checkpoint's schedule was laid over
 

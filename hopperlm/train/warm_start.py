@@ -257,12 +257,8 @@ class WarmStarter:
         """A ready starter with `env`, or None and why not."""
         folder = Path(tempfile.mkdtemp(prefix="hopperlm-warm-"))
         errors = (folder / "starter.err").open("w")
-        argv = [
-            sys.executable,
-            "-m",
-            "hopperlm.train.warm_start",
-            str(folder),
-        ]  # (it removes folder at its end)
+        # (the starter removes the folder at its end)
+        argv = [sys.executable, "-m", "hopperlm.train.warm_start", str(folder)]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env,
                                 start_new_session=True)  # fmt: skip
         errors.close()
