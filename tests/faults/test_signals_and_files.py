@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from signals_in_steps import signal_inside_step  # (tests/ is on the path: its conftest)
+from test_ctrl_c import records  # each logged step's loss, LR, grad norm and val loss
 
 from hopperlm.checkpoint import layout, single
 from hopperlm.checkpoint.layout import latest_checkpoint, list_checkpoints
@@ -85,13 +86,6 @@ def test_preemption_signal_checkpoints_and_exits(shakespeare_bytes, tmp_path, si
     assert result.step == stopped + 3
 
 
-def val_records(run: Path) -> list[tuple]:
-    return [
-        (r["step"], r["loss"], r["lr"], r["grad_norm"], r.get("val_loss"))
-        for r in read_metrics(run / "metrics.jsonl")
-    ]
-
-
 @pytest.mark.parametrize("stop, due", [(7, False), (9, True)])
 def test_a_signal_stop_evaluates_only_what_is_due_and_resumes_exactly(
     shakespeare_bytes, tmp_path, monkeypatch, stop, due
@@ -106,7 +100,7 @@ def test_a_signal_stop_evaluates_only_what_is_due_and_resumes_exactly(
     result = train(config(shakespeare_bytes, run, "--train.max_steps", "100", *steps), log=lines.append)
     assert result.stopped_by == "signal SIGTERM" and result.step == stop
     assert latest_checkpoint(run).name == f"step_{stop:06d}"
-    validated = {r[0]: r[4] for r in val_records(run) if r[4] is not None}
+    validated = {r[0]: r[4] for r in records(run) if r[4] is not None}
     assert list(validated) == [3, 6, 9][: 2 + due]
     last = max(validated)
     done = next(line for line in lines if line.startswith("done: "))
@@ -118,7 +112,7 @@ def test_a_signal_stop_evaluates_only_what_is_due_and_resumes_exactly(
     monkeypatch.undo()
     train(config(shakespeare_bytes, run, "--train.max_steps", "12", *steps), resume=True, log=QUIET)
     train(config(shakespeare_bytes, whole, "--train.max_steps", "12", *steps), log=QUIET)
-    assert val_records(run) == val_records(whole)  # every step's loss, LR, grad norm and val loss, bitwise
+    assert records(run) == records(whole)  # every step's loss, LR, grad norm and val loss, bitwise
 
 
 def test_a_signal_at_the_step_that_reaches_the_target_ends_the_run_there(
@@ -270,9 +264,8 @@ def test_signal_mid_step_drops_the_partial_step_and_resumes_exactly(shakespeare_
     exit_line = [line for line in out.splitlines() if line.startswith("exit ") and "after SIGTERM" in line]
     assert exit_line, out
     stopped = int(latest_checkpoint(run).name.split("_")[1])
-    assert (
-        stopped == 2 and read_metrics(run / "metrics.jsonl")[-1]["step"] == 2
-    )  # no partial step was counted
+    assert stopped == 2
+    assert read_metrics(run / "metrics.jsonl")[-1]["step"] == 2  # no partial step was counted
 
     steps = ["--train.log_every", "1", "--checkpoint.every", "0", *long_step]
     train(
