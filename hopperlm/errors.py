@@ -21,6 +21,13 @@ class FolderBusy(HopperError):
     """Another hopperlm process is writing the folder (it holds the folder's lock: folder_lock.py)."""
 
 
+def last_line(output: str) -> str:
+    """A process's output as one line for a message: its last non-empty line, stripped (a traceback's ends in
+    the error itself); "" where it printed nothing."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def first_line(error: BaseException, *, type_name: bool = True) -> str:
     """An exception as one line for a log or a message: `RuntimeError: <first non-empty line of its text>`, or
     the type name alone when the text is empty (enough to tell a missing kernel from a bug; DCP's and CUDA's

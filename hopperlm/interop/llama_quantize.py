@@ -24,7 +24,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from hopperlm.errors import CheckpointError, ConfigError
+from hopperlm.errors import CheckpointError, ConfigError, last_line
 
 BINARY = "llama-quantize"
 KQUANTS = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K"}
@@ -84,8 +84,7 @@ def quantize(binary: Path, source: Path, out: Path, outtype: str, log=print) -> 
         raise CheckpointError(f"{binary} did not start ({e}); {HOW_TO_GET}") from None
     if done.returncode != 0:
         out.unlink(missing_ok=True)
-        lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-        last = lines[-1] if lines else "no output"
+        last = last_line(done.stderr or done.stdout) or "no output"
         raise CheckpointError(f"{binary.name} {KQUANTS[outtype]} failed (exit {done.returncode}): {last}")
     summary = fallback_summary(done.stdout + done.stderr, outtype)
     if summary:

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hopperlm.config import DataConfig, ModelConfig, TrainConfig
-from hopperlm.errors import ConfigError
+from hopperlm.errors import ConfigError, last_line
 from hopperlm.files import write_atomic
 from hopperlm.plan.choices import threads_beside_load
 from hopperlm.train.recipe_edit import override_items
@@ -238,8 +238,7 @@ def read_result(run: SweepRun, output: str, returncode: int) -> None:
                 f"stopped by {run.stopped_by} at step {run.step}; --resume goes on from its checkpoint"
             )
     except (OSError, ValueError):
-        lines = [line for line in output.splitlines() if line.strip()]
-        run.error = (lines[-1] if lines else f"exit {returncode}")[:300]
+        run.error = (last_line(output) or f"exit {returncode}")[:300]
 
 
 def run_state(run: SweepRun) -> str:

@@ -40,6 +40,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from hopperlm.errors import last_line
+
 # what a `train` imports before its first step; torch._dynamo is the optimizer's, the costliest after torch itself
 # (hopperlm.__main__ imported as a module is the CLI without running it)
 PRELOAD = ("torch", "torch._dynamo", "hopperlm.__main__", "hopperlm.train.loop")
@@ -264,7 +266,9 @@ class WarmStarter:
         errors.close()
         ready = read_line(proc.stdout, READY_TIMEOUT_S)
         if not (ready or {}).get("ready"):
-            why = (ready or {}).get("why") or tail(folder / "starter.err") or "it did not say ready"
+            # (the starter removes the folder only once its requests end: our pipe to it is still open)
+            printed = (folder / "starter.err").read_text(errors="replace")
+            why = (ready or {}).get("why") or last_line(printed)[:300] or "it did not say ready"
             proc.kill()
             proc.wait()
             shutil.rmtree(folder, ignore_errors=True)
@@ -375,14 +379,6 @@ def read_line(stream, timeout: float) -> dict | None:
         return json.loads(line) if line else None
     except ValueError:
         return None
-
-
-def tail(path: Path) -> str:
-    try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:300] if lines else ""
 
 
 # ---- one starter per process ------------------------------------------------------------------------------------
